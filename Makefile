@@ -1,0 +1,43 @@
+# statetable: `make run` to try it, `make test` to prove it.
+# Every install step lives here; nothing needs to be installed by hand beyond
+# Python 3.11, Java 17 and Maven.
+
+PYTHON      ?= python3
+UV_VERSION  := 0.13.8
+UV          := .tools/bin/uv
+VENV        := .venv
+STATETABLE  := $(VENV)/bin/statetable
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export UV_LINK_MODE := copy
+
+.PHONY: setup run test stack-down bench clean
+
+setup: $(VENV)/.synced .cache/jars/.fetched
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(VENV)/.synced: uv.lock pyproject.toml | $(UV)
+	$(UV) sync --frozen
+	touch $@
+
+.cache/jars/.fetched: deploy/maven/kafka-broker.pom.xml deploy/maven/spark-extras.pom.xml deploy/jars.py $(VENV)/.synced
+	$(VENV)/bin/python -m deploy.jars fetch
+	touch $@
+
+run: setup
+	$(STATETABLE) stack up
+	$(STATETABLE) smoke
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+stack-down:
+	$(STATETABLE) stack down
+
+bench: setup
+	$(VENV)/bin/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .tools .cache .stack

@@ -1,0 +1,153 @@
+"""Airflow 3.3 for the local stack: api-server, scheduler, dag-processor and
+triggerer as four processes, each stopped by its own pid.
+
+`airflow standalone` is not used: it does not stop its children on SIGTERM.
+One environment (airflow_env) is shared by the servers, the CLI wrapper and
+the tests, so `dags test`, `backfill create` and the scheduler all see the
+same database, DAG folder and connections.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from deploy.processes import ManagedProcess, wait_until
+from deploy.settings import PROJECT_ROOT, StackSettings
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _secret(settings: StackSettings, name: str) -> str:
+    """A per-stack random secret kept under the git-ignored state folder."""
+    path = settings.airflow_home / f".{name}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def connections(settings: StackSettings) -> dict[str, str]:
+    """Airflow connections, given to Airflow through the environment."""
+    spark = {
+        "conn_type": "spark",
+        "host": os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"),
+        "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"},
+    }
+    kafka = {
+        "conn_type": "kafka",
+        "extra": {"bootstrap.servers": settings.kafka_bootstrap},
+    }
+    return {
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
+    }
+
+
+def airflow_env(settings: StackSettings) -> dict[str, str]:
+    home = settings.airflow_home
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": settings.host,
+        "AIRFLOW__API__PORT": str(settings.airflow_port),
+        "AIRFLOW__API__BASE_URL": settings.airflow_url,
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": _secret(settings, "api_secret_key"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": _secret(settings, "jwt_secret"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "STATETABLE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "STATETABLE_DATA_DIR": str(settings.data_dir),
+        "PYSPARK_PYTHON": sys.executable,
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "NO_PROXY": "*",
+    })
+    env.update(connections(settings))
+    return env
+
+
+def airflow_cli(settings: StackSettings, *args: str, check: bool = True, capture: bool = False):
+    """Run the `airflow` CLI against this stack's database and DAG folder."""
+    return subprocess.run(
+        [str(VENV_BIN / "airflow"), *args], env=airflow_env(settings), check=check,
+        capture_output=capture, text=True,
+    )
+
+
+def process(settings: StackSettings, component: str) -> ManagedProcess:
+    return ManagedProcess(f"airflow-{component}", settings.airflow_home)
+
+
+def start(settings: StackSettings) -> None:
+    settings.airflow_home.mkdir(parents=True, exist_ok=True)
+    airflow_cli(settings, "db", "migrate", capture=True)
+    env = airflow_env(settings)
+    for component in COMPONENTS:
+        args = [component]
+        if component == "api-server":
+            args += ["--host", settings.host, "--port", str(settings.airflow_port)]
+        process(settings, component).start([str(VENV_BIN / "airflow"), *args], env=env, cwd=settings.airflow_home)
+
+
+def stop(settings: StackSettings) -> None:
+    for component in reversed(COMPONENTS):
+        process(settings, component).stop(timeout=15)
+
+
+def health(settings: StackSettings, timeout: float = 3.0) -> dict:
+    with urllib.request.urlopen(f"{settings.airflow_url}/api/v2/monitor/health", timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def is_healthy(settings: StackSettings) -> bool:
+    try:
+        report = health(settings)
+    except OSError:
+        return False
+    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    return all((report.get(p) or {}).get("status") == "healthy" for p in parts)
+
+
+def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
+    def check() -> bool:
+        for component in COMPONENTS:
+            proc = process(settings, component)
+            if not proc.is_running():
+                raise RuntimeError(f"airflow {component} exited; last log lines:\n{proc.log_tail()}")
+        return is_healthy(settings)
+
+    wait_until(check, timeout, interval=1.0, what=f"airflow health at {settings.airflow_url}")
+
+
+def admin_password(settings: StackSettings) -> str:
+    path = settings.airflow_home / "simple_auth_manager_passwords.json.generated"
+    return json.loads(path.read_text())[ADMIN_USER]
+
+
+def api_token(settings: StackSettings) -> str:
+    """A bearer token for the REST API, from the generated admin password."""
+    body = json.dumps({"username": ADMIN_USER, "password": admin_password(settings)}).encode()
+    req = urllib.request.Request(
+        f"{settings.airflow_url}/auth/token", data=body, headers={"Content-Type": "application/json"}, method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)["access_token"]

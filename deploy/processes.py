@@ -1,0 +1,126 @@
+"""Background processes owned by the stack: started with a pid file and a log,
+stopped by that pid only.
+
+Each process leads its own session (process group), so stopping it also stops
+the workers it forked (Airflow's LocalExecutor, Spark drivers) and nothing
+else on the machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    name: str
+    run_dir: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The recorded pid if that process is still alive, else None."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        if _is_zombie(pid):
+            return None
+        return pid
+
+    def is_running(self) -> bool:
+        return self.pid() is not None
+
+    def start(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
+        if (pid := self.pid()) is not None:
+            return pid
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n".encode())
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """SIGTERM the process group, SIGKILL it after `timeout`. True if it was running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.1)
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _group_alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any non-zombie process of the group remains."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # health probes fail in many ways while a server starts
+            last_error = exc
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout:.0f}s (last error: {last_error})")

@@ -1,0 +1,67 @@
+"""Where the local stack lives and which ports it uses.
+
+Every value can be overridden from the environment so that two checkouts (or a
+developer's stack and a test run) never collide. Defaults stay off the common
+ports (9092, 8080) that other local services tend to hold.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _port(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a port number; set it to an integer such as {default}") from None
+    if not 1 <= port <= 65535:
+        raise SystemExit(f"{name}={port} is out of range; use 1..65535, e.g. {default}")
+    return port
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """Addresses and folders of one local stack."""
+
+    host: str
+    kafka_port: int
+    kafka_controller_port: int
+    airflow_port: int
+    state_dir: Path
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.host}:{self.airflow_port}"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.state_dir / "airflow"
+
+    @property
+    def data_dir(self) -> Path:
+        """Table state, snapshots and Delta tables of the local deployment."""
+        return self.state_dir / "data"
+
+
+def load() -> StackSettings:
+    state_dir = Path(os.environ.get("STATETABLE_STACK_DIR", PROJECT_ROOT / ".stack")).resolve()
+    return StackSettings(
+        host=os.environ.get("STATETABLE_HOST", "127.0.0.1"),
+        kafka_port=_port("STATETABLE_KAFKA_PORT", 19092),
+        kafka_controller_port=_port("STATETABLE_KAFKA_CONTROLLER_PORT", 19093),
+        airflow_port=_port("STATETABLE_AIRFLOW_PORT", 18080),
+        state_dir=state_dir,
+    )

@@ -1,0 +1,59 @@
+"""`statetable stack up | down | status` for the local stack (Kafka + Airflow).
+
+`status` prints one line per component, `NAME ADDRESS up|down`; scripts parse
+that format, so keep it stable.
+"""
+from __future__ import annotations
+
+import time
+
+from deploy import airflow_server, kafka_server
+from deploy.settings import StackSettings
+
+
+def up(settings: StackSettings) -> None:
+    started = time.monotonic()
+    kafka_server.start(settings)
+    airflow_server.start(settings)
+    kafka_server.wait_healthy(settings)
+    print(f"kafka   {settings.kafka_bootstrap} up ({time.monotonic() - started:.1f}s)", flush=True)
+    airflow_server.wait_healthy(settings)
+    print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
+    password = airflow_server.admin_password(settings)
+    print(
+        f"\nAirflow UI:  {settings.airflow_url}  (user: {airflow_server.ADMIN_USER}, password: {password})\n"
+        f"Kafka:       {settings.kafka_bootstrap}\n"
+        f"Logs:        {settings.state_dir}/*/*.log\n"
+        f"Stop with:   statetable stack down"
+    )
+
+
+def down(settings: StackSettings) -> None:
+    started = time.monotonic()
+    airflow_server.stop(settings)
+    kafka_server.process(settings).stop(timeout=25)
+    print(f"stack stopped in {time.monotonic() - started:.1f}s")
+
+
+def status_lines(settings: StackSettings) -> list[str]:
+    kafka_up = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
+    airflow_up = airflow_server.is_healthy(settings)
+    return [
+        f"kafka {settings.kafka_bootstrap} {'up' if kafka_up else 'down'}",
+        f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
+    ]
+
+
+def _safe(check, settings: StackSettings) -> bool:
+    try:
+        return bool(check(settings))
+    except Exception:
+        return False
+
+
+def running_pids(settings: StackSettings) -> dict[str, int]:
+    """Pids of the stack's own processes that are still alive."""
+    procs = [kafka_server.process(settings)] + [
+        airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
+    ]
+    return {p.name: pid for p in procs if (pid := p.pid()) is not None}

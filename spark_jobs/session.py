@@ -1,0 +1,63 @@
+"""One way to build a SparkSession for every statetable job.
+
+Jars come from the project's cache as local files (spark.jars), never from a
+network resolve at job start, so jobs run offline and start the same way under
+spark-submit, Airflow and tests.
+"""
+from __future__ import annotations
+
+import os
+
+from deploy import jars
+
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
+    conf = {
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(str(p) for p in jars.spark_jars()),
+        "spark.driver.memory": os.environ.get("STATETABLE_SPARK_DRIVER_MEMORY", "2g"),
+        "spark.sql.shuffle.partitions": os.environ.get("STATETABLE_SHUFFLE_PARTITIONS", "4"),
+        "spark.ui.enabled": os.environ.get("STATETABLE_SPARK_UI", "false"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        **DELTA_CONF,
+    }
+    # Under spark-submit the master comes from the command line (the Airflow
+    # Spark connection); a direct Python session defaults to local mode.
+    if master or not os.environ.get("SPARK_ENV_LOADED"):
+        conf["spark.master"] = master or os.environ.get("STATETABLE_SPARK_MASTER", "local[*]")
+    return conf
+
+
+def submit_options(app_name: str) -> dict:
+    """Arguments for SparkSubmitOperator / spark-submit.
+
+    The driver JVM exists before the Python job runs under spark-submit, so
+    the jars must be on its command line; setting spark.jars later only
+    reaches executors.
+    """
+    conf = spark_conf(app_name)
+    jars_csv = conf.pop("spark.jars")
+    conf.pop("spark.app.name")
+    conf.pop("spark.master", None)
+    return {"jars": jars_csv, "conf": conf, "name": app_name}
+
+
+def get_or_create(app_name: str, master: str | None = None):
+    """A SparkSession with the Kafka source and Delta Lake on its classpath."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_conf(app_name, master).items():
+        builder = builder.config(key, value)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("STATETABLE_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,43 @@
+"""Topic administration through confluent-kafka's AdminClient."""
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
+    """Create `name` if missing; an existing topic must have `partitions` partitions.
+
+    A silent mismatch would route keys to the wrong partition, so it is an
+    error, not a warning.
+    """
+    client = admin(bootstrap)
+    existing = client.list_topics(name, timeout=10).topics.get(name)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            raise ValueError(
+                f"topic {name!r} has {len(existing.partitions)} partitions but {partitions} are required; "
+                f"delete the topic or use {len(existing.partitions)} partitions"
+            )
+        return
+    futures = client.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+    for future in futures.values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise
+
+
+def delete_topic(bootstrap: str, name: str) -> None:
+    futures = admin(bootstrap).delete_topics([name], operation_timeout=30)
+    for future in futures.values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
+                raise
