@@ -151,3 +151,16 @@ def api_token(settings: StackSettings) -> str:
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.load(resp)["access_token"]
+
+
+def airflow_json(settings: StackSettings, *args: str):
+    """Run an `airflow ... -o json` command and parse its JSON.
+
+    Airflow prints warnings on stdout before the JSON, so the JSON is taken
+    from the last line that starts a JSON value.
+    """
+    out = airflow_cli(settings, *args, "-o", "json", capture=True).stdout
+    for line in reversed(out.splitlines()):
+        if line.startswith(("[", "{")):
+            return json.loads(line)
+    raise ValueError(f"`airflow {' '.join(args)}` printed no JSON:\n{out[-2000:]}")

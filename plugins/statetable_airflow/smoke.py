@@ -33,17 +33,24 @@ def build_smoke_dag() -> DAG:
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
         tags=["statetable", "smoke"],
         doc_md=__doc__,
     ) as dag:
 
         @task
         def plan_offsets() -> dict:
+            from airflow.sdk.exceptions import AirflowSkipException
+
             from spark_jobs.offsets import full_range
 
             hook = KafkaConnectionHook()
-            offsets = full_range(hook.bootstrap_servers(), SMOKE_TOPIC)
+            try:
+                offsets = full_range(hook.bootstrap_servers(), SMOKE_TOPIC)
+            except LookupError:
+                raise AirflowSkipException(f"no topic {SMOKE_TOPIC} yet; `statetable smoke` produces it") from None
+            if offsets.record_count == 0:
+                raise AirflowSkipException(f"{SMOKE_TOPIC} is empty; nothing to read")
             print(f"planned {offsets.record_count} records of {SMOKE_TOPIC}: {offsets.ranges}")
             return {"bootstrap": hook.bootstrap_servers(), "offsets": offsets.to_json()}
 
@@ -59,6 +66,7 @@ def build_smoke_dag() -> DAG:
                 "--offsets", "{{ ti.xcom_pull(task_ids='plan_offsets')['offsets'] }}",
                 "--delta-path", str(_data_dir() / "delta" / "smoke_events"),
                 "--result-file", result_file,
+                "--run-key", "{{ run_id }}",
             ],
         )
 

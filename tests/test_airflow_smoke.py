@@ -1,0 +1,65 @@
+"""Airflow runs the smoke DAG: `dags test`, a REST trigger, and a 3-date backfill."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from deploy import airflow_server, smoke
+from deploy.airflow_api import AirflowApi
+
+DAG = smoke.SMOKE_DAG
+
+
+@pytest.fixture(scope="module")
+def smoke_topic(kafka):
+    smoke.produce(kafka, smoke.SMOKE_TOPIC, 2000)
+    return smoke.SMOKE_TOPIC
+
+
+def test_dags_test_runs_every_task(stack_settings_, smoke_topic, tmp_path):
+    # Its own Airflow home and database, so no scheduler can pick up this run.
+    isolated = dataclasses.replace(stack_settings_, state_dir=tmp_path)
+    airflow_server.airflow_cli(isolated, "db", "migrate", capture=True)
+    done = airflow_server.airflow_cli(isolated, "dags", "test", DAG, capture=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    runs = airflow_server.airflow_json(isolated, "dags", "list-runs", DAG)
+    assert len(runs) == 1
+    states = airflow_server.airflow_json(isolated, "tasks", "states-for-dag-run", DAG, runs[0]["run_id"])
+    assert {s["task_id"]: s["state"] for s in states} == {
+        "plan_offsets": "success", "read_range_to_delta": "success", "report": "success",
+    }
+
+
+def test_trigger_over_rest_succeeds(airflow, smoke_topic):
+    api = AirflowApi(airflow)
+    api.wait_for_dag(DAG)
+    run_id = api.trigger(DAG)
+    run = api.wait_run(DAG, run_id, timeout=600)
+    states = api.task_states(DAG, run_id)
+    assert run["state"] == "success", states
+    assert set(states.values()) == {"success"}
+    result = api.xcom(DAG, run_id, "report")
+    assert result["count"] == result["planned"] >= 2000
+
+
+def test_backfill_three_dates_creates_three_successful_runs(airflow, smoke_topic):
+    api = AirflowApi(airflow)
+    api.wait_for_dag(DAG)
+    created = airflow_server.airflow_cli(
+        airflow, "backfill", "create", "--dag-id", DAG, "--from-date", "2026-03-01", "--to-date", "2026-03-03",
+        capture=True, check=False,
+    )
+    assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-2000:]
+
+    deadline = time.monotonic() + 900
+    while True:
+        backfill_runs = [r for r in api.runs(DAG) if r["run_type"] == "backfill"]
+        if len(backfill_runs) == 3 and all(r["state"] in ("success", "failed") for r in backfill_runs):
+            break
+        assert time.monotonic() < deadline, f"backfill runs not finished: {backfill_runs}"
+        time.sleep(3)
+    assert sorted(r["logical_date"][:10] for r in backfill_runs) == ["2026-03-01", "2026-03-02", "2026-03-03"]
+    assert [r["state"] for r in backfill_runs] == ["success"] * 3
