@@ -33,7 +33,8 @@ def _smoke(args) -> int:
 def _airflow(args) -> int:
     from deploy import airflow_server
 
-    return airflow_server.airflow_cli(stack_settings.load(), *args.airflow_args, check=False).returncode
+    airflow_args = args.airflow_args[1:] if args.airflow_args[:1] == ["--"] else args.airflow_args
+    return airflow_server.airflow_cli(stack_settings.load(), *airflow_args, check=False).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,69 @@
+"""`statetable stack up | status | down` as a user runs it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy import settings as stack_settings, stack
+
+STATETABLE = str(Path(sys.executable).parent / "statetable")
+
+
+@pytest.fixture
+def own_stack_env(tmp_path):
+    """A stack of its own (folder and ports), apart from the session fixtures'."""
+    env = dict(os.environ)
+    env.update({
+        "STATETABLE_STACK_DIR": str(tmp_path / "stack"),
+        "STATETABLE_KAFKA_PORT": "39092",
+        "STATETABLE_KAFKA_CONTROLLER_PORT": "39093",
+        "STATETABLE_AIRFLOW_PORT": "38080",
+    })
+    yield env
+    subprocess.run([STATETABLE, "stack", "down"], env=env, capture_output=True)
+
+
+def _cli(env, *args, check=True):
+    return subprocess.run([STATETABLE, *args], env=env, capture_output=True, text=True, check=check)
+
+
+def _processes_mentioning(path: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                environ = (entry / "environ").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if path in cmdline or path in environ:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def test_up_status_down_leaves_nothing_running(own_stack_env):
+    before = _cli(own_stack_env, "stack", "status", check=False)
+    assert before.returncode != 0
+    assert before.stdout.splitlines() == ["kafka 127.0.0.1:39092 down", "airflow http://127.0.0.1:38080 down"]
+
+    up = _cli(own_stack_env, "stack", "up")
+    assert "Airflow UI:  http://127.0.0.1:38080" in up.stdout
+    assert "password:" in up.stdout
+
+    status = _cli(own_stack_env, "stack", "status")
+    assert status.stdout.splitlines() == ["kafka 127.0.0.1:39092 up", "airflow http://127.0.0.1:38080 up"]
+
+    started = time.monotonic()
+    _cli(own_stack_env, "stack", "down")
+    assert time.monotonic() - started < 30
+    state_dir = own_stack_env["STATETABLE_STACK_DIR"]
+    assert _processes_mentioning(state_dir) == []
+    cfg = stack_settings.StackSettings("127.0.0.1", 39092, 39093, 38080, Path(state_dir))
+    assert stack.running_pids(cfg) == {}
+    after = _cli(own_stack_env, "stack", "status", check=False)
+    assert after.stdout.splitlines() == ["kafka 127.0.0.1:39092 down", "airflow http://127.0.0.1:38080 down"]
