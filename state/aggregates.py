@@ -1,0 +1,218 @@
+"""Aggregate codecs: how a partial aggregate is combined into a stored one.
+
+Every aggregate state is a plain value the codec module can encode (ints,
+floats, strings, tuples). `merge` is associative and commutative over
+partials, so Spark can pre-aggregate a batch in any grouping and the state
+store folds the partials in without reading events twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Aggregate:
+    """One aggregate column. Subclasses define the state and how it folds."""
+
+    name = "aggregate"
+
+    def lift(self, value, order=0):
+        """The partial state of a single event (`order` ranks events, e.g. its offset)."""
+        raise NotImplementedError
+
+    def merge(self, stored, partial):
+        raise NotImplementedError
+
+    def result(self, state):
+        return state
+
+    def spec(self) -> tuple:
+        """A value that identifies this aggregate's definition (for compatibility checks)."""
+        return (self.name,)
+
+
+class Count(Aggregate):
+    """COUNT(col): events whose value is not null."""
+
+    name = "count"
+
+    def lift(self, value, order=0):
+        return 0 if value is None else 1
+
+    def merge(self, stored, partial):
+        return (stored or 0) + (partial or 0)
+
+
+class Sum(Aggregate):
+    name = "sum"
+
+    def lift(self, value, order=0):
+        return value
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return stored + partial
+
+
+class Min(Aggregate):
+    name = "min"
+
+    def lift(self, value, order=0):
+        return value
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return partial if partial < stored else stored
+
+
+class Max(Aggregate):
+    name = "max"
+
+    def lift(self, value, order=0):
+        return value
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return partial if partial > stored else stored
+
+
+class Avg(Aggregate):
+    """AVG as (sum, count), so partial averages combine exactly."""
+
+    name = "avg"
+
+    def lift(self, value, order=0):
+        return (0, 0) if value is None else (value, 1)
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return (stored[0] + partial[0], stored[1] + partial[1])
+
+    def result(self, state):
+        if not state or state[1] == 0:
+            return None
+        return state[0] / state[1]
+
+
+class LatestByOffset(Aggregate):
+    """The value of the event with the highest order (offset); state is (order, value)."""
+
+    name = "latest_by_offset"
+
+    def lift(self, value, order=0):
+        return (order, value)
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return partial if partial[0] >= stored[0] else stored
+
+    def result(self, state):
+        return None if state is None else state[1]
+
+
+@dataclass(frozen=True)
+class TopN(Aggregate):
+    """The N entries with the highest score; state is a tuple of (score, order, row).
+
+    Ties on score go to the earlier event (lower order), so the result does
+    not depend on how partials were grouped. With `distinct_by` set, each
+    identity (e.g. a player) keeps only its best entry, as a leaderboard does.
+    """
+
+    n: int
+    distinct_by: int | None = None  # index into row that identifies an entry's owner
+    name = "topn"
+
+    def lift(self, value, order=0):
+        score, row = value
+        if score is None:
+            return ()
+        return ((score, order, row),)
+
+    def merge(self, stored, partial):
+        entries = list(stored or ()) + list(partial or ())
+        entries.sort(key=lambda e: (-e[0], e[1]))
+        if self.distinct_by is not None:
+            seen, unique = set(), []
+            for entry in entries:
+                owner = entry[2][self.distinct_by]
+                if owner not in seen:
+                    seen.add(owner)
+                    unique.append(entry)
+            entries = unique
+        return tuple(entries[: self.n])
+
+    def result(self, state):
+        return [entry[2] for entry in state or ()]
+
+    def spec(self) -> tuple:
+        return (self.name, self.n, self.distinct_by)
+
+
+class CountDistinct(Aggregate):
+    """COUNT(DISTINCT col), exact: the state is the sorted set of values seen."""
+
+    name = "count_distinct"
+
+    def lift(self, value, order=0):
+        return () if value is None else (value,)
+
+    def merge(self, stored, partial):
+        if not stored:
+            return tuple(partial or ())
+        if not partial:
+            return stored
+        return tuple(sorted(set(stored) | set(partial), key=_sort_key))
+
+    def result(self, state):
+        return len(state or ())
+
+
+def _sort_key(value):
+    return (type(value).__name__, value)
+
+
+AGGREGATES = {
+    "count": Count, "sum": Sum, "min": Min, "max": Max, "avg": Avg,
+    "latest_by_offset": LatestByOffset, "count_distinct": CountDistinct,
+}
+
+
+class RowAggregator:
+    """The value of an aggregate table: one state per aggregate column, as a tuple."""
+
+    def __init__(self, columns: dict[str, Aggregate]) -> None:
+        self.columns = dict(columns)
+        self._aggs = tuple(self.columns.values())
+
+    def merge(self, stored: tuple | None, partial: tuple | None) -> tuple:
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return tuple(agg.merge(s, p) for agg, s, p in zip(self._aggs, stored, partial))
+
+    def lift(self, values: tuple, order=0) -> tuple:
+        return tuple(agg.lift(v, order) for agg, v in zip(self._aggs, values))
+
+    def result(self, state: tuple | None) -> dict | None:
+        if state is None:
+            return None
+        return {name: agg.result(s) for (name, agg), s in zip(self.columns.items(), state)}
+
+    def spec(self) -> tuple:
+        return tuple((name, agg.spec()) for name, agg in self.columns.items())

@@ -1,0 +1,173 @@
+"""Key-value backends of one state partition: RocksDB, or memory for small
+tables and unit tests. Both write data and metadata in one atomic step.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from state import codec
+from state.digest import from_signed, to_signed
+
+META_KEY = b"partition-meta"
+
+
+@dataclass(frozen=True)
+class PartitionMeta:
+    """What a partition has committed, stored atomically with its data."""
+
+    applied_batch: int = -1        # last batch id applied; -1 = none
+    changelog_offset: int = 0      # next changelog offset to replay from
+    digest: int = 0
+    key_count: int = 0
+    format_version: int = codec.FORMAT_VERSION
+
+    def encode(self) -> bytes:
+        return codec.encode_value((self.applied_batch, self.changelog_offset, to_signed(self.digest),
+                                   self.key_count, self.format_version))
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> "PartitionMeta":
+        if data is None:
+            return cls()
+        applied, offset, digest, count, version = codec.decode_value(data)
+        if version != codec.FORMAT_VERSION:
+            raise codec.CodecError(f"partition format version {version}; this build reads {codec.FORMAT_VERSION}")
+        return cls(applied, offset, from_signed(digest), count, version)
+
+    def but(self, **changes) -> "PartitionMeta":
+        return replace(self, **changes)
+
+
+class MemoryBackend:
+    """A dict per partition; `clone` stands in for a checkpoint."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.meta = PartitionMeta()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        get = self.data.get
+        return [get(k) for k in keys]
+
+    def scan(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(self.data):
+            if start is not None and key < start:
+                continue
+            if end is not None and key >= end:
+                break
+            yield key, self.data[key]
+
+    def read_meta(self) -> PartitionMeta:
+        return self.meta
+
+    def write(self, changes: dict[bytes, bytes | None], meta: PartitionMeta, sync: bool = True) -> None:
+        for key, value in changes.items():
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+        self.meta = meta
+
+    def corrupt_value(self, key: bytes, value: bytes) -> None:
+        """Change a value behind the digest's back (tests of `verify`)."""
+        self.data[key] = value
+
+    def close(self) -> None:
+        pass
+
+
+class RocksBackend:
+    """One RocksDB database in raw bytes mode: data in `default`, metadata in `meta`.
+
+    A commit is one WriteBatch over both column families with a synced WAL,
+    so data and metadata can never disagree after a crash.
+    """
+
+    def __init__(self, path: Path, read_only: bool = False, secondary_of: Path | None = None) -> None:
+        from rocksdict import AccessType, Options, Rdict, WriteOptions
+
+        self.path = Path(path)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        options.set_max_background_jobs(2)
+        options.increase_parallelism(2)
+        cfs = {"meta": Options(raw_mode=True)}
+        if secondary_of is not None:
+            access = AccessType.secondary(str(self.path))
+            self.db = Rdict(str(secondary_of), options=options, column_families=cfs, access_type=access)
+        elif read_only:
+            self.db = Rdict(str(self.path), options=options, column_families=cfs, access_type=AccessType.read_only())
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.db = Rdict(str(self.path), options=options, column_families=cfs)
+        self.meta_cf = self.db.get_column_family("meta")
+        self._meta_handle = self.db.get_column_family_handle("meta")
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._nosync = WriteOptions()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.db.get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return self.db.get(keys)
+
+    def scan(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        if start is None:
+            it.seek_to_first()
+        else:
+            it.seek(start)
+        while it.valid():
+            key = it.key()
+            if end is not None and key >= end:
+                break
+            yield key, it.value()
+            it.next()
+
+    def read_meta(self) -> PartitionMeta:
+        return PartitionMeta.decode(self.meta_cf.get(META_KEY))
+
+    def write(self, changes: dict[bytes, bytes | None], meta: PartitionMeta, sync: bool = True) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(META_KEY, meta.encode(), self._meta_handle)
+        self.db.write(batch, self._sync if sync else self._nosync)
+
+    def catch_up(self) -> None:
+        """Secondary instances only: move to the primary's latest committed state."""
+        self.db.try_catch_up_with_primary()
+
+    def checkpoint(self, target: Path) -> None:
+        from rocksdict import Checkpoint
+
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Checkpoint(self.db).create_checkpoint(str(target))
+
+    def corrupt_value(self, key: bytes, value: bytes) -> None:
+        self.db.put(key, value)
+
+    def close(self) -> None:
+        """Release the database; column-family handles share it, so they go too."""
+        if self.db is None:
+            return
+        self.meta_cf = self._meta_handle = None
+        self.db.close()
+        self.db = None

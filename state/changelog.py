@@ -1,0 +1,203 @@
+"""The changelog: a compacted Kafka topic per table, partition p for state partition p.
+
+Each commit publishes its changes in one Kafka transaction: one record per
+changed key (tombstone on delete) and, last, a batch marker record under a
+reserved key `MARKER_PREFIX + batch id` holding (batch id, digest, key count).
+Readers use read_committed, so a batch is on the changelog entirely or not at
+all, and a replay that ends on a marker can check its digest. Marker keys are
+distinct per batch, so compaction never removes the record of a batch.
+
+The transactional id is fixed per (table, partition): a new writer's
+init_transactions fences any zombie and aborts its open transaction.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from state import codec, faults
+from state.digest import from_signed, to_signed
+from state.errors import StateFenced
+from state.kafka_admin import ensure_topic
+
+log = logging.getLogger(__name__)
+
+MARKER_PREFIX = b"\xff\x00batch\x00"  # data keys never start with 0xff (see codec tags)
+BATCH_HEADER = "statetable.batch"
+
+
+def topic_name(table: str) -> str:
+    return f"{table}-changelog"
+
+
+def marker_key(batch_id: int) -> bytes:
+    return MARKER_PREFIX + batch_id.to_bytes(8, "big", signed=True)
+
+
+def is_marker(key: bytes) -> bool:
+    return key.startswith(MARKER_PREFIX)
+
+
+def ensure_changelog(bootstrap: str, table: str, partitions: int) -> str:
+    name = topic_name(table)
+    ensure_topic(bootstrap, name, partitions, {
+        "cleanup.policy": "compact",
+        # Keep a day of history uncompacted, so point-in-time restores to
+        # recent batches replay exact intermediate values.
+        "min.compaction.lag.ms": "86400000",
+        "max.message.bytes": "8388608",
+    })
+    return name
+
+
+@dataclass(frozen=True)
+class Marker:
+    batch_id: int
+    digest: int
+    key_count: int
+
+    def encode(self) -> bytes:
+        return codec.encode_value((self.batch_id, to_signed(self.digest), self.key_count))
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Marker":
+        batch_id, digest, key_count = codec.decode_value(data)
+        return cls(batch_id, from_signed(digest), key_count)
+
+
+class ChangelogWriter:
+    """Publishes one batch of one partition per Kafka transaction."""
+
+    def __init__(self, bootstrap: str, table: str, partition: int) -> None:
+        self.topic = topic_name(table)
+        self.partition = partition
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"statetable.{table}.{partition}",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 1000000,
+            "message.max.bytes": 8388608,
+            "transaction.timeout.ms": 60000,
+        })
+        self.producer.init_transactions(30)
+
+    def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker) -> int:
+        """Publish `changes` then the marker atomically; returns the offset after the marker."""
+        headers = [(BATCH_HEADER, str(batch_id).encode())]
+        marker_offset: list[int] = []
+        errors: list = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+
+        def on_marker(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                marker_offset.append(msg.offset())
+
+        try:
+            self.producer.begin_transaction()
+            half = len(changes) // 2
+            for i, (key, value) in enumerate(changes.items()):
+                self._produce(key, value, headers, on_delivery)
+                if i == half:
+                    self.producer.flush(30)
+                    faults.point("commit.mid_changelog")
+            self._produce(marker_key(batch_id), marker.encode(), headers, on_marker)
+            self.producer.commit_transaction(60)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                raise StateFenced(f"{self.topic}[{self.partition}]: another writer owns this partition") from exc
+            if error.txn_requires_abort():
+                self.producer.abort_transaction(30)
+            raise
+        if errors or not marker_offset:
+            raise RuntimeError(f"changelog {self.topic}[{self.partition}] batch {batch_id} not delivered: {errors}")
+        return marker_offset[0] + 1
+
+    def _produce(self, key: bytes, value: bytes | None, headers, callback) -> None:
+        while True:
+            try:
+                self.producer.produce(self.topic, value, key=key, partition=self.partition,
+                                      headers=headers, on_delivery=callback)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+@dataclass(frozen=True)
+class ChangelogRecord:
+    offset: int
+    key: bytes
+    value: bytes | None
+    batch_id: int
+
+
+def partition_bounds(bootstrap: str, table: str, partition: int) -> tuple[int, int] | None:
+    """(log start, end) offsets of a changelog partition; None if the topic is gone."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "statetable-restore",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        topic = topic_name(table)
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None or partition not in meta.partitions:
+            return None
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    finally:
+        consumer.close()
+
+
+def replay(bootstrap: str, table: str, partition: int, start: int, end: int,
+           chunk: int = 20000) -> Iterator[list[ChangelogRecord]]:
+    """Committed records of [start, end) in chunks, in offset order."""
+    if start >= end:
+        return
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "statetable-restore", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "fetch.max.bytes": 52428800, "fetch.wait.max.ms": 50,
+        "max.partition.fetch.bytes": 16777216,
+    })
+    topic = topic_name(table)
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position, idle_since = start, time.monotonic()
+    try:
+        while position < end:
+            messages = consumer.consume(chunk, timeout=0.2)
+            records = []
+            for msg in messages:
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(msg.error())
+                if msg.offset() >= end:
+                    position = end
+                    break
+                headers = dict(msg.headers() or ())
+                batch = int(headers[BATCH_HEADER]) if BATCH_HEADER in headers else -1
+                records.append(ChangelogRecord(msg.offset(), msg.key(), msg.value(), batch))
+                position = msg.offset() + 1
+            if records:
+                idle_since = time.monotonic()
+                yield records
+            else:
+                # Transaction markers and aborted records occupy offsets without
+                # being delivered; the consumer's position moves past them.
+                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if pos >= 0:
+                    position = max(position, pos)
+                if time.monotonic() - idle_since > 30:
+                    raise TimeoutError(f"changelog {topic}[{partition}] stalled at {position} before {end}")
+    finally:
+        consumer.close()

@@ -1,0 +1,160 @@
+"""Byte encodings for keys and values.
+
+Keys use an order-preserving tuple encoding: each component is a type tag plus
+a self-delimiting body, so the bytes of a tuple prefix are a byte prefix of
+the tuple, and byte order equals tuple order. That makes prefix scans ("all
+windows of key k") and range scans ("windows of k from t1 to t2") plain
+RocksDB iterations, also for composite keys such as (key, window_start).
+
+Values carry a one-byte format version ahead of the same tuple encoding. The
+encoding is compact (no field names, varint-free fixed ints) and has no
+pickle, so any process or language can read it.
+"""
+from __future__ import annotations
+
+import struct
+
+FORMAT_VERSION = 1
+
+_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _TUPLE, _END = (
+    0x01, 0x02, 0x03, 0x10, 0x20, 0x30, 0x40, 0x50, 0x00,
+)
+_INT_BIAS = 1 << 63
+_pack_q = struct.Struct(">Q").pack
+_unpack_q = struct.Struct(">Q").unpack_from
+_pack_d = struct.Struct(">d").pack
+_unpack_d = struct.Struct(">d").unpack_from
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid encoding, or a value that cannot be encoded."""
+
+
+def _escape(raw: bytes) -> bytes:
+    # 0x00 terminates a string, so a literal 0x00 becomes 0x00 0xFF.
+    return raw.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def _encode_into(out: bytearray, item) -> None:
+    if item is None:
+        out.append(_NONE)
+    elif item is True:
+        out.append(_TRUE)
+    elif item is False:
+        out.append(_FALSE)
+    elif isinstance(item, int):
+        if not -_INT_BIAS <= item < _INT_BIAS:
+            raise CodecError(f"integer {item} does not fit in 64 bits")
+        out.append(_INT)
+        out += _pack_q(item + _INT_BIAS)
+    elif isinstance(item, float):
+        bits = _unpack_q(_pack_d(item))[0]
+        # Flip so that byte order matches numeric order, negatives included.
+        bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits & (1 << 63) else bits | (1 << 63)
+        out.append(_FLOAT)
+        out += _pack_q(bits)
+    elif isinstance(item, str):
+        out.append(_STR)
+        out += _escape(item.encode())
+    elif isinstance(item, (bytes, bytearray)):
+        out.append(_BYTES)
+        out += _escape(bytes(item))
+    elif isinstance(item, (tuple, list)):
+        out.append(_TUPLE)
+        for element in item:
+            _encode_into(out, element)
+        out.append(_END)
+    else:
+        raise CodecError(f"cannot encode {type(item).__name__} value {item!r}")
+
+
+def _read_escaped(data: bytes, pos: int) -> tuple[bytes, int]:
+    chunks = []
+    while True:
+        end = data.find(b"\x00", pos)
+        if end < 0:
+            raise CodecError("unterminated string")
+        chunks.append(data[pos:end])
+        if end + 1 < len(data) and data[end + 1] == 0xFF:
+            chunks.append(b"\x00")
+            pos = end + 2
+            continue
+        return b"".join(chunks), end + 1
+
+
+def _decode_at(data: bytes, pos: int):
+    tag = data[pos]
+    pos += 1
+    if tag == _INT:
+        return _unpack_q(data, pos)[0] - _INT_BIAS, pos + 8
+    if tag == _STR:
+        raw, pos = _read_escaped(data, pos)
+        return raw.decode(), pos
+    if tag == _FLOAT:
+        bits = _unpack_q(data, pos)[0]
+        bits = bits ^ (1 << 63) if bits & (1 << 63) else bits ^ 0xFFFFFFFFFFFFFFFF
+        return _unpack_d(_pack_q(bits))[0], pos + 8
+    if tag == _NONE:
+        return None, pos
+    if tag == _TRUE:
+        return True, pos
+    if tag == _FALSE:
+        return False, pos
+    if tag == _BYTES:
+        return _read_escaped(data, pos)
+    if tag == _TUPLE:
+        items = []
+        while data[pos] != _END:
+            item, pos = _decode_at(data, pos)
+            items.append(item)
+        return tuple(items), pos + 1
+    raise CodecError(f"unknown type tag 0x{tag:02x} at byte {pos - 1}")
+
+
+def encode_key(key: tuple) -> bytes:
+    """Order-preserving bytes of a key tuple; a tuple prefix encodes to a byte prefix."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    out = bytearray()
+    for component in key:
+        _encode_into(out, component)
+    return bytes(out)
+
+
+def decode_key(data: bytes) -> tuple:
+    items, pos = [], 0
+    try:
+        while pos < len(data):
+            item, pos = _decode_at(data, pos)
+            items.append(item)
+    except (IndexError, struct.error) as exc:
+        raise CodecError(f"truncated key {data!r}") from exc
+    return tuple(items)
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with `prefix`."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def encode_value(value) -> bytes:
+    out = bytearray([FORMAT_VERSION])
+    _encode_into(out, value)
+    return bytes(out)
+
+
+def decode_value(data: bytes):
+    if not data:
+        raise CodecError("empty value")
+    if data[0] != FORMAT_VERSION:
+        raise CodecError(f"value format version {data[0]} is not supported (this build reads {FORMAT_VERSION})")
+    try:
+        value, pos = _decode_at(data, 1)
+    except (IndexError, struct.error) as exc:
+        raise CodecError(f"truncated value {data[:40]!r}") from exc
+    if pos != len(data):
+        raise CodecError(f"{len(data) - pos} trailing bytes after value")
+    return value

@@ -1,0 +1,165 @@
+"""State tables: P partitions, a changelog, snapshots, restore and verify.
+
+The local state folder is only a cache. The durable truth is the snapshot
+store plus the changelog topic, so any process on any machine can hydrate a
+partition (`open` restores it when the folder has none), which is how state
+follows Spark tasks around a cluster.
+
+Usage (a store builder in the manner of Kafka Streams' Stores):
+
+    table = StateTable(TableSpec("tickets", 4, RowAggregator({"n": Count()})),
+                       state_dir, bootstrap="127.0.0.1:19092", snapshot_uri="/snapshots")
+    part = table.open(table.partition_of(key))
+    with part.begin(batch_id) as tx:
+        tx.merge(key, (1,))
+    table.snapshot(part.partition)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from state import changelog, codec
+from state.aggregates import RowAggregator
+from state.backends import MemoryBackend, RocksBackend
+from state.changelog import ChangelogWriter
+from state.partition import StatePartition
+from state.restore import RestoreReport, restore_partition
+from state.snapshots import Manifest, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    partitions: int
+    aggregator: RowAggregator | None = None   # None: a latest-value (source) table
+    snapshot_keep: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
+            raise ValueError(f"table name {self.name!r}: use letters, digits, '.', '_' or '-'")
+        if not 1 <= self.partitions <= 1024:
+            raise ValueError(f"table {self.name!r}: partitions={self.partitions}; use 1..1024")
+
+    def descriptor(self) -> dict:
+        return {
+            "name": self.name, "partitions": self.partitions, "format_version": codec.FORMAT_VERSION,
+            "aggregator": None if self.aggregator is None else repr(self.aggregator.spec()),
+        }
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The state partition of an encoded key (crc32, which Spark SQL also computes natively)."""
+    return zlib.crc32(key) % partitions
+
+
+class StateTable:
+    def __init__(self, spec: TableSpec, state_dir: Path | str | None, *, bootstrap: str | None = None,
+                 snapshot_uri: str | None = None, memory: bool = False) -> None:
+        self.spec = spec
+        self.memory = memory
+        self.bootstrap = bootstrap
+        self.dir = None if memory else Path(state_dir) / spec.name
+        self.snapshots = SnapshotStore(snapshot_uri) if snapshot_uri else None
+        self._open: dict[int, StatePartition] = {}
+        if bootstrap:
+            changelog.ensure_changelog(bootstrap, spec.name, spec.partitions)
+        if self.dir is not None:
+            self._check_descriptor()
+
+    def _check_descriptor(self) -> None:
+        """P is fixed at creation: a table reopened with another P fails, naming the fix."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "table.json"
+        wanted = self.spec.descriptor()
+        if path.exists():
+            recorded = json.loads(path.read_text())
+            for field in ("partitions", "aggregator", "format_version"):
+                if recorded.get(field) != wanted[field]:
+                    raise ValueError(
+                        f"table {self.spec.name!r}: {field} is {wanted[field]!r} but the table was created with "
+                        f"{recorded.get(field)!r}; keep {field}={recorded.get(field)!r} or rebuild the table "
+                        f"under a new name"
+                    )
+        else:
+            path.write_text(json.dumps(wanted, indent=1))
+
+    def partition_of(self, key: tuple) -> int:
+        return partition_of(codec.encode_key(key), self.spec.partitions)
+
+    def partition_dir(self, partition: int) -> Path:
+        return self.dir / f"p{partition:04d}"
+
+    # -- lifecycle -------------------------------------------------------------
+    def open(self, partition: int) -> StatePartition:
+        """Open partition p for writing: hydrate it if absent, then catch up its changelog tail."""
+        if partition in self._open:
+            return self._open[partition]
+        if not 0 <= partition < self.spec.partitions:
+            raise ValueError(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
+        writer = ChangelogWriter(self.bootstrap, self.spec.name, partition) if self.bootstrap else None
+        if self.memory:
+            backend = MemoryBackend()
+        else:
+            path = self.partition_dir(partition)
+            if not (path / "CURRENT").exists():
+                # Fencing came first (the writer above), so no zombie transaction can stall the replay.
+                self.restore(partition)
+            backend = RocksBackend(path)
+        part = StatePartition(self.spec.name, partition, backend, self.spec.aggregator, writer)
+        if self.bootstrap and not self.memory:
+            self._catch_up(part)
+        self._open[partition] = part
+        return part
+
+    def _catch_up(self, part: StatePartition) -> None:
+        """Apply batches the changelog has and the local store lacks (a crash after
+        the changelog commit and before the RocksDB commit)."""
+        bounds = changelog.partition_bounds(self.bootstrap, self.spec.name, part.partition)
+        if bounds is None:
+            return
+        start = part.meta.changelog_offset
+        if start < bounds[1]:
+            stats = part.apply_changelog(changelog.replay(self.bootstrap, self.spec.name, part.partition,
+                                                          start, bounds[1]))
+            if stats.records:
+                log.info("%s[%d]: caught up %d changelog records to batch %d", self.spec.name, part.partition,
+                         stats.records, part.meta.applied_batch)
+
+    def close(self, partition: int | None = None) -> None:
+        targets = list(self._open) if partition is None else [partition]
+        for p in targets:
+            part = self._open.pop(p, None)
+            if part is not None:
+                part.close()
+
+    # -- durability ------------------------------------------------------------
+    def snapshot(self, partition: int) -> Manifest:
+        if self.snapshots is None:
+            raise ValueError(f"table {self.spec.name!r} has no snapshot store; pass snapshot_uri")
+        part = self.open(partition)
+        manifest = self.snapshots.save(self.spec.name, partition, part.backend)
+        self.snapshots.retain(self.spec.name, partition, self.spec.snapshot_keep)
+        return manifest
+
+    def restore(self, partition: int, target_batch: int | None = None) -> RestoreReport:
+        """Rebuild the local partition from snapshots plus changelog (see state.restore)."""
+        if self.memory:
+            raise ValueError("a memory table has nothing to restore from")
+        self.close(partition)
+        return restore_partition(
+            self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,
+            store=self.snapshots, bootstrap=self.bootstrap, target_batch=target_batch,
+        )
+
+    def wipe_local(self, partition: int | None = None) -> None:
+        """Delete the local cache of one or all partitions (a lost disk)."""
+        for p in range(self.spec.partitions) if partition is None else [partition]:
+            self.close(p)
+            shutil.rmtree(self.partition_dir(p), ignore_errors=True)

@@ -1,0 +1,74 @@
+"""Windowed state: keys (key..., window_start) with retention.
+
+The window start is the last key component, so all windows of a key are one
+prefix scan and a time range is one range scan. A window is purged when the
+watermark has passed its end plus grace plus retention; purges are ordinary
+deletes, so they reach the changelog and a restore purges them too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from state.partition import StatePartition, Transaction
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    size_ms: int
+    advance_ms: int | None = None   # None: tumbling (advance = size)
+    grace_ms: int = 0
+    retention_ms: int = 0
+
+    def __post_init__(self) -> None:
+        advance = self.advance_ms or self.size_ms
+        if self.size_ms <= 0 or advance <= 0 or advance > self.size_ms:
+            raise ValueError(f"window SIZE {self.size_ms} ms and ADVANCE {self.advance_ms} ms: "
+                             f"both must be positive and ADVANCE <= SIZE")
+        if self.grace_ms < 0 or self.retention_ms < 0:
+            raise ValueError("window GRACE and retention must not be negative")
+
+    @property
+    def advance(self) -> int:
+        return self.advance_ms or self.size_ms
+
+    def starts_for(self, ts: int) -> list[int]:
+        """Starts of every window that contains event time `ts` (ms)."""
+        starts, start = [], ts - ts % self.advance
+        while start > ts - self.size_ms:
+            starts.append(start)
+            start -= self.advance
+        return starts[::-1]
+
+    def is_late(self, ts: int, watermark: int) -> bool:
+        """True when every window of `ts` closed (end + grace <= watermark) before it arrived."""
+        return all(start + self.size_ms + self.grace_ms <= watermark for start in self.starts_for(ts))
+
+    def expired(self, start: int, watermark: int) -> bool:
+        return start + self.size_ms + self.grace_ms + self.retention_ms <= watermark
+
+
+def window_key(key: tuple, start: int) -> tuple:
+    return (*key, start)
+
+
+def fetch(partition: StatePartition, key: tuple, time_from: int | None = None,
+          time_to: int | None = None) -> list[tuple[int, object]]:
+    """Windows of `key` whose start is in [time_from, time_to]."""
+    out = []
+    for full_key, value in partition.items(prefix=key):
+        if len(full_key) != len(key) + 1:
+            continue
+        start = full_key[-1]
+        if (time_from is None or start >= time_from) and (time_to is None or start <= time_to):
+            out.append((start, value))
+    return out
+
+
+def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermark: int) -> int:
+    """Delete, within `tx`, every window expired at `watermark`; returns how many."""
+    expired = 0
+    for full_key, _ in partition.items():
+        if spec.expired(full_key[-1], watermark):
+            tx.delete(full_key)
+            expired += 1
+    return expired

@@ -1,0 +1,188 @@
+"""Pure logic of state/: encodings, aggregates, digest, windows, memory store, views."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from state import codec, digest
+from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
+from state.backends import MemoryBackend
+from state.partition import StatePartition
+from state.table import StateTable, TableSpec
+from state.views import TableView
+from state.windows import WindowSpec, fetch, purge
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8),
+)
+
+
+@given(st.lists(st.tuples(st.text(max_size=6), st.integers(-1000, 1000)), min_size=2, max_size=30))
+def test_key_order_equals_tuple_order(keys):
+    encoded = sorted(codec.encode_key(k) for k in keys)
+    assert [codec.decode_key(e) for e in encoded] == sorted(keys)
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=True), min_size=2, max_size=30))
+def test_float_order(values):
+    encoded = sorted(codec.encode_key((v,)) for v in values)
+    assert [codec.decode_key(e)[0] for e in encoded] == sorted(values)
+
+
+@given(st.tuples(st.text(max_size=6), st.integers(-50, 50)), st.integers(-50, 50))
+def test_tuple_prefix_is_byte_prefix(key, window_start):
+    prefix = codec.encode_key(key)
+    full = codec.encode_key((*key, window_start))
+    assert full.startswith(prefix)
+    assert prefix <= full < codec.prefix_upper_bound(prefix)
+
+
+@given(st.recursive(scalars, lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=12))
+def test_value_roundtrip(value):
+    assert codec.decode_value(codec.encode_value(value)) == value
+
+
+def test_value_format_version_is_checked():
+    data = bytearray(codec.encode_value((1, 2)))
+    data[0] = 99
+    with pytest.raises(codec.CodecError, match="format version 99"):
+        codec.decode_value(bytes(data))
+
+
+AGGREGATES = [Count(), Sum(), Min(), Max(), Avg(), LatestByOffset(), CountDistinct(), TopN(3), TopN(2, distinct_by=0)]
+
+
+@pytest.mark.parametrize("agg", AGGREGATES, ids=lambda a: a.name + str(getattr(a, "n", "")))
+@given(data=st.data())
+@settings(max_examples=60)
+def test_merge_is_independent_of_grouping(agg, data):
+    """Any split of events into partials, folded in any order, gives the same state."""
+    values = data.draw(st.lists(st.integers(-20, 20) | st.none(), min_size=1, max_size=25))
+    if isinstance(agg, TopN):
+        events = [((v, (f"p{abs(v or 0) % 4}", v)) if v is not None else (None, None), i) for i, v in enumerate(values)]
+    else:
+        events = [(v, i) for i, v in enumerate(values)]
+    sequential = None
+    for value, order in events:
+        sequential = agg.merge(sequential, agg.lift(value, order))
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    groups: dict[int, object] = {}
+    for value, order in events:
+        g = rng.randrange(3)
+        groups[g] = agg.merge(groups.get(g), agg.lift(value, order))
+    partials = list(groups.values())
+    rng.shuffle(partials)
+    grouped = None
+    for partial in partials:
+        grouped = agg.merge(grouped, partial)
+    if isinstance(agg, (Sum, Avg)) or isinstance(agg, Count):
+        assert agg.result(grouped) == agg.result(sequential)
+    else:
+        assert grouped == sequential
+
+
+def test_aggregate_results():
+    assert Avg().result(Avg().merge((10, 2), (5, 1))) == 5
+    assert Avg().result((0, 0)) is None
+    assert LatestByOffset().result(LatestByOffset().merge((5, "new"), (3, "old"))) == "new"
+    assert CountDistinct().result(CountDistinct().merge(("a", "b"), ("b", "c"))) == 3
+    board = TopN(3, distinct_by=0)
+    state = None
+    for i, (player, score) in enumerate([("ann", 10), ("bob", 30), ("ann", 50), ("cy", 20), ("dee", 40)]):
+        state = board.merge(state, board.lift((score, (player, score)), i))
+    assert board.result(state) == [("ann", 50), ("dee", 40), ("bob", 30)]
+
+
+def test_digest_is_order_independent_and_incremental():
+    items = [(codec.encode_key((f"k{i}",)), codec.encode_value(i)) for i in range(100)]
+    d1, n1 = digest.of_items(items)
+    d2, _ = digest.of_items(reversed(items))
+    assert d1 == d2 and n1 == 100
+    changed = digest.apply_change(d1, items[5][0], items[5][1], codec.encode_value(-1))
+    assert changed == digest.of_items(items[:5] + [(items[5][0], codec.encode_value(-1))] + items[6:])[0]
+    assert digest.from_signed(digest.to_signed(d1)) == d1
+
+
+def _memory_partition():
+    return StatePartition("mem", 0, MemoryBackend(), RowAggregator({"n": Count(), "s": Sum()}))
+
+
+def test_memory_transactions_commit_abort_and_replay_noop():
+    part = _memory_partition()
+    with part.begin(0) as tx:
+        tx.merge(("a",), (1, 5))
+        tx.merge(("a",), (2, 10))
+        tx.put(("b",), (7, 7))
+        assert tx.get(("a",)) == (3, 15)   # reads see the transaction's own writes
+    assert part.get(("a",)) == (3, 15)
+    tx = part.begin(1)
+    tx.merge(("a",), (1, 1))
+    tx.abort()
+    assert part.get(("a",)) == (3, 15) and part.meta.applied_batch == 0
+    with part.begin(1) as tx:
+        tx.delete(("b",))
+        tx.merge(("c",), (1, 1))
+    again = part.begin(1)
+    again.merge(("a",), (100, 100))
+    result = again.commit()
+    assert result.noop and part.get(("a",)) == (3, 15)
+    assert dict(part.items()) == {("a",): (3, 15), ("c",): (1, 1)}
+    assert part.verify()[0]
+
+
+def test_verify_catches_a_value_changed_behind_its_back():
+    part = _memory_partition()
+    with part.begin(0) as tx:
+        for i in range(10):
+            tx.merge((f"k{i}",), (1, i))
+    part.backend.corrupt_value(codec.encode_key(("k3",)), codec.encode_value((1, 999)))
+    ok, recorded, recomputed = part.verify()
+    assert not ok and recorded != recomputed
+
+
+def test_windows_tumbling_hopping_late_and_purge():
+    hopping = WindowSpec(size_ms=10, advance_ms=5, grace_ms=2, retention_ms=5)
+    assert hopping.starts_for(12) == [5, 10]
+    assert WindowSpec(10).starts_for(-3) == [-10]
+    assert not hopping.is_late(12, watermark=16) and hopping.is_late(12, watermark=22)
+    part = _memory_partition()
+    with part.begin(0) as tx:
+        for ts in (1, 6, 12, 31):
+            for start in hopping.starts_for(ts):
+                tx.merge(("k", start), (1, ts))
+    assert [s for s, _ in fetch(part, ("k",))] == [-5, 0, 5, 10, 25, 30]
+    assert [s for s, _ in fetch(part, ("k",), 0, 10)] == [0, 5, 10]
+    with part.begin(1) as tx:
+        assert purge(part, tx, hopping, watermark=30) == 4   # starts -5..10: start + 10 + 2 + 5 <= 30
+    assert [s for s, _ in fetch(part, ("k",))] == [25, 30]
+
+
+def test_views_scan_prefix_range_and_top_n_over_memory_store():
+    spec = TableSpec("views", 3, RowAggregator({"n": Count()}))
+    table = StateTable(spec, None, memory=True)
+    for p in range(3):
+        part = table.open(p)
+        with part.begin(0) as tx:
+            for i in range(30):
+                key = (f"user{i % 5}", i)
+                if table.partition_of(key) == p:
+                    tx.put(key, (i,))
+    view = TableView.over_memory(spec, [table.open(p).backend for p in range(3)])
+    assert view.get(("user1", 6)) == (6,)
+    assert [k for k, _ in view.scan(prefix=("user1",))] == [("user1", i) for i in range(1, 30, 5)]
+    assert [k for k, _ in view.scan(prefix=("user1",), start=("user1", 10), end=("user1", 21))] == [
+        ("user1", 11), ("user1", 16)]
+    assert len(view.scan(limit=7)) == 7
+    assert [k for k, _ in view.top_n(2, lambda k, v: v[0])] == [("user4", 29), ("user3", 28)]
+
+
+def test_bad_table_definitions_fail_with_the_fix():
+    with pytest.raises(ValueError, match="partitions=0"):
+        TableSpec("t", 0)
+    with pytest.raises(ValueError, match="table name"):
+        TableSpec("bad name", 1)
+    with pytest.raises(ValueError, match="ADVANCE"):
+        WindowSpec(size_ms=10, advance_ms=20)
