@@ -34,7 +34,8 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
-    futures = admin(bootstrap).delete_topics([name], operation_timeout=30)
+    client = admin(bootstrap)  # keep it referenced: a collected client fails its futures with _DESTROY
+    futures = client.delete_topics([name], operation_timeout=30)
     for future in futures.values():
         try:
             future.result()

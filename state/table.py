@@ -98,7 +98,11 @@ class StateTable:
 
     # -- lifecycle -------------------------------------------------------------
     def open(self, partition: int) -> StatePartition:
-        """Open partition p for writing: hydrate it if absent, then catch up its changelog tail."""
+        """Open partition p for writing: hydrate it if absent, then catch up its changelog tail.
+
+        An open partition is always at the latest committed batch; to look at
+        a point-in-time restore, use `open_readonly`.
+        """
         if partition in self._open:
             return self._open[partition]
         if not 0 <= partition < self.spec.partitions:
@@ -117,6 +121,13 @@ class StateTable:
             self._catch_up(part)
         self._open[partition] = part
         return part
+
+    def open_readonly(self, partition: int) -> StatePartition:
+        """The local partition exactly as it is (e.g. after a point-in-time restore):
+        read-only, with no changelog writer and no catch-up to the latest batch."""
+        self.close(partition)
+        return StatePartition(self.spec.name, partition, RocksBackend(self.partition_dir(partition), read_only=True),
+                              self.spec.aggregator)
 
     def _catch_up(self, part: StatePartition) -> None:
         """Apply batches the changelog has and the local store lacks (a crash after

@@ -29,7 +29,10 @@ def own_stack_env(tmp_path):
 
 
 def _cli(env, *args, check=True):
-    return subprocess.run([STATETABLE, *args], env=env, capture_output=True, text=True, check=check)
+    done = subprocess.run([STATETABLE, *args], env=env, capture_output=True, text=True)
+    if check:
+        assert done.returncode == 0, f"statetable {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done
 
 
 def _processes_mentioning(path: str) -> list[str]:
