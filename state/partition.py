@@ -131,6 +131,7 @@ class StatePartition:
         if pending or (last_marker and last_marker.batch_id != meta.applied_batch):
             meta = self._write_replayed(pending, meta, last_marker, next_offset)
             stats.writes += 1
+            faults.point("restore.mid_replay")
         if unmarked:
             log.warning("%s[%d]: %d changelog records after the last batch marker were not applied",
                         self.table, self.partition, len(unmarked))
