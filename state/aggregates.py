@@ -198,13 +198,38 @@ class RowAggregator:
     def __init__(self, columns: dict[str, Aggregate]) -> None:
         self.columns = dict(columns)
         self._aggs = tuple(self.columns.values())
+        self.merge = self._compile_merge()
 
-    def merge(self, stored: tuple | None, partial: tuple | None) -> tuple:
-        if stored is None:
-            return partial
-        if partial is None:
-            return stored
-        return tuple(agg.merge(s, p) for agg, s, p in zip(self._aggs, stored, partial))
+    def _compile_merge(self):
+        """A merge function specialised to the column count: this is the hot
+        path of every commit, so it avoids a generator per row."""
+        merges = tuple(agg.merge for agg in self._aggs)
+        if len(merges) == 1:
+            (m0,) = merges
+
+            def merge(stored, partial):
+                if stored is None:
+                    return partial
+                if partial is None:
+                    return stored
+                return (m0(stored[0], partial[0]),)
+        elif len(merges) == 2:
+            m0, m1 = merges
+
+            def merge(stored, partial):
+                if stored is None:
+                    return partial
+                if partial is None:
+                    return stored
+                return (m0(stored[0], partial[0]), m1(stored[1], partial[1]))
+        else:
+            def merge(stored, partial):
+                if stored is None:
+                    return partial
+                if partial is None:
+                    return stored
+                return tuple(m(s, p) for m, s, p in zip(merges, stored, partial))
+        return merge
 
     def lift(self, values: tuple, order=0) -> tuple:
         return tuple(agg.lift(v, order) for agg, v in zip(self._aggs, values))

@@ -161,24 +161,31 @@ def partition_bounds(bootstrap: str, table: str, partition: int) -> tuple[int, i
 
 def replay(bootstrap: str, table: str, partition: int, start: int, end: int,
            chunk: int = 20000) -> Iterator[list[ChangelogRecord]]:
-    """Committed records of [start, end) in chunks, in offset order."""
+    """Committed records of [start, end) in chunks, in offset order.
+
+    The last offsets of a transactional log are commit markers that are never
+    delivered, so the end is recognised by the partition-EOF event rather
+    than by waiting for an offset that will not come.
+    """
     if start >= end:
         return
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "statetable-restore", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "fetch.max.bytes": 52428800, "fetch.wait.max.ms": 50,
-        "max.partition.fetch.bytes": 16777216,
+        "isolation.level": "read_committed", "fetch.max.bytes": 52428800, "fetch.wait.max.ms": 20,
+        "max.partition.fetch.bytes": 16777216, "enable.partition.eof": True,
     })
     topic = topic_name(table)
     consumer.assign([TopicPartition(topic, partition, start)])
     position, idle_since = start, time.monotonic()
     try:
         while position < end:
-            messages = consumer.consume(chunk, timeout=0.2)
+            messages = consumer.consume(chunk, timeout=0.02)
             records = []
+            at_eof = False
             for msg in messages:
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
+                        at_eof = msg.offset() >= end
                         continue
                     raise KafkaException(msg.error())
                 if msg.offset() >= end:
@@ -191,13 +198,9 @@ def replay(bootstrap: str, table: str, partition: int, start: int, end: int,
             if records:
                 idle_since = time.monotonic()
                 yield records
-            else:
-                # Transaction markers and aborted records occupy offsets without
-                # being delivered; the consumer's position moves past them.
-                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if pos >= 0:
-                    position = max(position, pos)
-                if time.monotonic() - idle_since > 30:
-                    raise TimeoutError(f"changelog {topic}[{partition}] stalled at {position} before {end}")
+            if at_eof:
+                return
+            if not records and time.monotonic() - idle_since > 30:
+                raise TimeoutError(f"changelog {topic}[{partition}] stalled at {position} before {end}")
     finally:
         consumer.close()

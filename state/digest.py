@@ -7,16 +7,14 @@ recomputes it from a full scan; any silently changed byte shows up.
 """
 from __future__ import annotations
 
-from hashlib import blake2b
+from xxhash import xxh3_64_intdigest
 
 MASK = (1 << 64) - 1
 
 
 def entry_hash(key: bytes, value: bytes) -> int:
-    h = blake2b(len(key).to_bytes(4, "big"), digest_size=8)
-    h.update(key)
-    h.update(value)
-    return int.from_bytes(h.digest(), "big")
+    """xxh3-64 of key+value, seeded with the key length so the boundary counts."""
+    return xxh3_64_intdigest(key + value, seed=len(key))
 
 
 def apply_change(digest: int, key: bytes, old: bytes | None, new: bytes | None) -> int:

@@ -255,22 +255,28 @@ class Transaction:
         olds = part.backend.multi_get(keys)
         changes: dict[bytes, bytes | None] = {}
         digest, count = meta.digest, meta.key_count
+        # The hot loop of every batch: locals only, digest inlined (see state.digest).
         encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
-        apply_change = digests.apply_change
+        entry_hash = digests.entry_hash
         ops = self._ops
         for key, old in zip(keys, olds):
             kind, value = ops[key]
-            if kind == _PUT:
-                new = encode(value)
-            elif kind == _DELETE:
-                new = None
-            else:
+            if kind == _MERGE:
                 new = encode(merge(None if old is None else decode(old), value))
+            elif kind == _PUT:
+                new = encode(value)
+            else:
+                new = None
             if new == old:
                 continue
             changes[key] = new
-            digest = apply_change(digest, key, old, new)
-            count += (new is not None) - (old is not None)
+            if old is not None:
+                digest -= entry_hash(key, old)
+                count -= 1
+            if new is not None:
+                digest += entry_hash(key, new)
+                count += 1
+        digest &= digests.MASK
 
         faults.point("commit.before_changelog")
         offset = meta.changelog_offset
