@@ -16,7 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from deploy.processes import ManagedProcess, wait_until
+from deploy.processes import ManagedProcess, require_free_ports, wait_until
 from deploy.settings import PROJECT_ROOT, StackSettings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -98,6 +98,8 @@ def process(settings: StackSettings, component: str) -> ManagedProcess:
 
 
 def start(settings: StackSettings) -> None:
+    if not process(settings, "api-server").is_running():
+        require_free_ports("airflow api-server", settings.host, settings.airflow_port)
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
     airflow_cli(settings, "db", "migrate", capture=True)
     env = airflow_env(settings)

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from deploy import jars
-from deploy.processes import ManagedProcess, wait_until
+from deploy.processes import ManagedProcess, require_free_ports, wait_until
 from deploy.settings import PROJECT_ROOT, StackSettings
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
@@ -74,6 +74,9 @@ def _format_storage(settings: StackSettings, config: Path) -> None:
 
 
 def start(settings: StackSettings) -> None:
+    if process(settings).is_running():
+        return
+    require_free_ports("kafka", settings.host, settings.kafka_port, settings.kafka_controller_port)
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)
     config = settings.kafka_dir / "server.properties"
     config.write_text(server_properties(settings))

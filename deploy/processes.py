@@ -113,6 +113,27 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+def port_in_use(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def require_free_ports(what: str, host: str, *ports: int) -> None:
+    """Refuse to start on a port someone else holds, rather than silently
+    talking to a stranger's server (an orphan from another checkout or run)."""
+    taken = [p for p in ports if port_in_use(host, p)]
+    if taken:
+        raise RuntimeError(
+            f"{what}: {host}:{','.join(map(str, taken))} already in use by another process; stop it "
+            f"(statetable stack down in its checkout) or choose other ports (see README, Ports)"
+        )
+
+
 def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None

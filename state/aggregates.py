@@ -7,6 +7,7 @@ store folds the partials in without reading events twice.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 
@@ -42,46 +43,35 @@ class Count(Aggregate):
         return (stored or 0) + (partial or 0)
 
 
-class Sum(Aggregate):
+class _NullIgnoring(Aggregate):
+    """SUM, MIN, MAX: nulls are skipped; all-null stays null, as in SQL."""
+
+    combine = staticmethod(lambda a, b: a)
+
+    def lift(self, value, order=0):
+        return value
+
+    def merge(self, stored, partial):
+        if stored is None:
+            return partial
+        if partial is None:
+            return stored
+        return self.combine(stored, partial)
+
+
+class Sum(_NullIgnoring):
     name = "sum"
-
-    def lift(self, value, order=0):
-        return value
-
-    def merge(self, stored, partial):
-        if stored is None:
-            return partial
-        if partial is None:
-            return stored
-        return stored + partial
+    combine = staticmethod(operator.add)
 
 
-class Min(Aggregate):
+class Min(_NullIgnoring):
     name = "min"
-
-    def lift(self, value, order=0):
-        return value
-
-    def merge(self, stored, partial):
-        if stored is None:
-            return partial
-        if partial is None:
-            return stored
-        return partial if partial < stored else stored
+    combine = staticmethod(min)
 
 
-class Max(Aggregate):
+class Max(_NullIgnoring):
     name = "max"
-
-    def lift(self, value, order=0):
-        return value
-
-    def merge(self, stored, partial):
-        if stored is None:
-            return partial
-        if partial is None:
-            return stored
-        return partial if partial > stored else stored
+    combine = staticmethod(max)
 
 
 class Avg(Aggregate):

@@ -24,21 +24,19 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
                 f"delete the topic or use {len(existing.partitions)} partitions"
             )
         return
-    futures = client.create_topics([NewTopic(name, partitions, 1, config=config or {})])
-    for future in futures.values():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                raise
+    _wait(client.create_topics([NewTopic(name, partitions, 1, config=config or {})]), "TOPIC_ALREADY_EXISTS")
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
     client = admin(bootstrap)  # keep it referenced: a collected client fails its futures with _DESTROY
-    futures = client.delete_topics([name], operation_timeout=30)
+    _wait(client.delete_topics([name], operation_timeout=30), "UNKNOWN_TOPIC_OR_PART")
+
+
+def _wait(futures: dict, tolerated: str) -> None:
+    """Wait for admin futures; the one error that means "already so" is not an error."""
     for future in futures.values():
         try:
-            future.result()
+            future.result(60)
         except KafkaException as exc:
-            if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
+            if exc.args[0].name() != tolerated:
                 raise

@@ -1,0 +1,103 @@
+"""The write-ahead batch log of a table: plans and commits, one JSON file each.
+
+A plan (`<id>.plan.json`) is written before anything is read: it fixes the
+batch's exact input offsets, so a re-run after a crash reads the same
+records. A commit (`<id>.commit.json`) is written last: it is the batch's
+commit point, with its input and changelog offsets, per-partition digests
+and counts. A plan without a commit is a batch to finish, never a batch to
+re-plan. Files are written to a temporary name and renamed, so a reader sees
+a whole entry or none.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class BatchPlan:
+    batch_id: int
+    topic: str
+    ranges: dict[int, tuple[int, int]]     # source partition -> [start, end)
+    watermark_ms: int | None               # event-time watermark before this batch
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def record_count(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+
+@dataclass
+class BatchCommit:
+    batch_id: int
+    topic: str
+    ranges: dict[int, tuple[int, int]]
+    changelog_offsets: dict[int, int]
+    digests: dict[int, str]
+    key_counts: dict[int, int]
+    counts: dict[str, int]                  # read, parsed, dead_lettered, late, keys_changed, ...
+    watermark_ms: int | None
+    seconds: float
+    committed_at: float = field(default_factory=time.time)
+
+
+def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:
+    return {int(p): (int(r[0]), int(r[1])) for p, r in raw.items()}
+
+
+class BatchLog:
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, name: str, payload: dict) -> None:
+        tmp = self.folder / f".{name}.tmp"
+        with open(tmp, "w") as out:
+            json.dump(payload, out, indent=1, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.folder / name)
+
+    def _ids(self, suffix: str) -> list[int]:
+        return sorted(int(p.name.split(".")[0]) for p in self.folder.glob(f"*.{suffix}.json"))
+
+    def write_plan(self, plan: BatchPlan) -> None:
+        self._write(f"{plan.batch_id:012d}.plan.json", asdict(plan))
+
+    def write_commit(self, commit: BatchCommit) -> None:
+        self._write(f"{commit.batch_id:012d}.commit.json", asdict(commit))
+
+    def plan(self, batch_id: int) -> BatchPlan | None:
+        path = self.folder / f"{batch_id:012d}.plan.json"
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        raw["ranges"] = _ranges_from_json(raw["ranges"])
+        return BatchPlan(**raw)
+
+    def commit(self, batch_id: int) -> BatchCommit | None:
+        path = self.folder / f"{batch_id:012d}.commit.json"
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        raw["ranges"] = _ranges_from_json(raw["ranges"])
+        for key in ("changelog_offsets", "digests", "key_counts"):
+            raw[key] = {int(p): v for p, v in raw[key].items()}
+        return BatchCommit(**raw)
+
+    def last_commit(self) -> BatchCommit | None:
+        ids = self._ids("commit")
+        return self.commit(ids[-1]) if ids else None
+
+    def pending_plan(self) -> BatchPlan | None:
+        """The newest plan without a commit: a batch a crash interrupted."""
+        plans, commits = self._ids("plan"), set(self._ids("commit"))
+        if plans and plans[-1] not in commits:
+            return self.plan(plans[-1])
+        return None
+
+    def commits(self) -> list[BatchCommit]:
+        return [self.commit(i) for i in self._ids("commit")]
