@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
 
 from deploy import settings as stack_settings
@@ -37,6 +37,86 @@ def _airflow(args) -> int:
     return airflow_server.airflow_cli(stack_settings.load(), *airflow_args, check=False).returncode
 
 
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _run(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    commits = jobs.run(args.table, max_batches=args.max_batches, until_caught_up=args.until_caught_up,
+                       max_records_per_batch=args.max_records_per_batch)
+    for commit in commits:
+        print(json.dumps({"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}))
+    if not commits:
+        print(f"{args.table}: nothing new to read")
+    return 0
+
+
+def _produce_sample(args) -> int:
+    from spark_jobs import samples
+    from spark_jobs.runtime import Runtime
+
+    sent = samples.produce(args.name, Runtime.from_env().bootstrap, args.events)
+    for topic, count in sent.items():
+        print(f"produced {count} records to {topic}")
+    return 0
+
+
+def _query(args) -> int:
+    from spark_jobs import jobs
+
+    row = jobs.query(args.table, tuple(args.key))
+    if row is None:
+        print(f"{args.table}: no row for key {args.key}", file=sys.stderr)
+        return 4
+    print(json.dumps(present(args.table, row), indent=1, default=str))
+    return 0
+
+
+def present(table: str, row: dict):
+    """The seed's service shape for the leaderboard; rows as they are otherwise."""
+    if table == "leaderboard":
+        from spark_jobs.samples import leaderboard_entries
+
+        return leaderboard_entries(row)
+    return row
+
+
+def _restore(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    for report in jobs.restore(args.table, args.batch):
+        print(json.dumps({"partition": report.partition, "applied_batch": report.applied_batch,
+                          "snapshot_batch": report.snapshot_batch, "replayed": report.replayed_records,
+                          "corrupt_snapshots": len(report.corrupt_snapshots), "keys": report.key_count,
+                          "seconds": round(report.seconds, 3)}))
+    return 0
+
+
+def _verify(args) -> int:
+    from spark_jobs import batch
+
+    _logging()
+    result = batch.verify(args.table)
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+def _rebuild(args) -> int:
+    from spark_jobs import batch
+
+    _logging()
+    commit = batch.rebuild(args.table)
+    print(json.dumps({"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statetable", description="Fault-tolerant, queryable state tables.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +128,37 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")
     p.add_argument("--events", type=int, default=1000)
     p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("run", help="run a table's micro-batches in one Spark session")
+    p.add_argument("table")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--max-batches", type=int)
+    group.add_argument("--until-caught-up", action="store_true")
+    p.add_argument("--max-records-per-batch", type=int, help="override the table's option for this run")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("produce-sample", help="produce a table's sample events")
+    p.add_argument("name")
+    p.add_argument("--events", type=int)
+    p.set_defaults(func=_produce_sample)
+
+    p = sub.add_parser("query", help="read one row of a table's committed state")
+    p.add_argument("table")
+    p.add_argument("key", nargs="+")
+    p.set_defaults(func=_query)
+
+    p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")
+    p.add_argument("table")
+    p.add_argument("--batch", type=int)
+    p.set_defaults(func=_restore)
+
+    p = sub.add_parser("verify", help="compare a table's state with a batch recomputation")
+    p.add_argument("table")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("rebuild", help="replace a table's state with a batch recomputation")
+    p.add_argument("table")
+    p.set_defaults(func=_rebuild)
 
     p = sub.add_parser("airflow", help="run the airflow CLI against the local stack (e.g. backfill create ...)")
     p.add_argument("airflow_args", nargs=argparse.REMAINDER)

@@ -77,13 +77,6 @@ class TableDefinition:
     stream_alias: str | None = None
     value_columns: list[str] = field(default_factory=list)   # source tables
 
-    @property
-    def changelog_topic(self) -> str:
-        return f"{self.name}-changelog"
-
-    @property
-    def dead_letter_topic(self) -> str:
-        return f"{self.name}-dlq"
 
 
 def _fail(path: Path, node: exp.Expression | None, construct: str, hint: str = SUPPORTED) -> DefinitionError:

@@ -35,9 +35,11 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         F.when(F.length("value") <= max_value_bytes,
                F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
         .alias("_parsed"),
-        # Which declared fields the JSON carries at all, to tell a wrong type from an absent field.
+        # Every declared field as text: tells a syntax error (corrupt even here) from a wrong
+        # type (corrupt only above), and a wrong type from an absent field.
         F.when(F.length("value") <= max_value_bytes,
-               F.from_json(text, ", ".join(f"`{n}` STRING" for n, _ in table.schema))).alias("_present"),
+               F.from_json(text, ", ".join(f"`{n}` STRING" for n, _ in table.schema) + f", `{CORRUPT}` STRING",
+                           {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias("_present"),
     )
     wrong_type = F.lit(False)
     for name, _ in table.schema:
@@ -47,8 +49,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         missing_key = missing_key | F.col(f"_parsed.`{name}`").isNull()
     reason = (
         F.when(F.col("_value").isNull() | (F.col("_size") > max_value_bytes), F.lit("too_large"))
-        .when(F.col("_parsed").isNull() | F.col(f"_parsed.`{CORRUPT}`").isNotNull()
-              & F.col("_present").isNull(), F.lit("malformed_json"))
+        .when(F.col("_present").isNull() | F.col(f"_present.`{CORRUPT}`").isNotNull(), F.lit("malformed_json"))
         .when(wrong_type, F.lit("wrong_type"))
         .when(missing_key, F.lit("missing_key"))
     )

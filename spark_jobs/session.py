@@ -7,6 +7,7 @@ spark-submit, Airflow and tests.
 from __future__ import annotations
 
 import os
+import sys
 
 from deploy import jars
 
@@ -27,6 +28,7 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
         "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         **DELTA_CONF,
     }
     # Under spark-submit the master comes from the command line (the Airflow
@@ -58,6 +60,8 @@ def get_or_create(app_name: str, master: str | None = None):
     for key, value in spark_conf(app_name, master).items():
         builder = builder.config(key, value)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must run the venv's interpreter (state/, confluent-kafka, rocksdict live there).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("STATETABLE_SPARK_LOG_LEVEL", "WARN"))
     return spark

@@ -147,7 +147,8 @@ class TopN(Aggregate):
         return tuple(entries[: self.n])
 
     def result(self, state):
-        return [entry[2] for entry in state or ()]
+        """Entries as (score, *row), best first: what TOPK(n, score, cols...) lists."""
+        return [(entry[0], *entry[2]) for entry in state or ()]
 
     def spec(self) -> tuple:
         return (self.name, self.n, self.distinct_by)

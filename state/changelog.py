@@ -30,8 +30,9 @@ MARKER_PREFIX = b"\xff\x00batch\x00"  # data keys never start with 0xff (see cod
 BATCH_HEADER = "statetable.batch"
 
 
-def topic_name(table: str) -> str:
-    return f"{table}-changelog"
+def topic_name(table: str, namespace: str = "") -> str:
+    """The default changelog topic of a table; a namespace keeps environments apart on one cluster."""
+    return f"{namespace}{table}-changelog"
 
 
 def marker_key(batch_id: int) -> bytes:
@@ -42,8 +43,8 @@ def is_marker(key: bytes) -> bool:
     return key.startswith(MARKER_PREFIX)
 
 
-def ensure_changelog(bootstrap: str, table: str, partitions: int) -> str:
-    name = topic_name(table)
+def ensure_changelog(bootstrap: str, topic: str, partitions: int) -> str:
+    name = topic
     ensure_topic(bootstrap, name, partitions, {
         "cleanup.policy": "compact",
         # Keep a day of history uncompacted, so point-in-time restores to
@@ -72,12 +73,12 @@ class Marker:
 class ChangelogWriter:
     """Publishes one batch of one partition per Kafka transaction."""
 
-    def __init__(self, bootstrap: str, table: str, partition: int) -> None:
-        self.topic = topic_name(table)
+    def __init__(self, bootstrap: str, topic: str, partition: int) -> None:
+        self.topic = topic
         self.partition = partition
         self.producer = Producer({
             "bootstrap.servers": bootstrap,
-            "transactional.id": f"statetable.{table}.{partition}",
+            "transactional.id": f"statetable.{topic}.{partition}",
             "enable.idempotence": True,
             "linger.ms": 5,
             "batch.num.messages": 10000,
@@ -145,12 +146,11 @@ class ChangelogRecord:
     batch_id: int
 
 
-def partition_bounds(bootstrap: str, table: str, partition: int) -> tuple[int, int] | None:
+def partition_bounds(bootstrap: str, topic: str, partition: int) -> tuple[int, int] | None:
     """(log start, end) offsets of a changelog partition; None if the topic is gone."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "statetable-restore",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        topic = topic_name(table)
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None or partition not in meta.partitions:
             return None
@@ -159,7 +159,7 @@ def partition_bounds(bootstrap: str, table: str, partition: int) -> tuple[int, i
         consumer.close()
 
 
-def replay(bootstrap: str, table: str, partition: int, start: int, end: int,
+def replay(bootstrap: str, topic: str, partition: int, start: int, end: int,
            chunk: int = 20000) -> Iterator[list[ChangelogRecord]]:
     """Committed records of [start, end) in chunks, in offset order.
 
@@ -174,7 +174,6 @@ def replay(bootstrap: str, table: str, partition: int, start: int, end: int,
         "isolation.level": "read_committed", "fetch.max.bytes": 52428800, "fetch.wait.max.ms": 20,
         "max.partition.fetch.bytes": 16777216, "enable.partition.eof": True,
     })
-    topic = topic_name(table)
     consumer.assign([TopicPartition(topic, partition, start)])
     position, idle_since = start, time.monotonic()
     try:

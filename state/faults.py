@@ -2,16 +2,20 @@
 
 A process dies at a point when STATETABLE_FAULT names it (or when a test calls
 `arm`). Dying is `os._exit`, not an exception: no finally block, flush or
-atexit runs, exactly as with a kill -9 or a lost machine.
+atexit runs, exactly as with a kill -9 or a lost machine. With
+STATETABLE_FAULT_SCOPE=group the whole process group is SIGKILLed instead,
+so a fault inside a Spark task takes down the driver and its JVM too.
 """
 from __future__ import annotations
 
 import os
+import signal
 
 ENV = "STATETABLE_FAULT"
+SCOPE_ENV = "STATETABLE_FAULT_SCOPE"
 EXIT_CODE = 137
 
-POINTS = {
+STATE_POINTS = {
     "commit.before_changelog": "changes computed, nothing published",
     "commit.mid_changelog": "half of the batch's changelog records sent, transaction open",
     "commit.after_changelog": "changelog transaction committed, RocksDB not yet written",
@@ -19,12 +23,25 @@ POINTS = {
     "snapshot.mid_upload": "some snapshot files copied, manifest not written",
     "restore.mid_replay": "part of the changelog replayed into a restored partition",
 }
+BATCH_POINTS = {
+    "batch.after_plan": "plan written, nothing read",
+    "batch.after_read": "records read and classified",
+    "batch.after_dead_letters": "dead letters published",
+    "batch.after_bronze": "bronze Delta append done",
+    "batch.mid_merge": "partition 0 committed, other partitions maybe not",
+    "batch.after_merge": "every partition committed, no mirror or commit entry",
+    "batch.after_mirror": "Delta mirror merged, no commit entry",
+    "batch.after_commit": "commit entry written, no snapshot or group offsets",
+    "batch.after_snapshot": "snapshot taken when due, group offsets not committed",
+    "batch.after_offsets": "group offsets committed",
+}
+POINTS = {**STATE_POINTS, **BATCH_POINTS}
 
 _armed: str | None = None
 
 
 def validate(name: str | None) -> None:
-    if name and name not in POINTS and not name.startswith(("batch.", "job.")):
+    if name and name not in POINTS:
         known = ", ".join(sorted(POINTS))
         raise ValueError(f"{ENV}={name!r} is not a fault point; use one of: {known}")
 
@@ -38,4 +55,6 @@ def arm(name: str | None) -> None:
 def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
+        if os.environ.get(SCOPE_ENV) == "group":
+            os.killpg(os.getpgrp(), signal.SIGKILL)
         os._exit(EXIT_CODE)

@@ -46,7 +46,7 @@ class RestoreReport:
 
 def restore_partition(table: str, partition: int, target_dir: Path, *, aggregator: RowAggregator | None,
                       store: SnapshotStore | None, bootstrap: str | None,
-                      target_batch: int | None = None) -> RestoreReport:
+                      target_batch: int | None = None, changelog_topic: str | None = None) -> RestoreReport:
     started = time.monotonic()
     report = RestoreReport(table, partition, target_batch)
     work = target_dir.with_name(target_dir.name + ".restoring")
@@ -74,7 +74,7 @@ def restore_partition(table: str, partition: int, target_dir: Path, *, aggregato
         part = StatePartition(table, partition, backend, aggregator)
         meta = backend.read_meta()
         if target_batch is None or target_batch > meta.applied_batch:
-            _replay(part, bootstrap, target_batch, report)
+            _replay(part, bootstrap, changelog_topic or changelog.topic_name(table), target_batch, report)
         meta = backend.read_meta()
         report.applied_batch, report.key_count, report.digest = meta.applied_batch, meta.key_count, meta.digest
     finally:
@@ -90,12 +90,12 @@ def restore_partition(table: str, partition: int, target_dir: Path, *, aggregato
     return report
 
 
-def _replay(part: StatePartition, bootstrap: str | None, target_batch: int | None, report: RestoreReport) -> None:
+def _replay(part: StatePartition, bootstrap: str | None, topic: str, target_batch: int | None,
+            report: RestoreReport) -> None:
     meta = part.meta
     start = meta.changelog_offset
-    topic = changelog.topic_name(part.table)
     wanted = "the latest batch" if target_batch is None else f"batch {target_batch}"
-    bounds = changelog.partition_bounds(bootstrap, part.table, part.partition) if bootstrap else None
+    bounds = changelog.partition_bounds(bootstrap, topic, part.partition) if bootstrap else None
     if bounds is None:
         if meta.applied_batch >= 0 and target_batch is None:
             raise ChangelogGap(
@@ -115,7 +115,7 @@ def _replay(part: StatePartition, bootstrap: str | None, target_batch: int | Non
             f"{topic}[{part.partition}] ends at offset {high}, before the snapshot's offset {start}: "
             f"the topic was truncated or recreated"
         )
-    stats = part.apply_changelog(changelog.replay(bootstrap, part.table, part.partition, start, high), target_batch)
+    stats = part.apply_changelog(changelog.replay(bootstrap, topic, part.partition, start, high), target_batch)
     report.replayed_records = stats.records
     applied = part.meta.applied_batch
     if target_batch is not None and applied < target_batch:

@@ -40,12 +40,17 @@ class TableSpec:
     partitions: int
     aggregator: RowAggregator | None = None   # None: a latest-value (source) table
     snapshot_keep: int = 3
+    changelog: str | None = None              # topic; default "<name>-changelog"
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ValueError(f"table name {self.name!r}: use letters, digits, '.', '_' or '-'")
         if not 1 <= self.partitions <= 1024:
             raise ValueError(f"table {self.name!r}: partitions={self.partitions}; use 1..1024")
+
+    @property
+    def changelog_topic(self) -> str:
+        return self.changelog or changelog.topic_name(self.name)
 
     def descriptor(self) -> dict:
         return {
@@ -69,7 +74,7 @@ class StateTable:
         self.snapshots = SnapshotStore(snapshot_uri) if snapshot_uri else None
         self._open: dict[int, StatePartition] = {}
         if bootstrap:
-            changelog.ensure_changelog(bootstrap, spec.name, spec.partitions)
+            changelog.ensure_changelog(bootstrap, spec.changelog_topic, spec.partitions)
         if self.dir is not None:
             self._check_descriptor()
 
@@ -107,7 +112,7 @@ class StateTable:
             return self._open[partition]
         if not 0 <= partition < self.spec.partitions:
             raise ValueError(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
-        writer = ChangelogWriter(self.bootstrap, self.spec.name, partition) if self.bootstrap else None
+        writer = ChangelogWriter(self.bootstrap, self.spec.changelog_topic, partition) if self.bootstrap else None
         if self.memory:
             backend = MemoryBackend()
         else:
@@ -132,12 +137,12 @@ class StateTable:
     def _catch_up(self, part: StatePartition) -> None:
         """Apply batches the changelog has and the local store lacks (a crash after
         the changelog commit and before the RocksDB commit)."""
-        bounds = changelog.partition_bounds(self.bootstrap, self.spec.name, part.partition)
+        bounds = changelog.partition_bounds(self.bootstrap, self.spec.changelog_topic, part.partition)
         if bounds is None:
             return
         start = part.meta.changelog_offset
         if start < bounds[1]:
-            stats = part.apply_changelog(changelog.replay(self.bootstrap, self.spec.name, part.partition,
+            stats = part.apply_changelog(changelog.replay(self.bootstrap, self.spec.changelog_topic, part.partition,
                                                           start, bounds[1]))
             if stats.records:
                 log.info("%s[%d]: caught up %d changelog records to batch %d", self.spec.name, part.partition,
@@ -167,6 +172,7 @@ class StateTable:
         return restore_partition(
             self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,
             store=self.snapshots, bootstrap=self.bootstrap, target_batch=target_batch,
+            changelog_topic=self.spec.changelog_topic,
         )
 
     def wipe_local(self, partition: int | None = None) -> None:

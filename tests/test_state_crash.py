@@ -27,7 +27,7 @@ CASES = {
 
 
 def test_every_fault_point_is_covered():
-    assert set(CASES) == set(faults.POINTS)
+    assert set(CASES) == set(faults.STATE_POINTS)
 
 
 def _run_child(root, name, kafka, action, point=""):

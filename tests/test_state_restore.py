@@ -77,8 +77,8 @@ def test_corrupt_snapshot_is_logged_and_skipped(built, caplog):
 
 def test_truncated_changelog_restores_to_snapshot_and_refuses_beyond(built):
     table, original = built
-    topic = changelog.topic_name(table.spec.name)
-    ends = {p: changelog.partition_bounds(table.bootstrap, table.spec.name, p)[1] for p in range(PARTITIONS)}
+    topic = table.spec.changelog_topic
+    ends = {p: changelog.partition_bounds(table.bootstrap, topic, p)[1] for p in range(PARTITIONS)}
     client = admin(table.bootstrap)
     # DeleteRecords is refused on a purely compacted topic; an operator truncating it switches policy first.
     resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[

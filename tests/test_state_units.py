@@ -92,8 +92,8 @@ def test_aggregate_results():
     board = TopN(3, distinct_by=0)
     state = None
     for i, (player, score) in enumerate([("ann", 10), ("bob", 30), ("ann", 50), ("cy", 20), ("dee", 40)]):
-        state = board.merge(state, board.lift((score, (player, score)), i))
-    assert board.result(state) == [("ann", 50), ("dee", 40), ("bob", 30)]
+        state = board.merge(state, board.lift((score, (player,)), i))
+    assert board.result(state) == [(50, "ann"), (40, "dee"), (30, "bob")]
 
 
 def test_digest_is_order_independent_and_incremental():

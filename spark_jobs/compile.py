@@ -1,0 +1,39 @@
+"""From a table definition to the state library's table spec and back to rows."""
+from __future__ import annotations
+
+from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
+from state.table import TableSpec
+from spark_jobs.definitions import AggregateColumn, TableDefinition
+
+
+def aggregate_of(column: AggregateColumn):
+    if column.function == "topk":
+        return TopN(column.n)
+    return {"count": Count, "sum": Sum, "min": Min, "max": Max, "avg": Avg,
+            "count_distinct": CountDistinct, "latest_by_offset": LatestByOffset}[column.function]()
+
+
+def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
+    aggregator = None
+    if table.kind == "aggregate":
+        aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
+    return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
+                     changelog=f"{namespace}{table.name}-changelog")
+
+
+def key_names(table: TableDefinition) -> list[str]:
+    """Key column names as rows show them (without a stream alias), plus window_start."""
+    names = [k.split(".")[-1] for k in table.key_columns]
+    return names + (["window_start"] if table.window else [])
+
+
+def row_of(table: TableDefinition, key: tuple, value) -> dict:
+    """One table row as users see it: key columns and final aggregate values."""
+    row = dict(zip(key_names(table), key))
+    if value is None:
+        return row
+    if table.kind == "source":
+        row.update(zip(table.value_columns, value))
+        return row
+    row.update(state_spec(table).aggregator.result(value))
+    return row

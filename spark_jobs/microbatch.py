@@ -1,0 +1,444 @@
+"""One table's micro-batches, exactly once.
+
+Steps of batch b, each followed by its fault point (state.faults):
+
+  plan         fix input offsets, write the plan        batch.after_plan
+  read+parse   Spark's Kafka source, from_json          batch.after_read
+  dead letters Kafka DLQ topic + Delta DLQ table        batch.after_dead_letters
+  bronze       parsed events appended to Delta          batch.after_bronze
+  merge        pre-aggregate, repartition by state
+               partition, one merge task per partition  batch.mid_merge, batch.after_merge
+  mirror       MERGE the batch's keys into Delta        batch.after_mirror
+  commit       the batch log's commit entry             batch.after_commit
+  snapshot     when due                                 batch.after_snapshot
+  offsets      consumer-group offsets for lag tools     batch.after_offsets
+
+Everything before the commit entry is idempotent (state commits skip an
+applied batch id, Delta writes carry txnAppId/txnVersion, the mirror is an
+upsert of final values, DLQ records are keyed by source coordinates), so a
+batch interrupted anywhere is finished by running it again from its plan.
+Everything after the commit entry is repeated for the last committed batch
+at start-up.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+
+from state import faults
+from state.kafka_admin import ensure_topic
+from state.snapshots import SnapshotStore
+from state.table import partition_of
+from state import codec
+from spark_jobs import parse
+from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
+from spark_jobs.compile import key_names, row_of, state_spec
+from spark_jobs.definitions import TableDefinition
+from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
+from spark_jobs.offsets import OffsetRange, watermarks
+from spark_jobs.runtime import Runtime
+
+log = logging.getLogger("statetable.microbatch")
+
+
+def _q(table: TableDefinition, name: str) -> str:
+    """Column name of `alias.col` (or a bare stream column) in the flattened event frame."""
+    alias, _, col = name.rpartition(".")
+    return f"{alias or table.stream_alias or table.name}__{col}"
+
+
+class MicroBatchRunner:
+    def __init__(self, spark, table: TableDefinition, tables: dict[str, TableDefinition], runtime: Runtime) -> None:
+        self.spark = spark
+        self.table = table
+        self.tables = tables
+        self.rt = runtime
+        self.log = BatchLog(runtime.batch_dir(table.name))
+        self.spec = state_spec(table, runtime.namespace)
+        self.dead_letter_topic = runtime.dead_letter_topic(table.name)
+        ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
+
+    # ------------------------------------------------------------------ plan
+    def _next_plan(self) -> BatchPlan | None:
+        pending = self.log.pending_plan()
+        if pending is not None:
+            log.info("%s: finishing batch %d from its plan (%d records)", self.table.name, pending.batch_id,
+                     pending.record_count)
+            return pending
+        last = self.log.last_commit()
+        marks = watermarks(self.rt.bootstrap, self.table.topic)
+        starts = {p: (last.ranges[p][1] if last and p in last.ranges else low) for p, (low, _) in marks.items()}
+        available = {p: max(0, high - starts[p]) for p, (_, high) in marks.items()}
+        if sum(available.values()) == 0:
+            return None
+        budget = self.table.max_records_per_batch
+        ranges, total = {}, sum(available.values())
+        for p, (_, high) in marks.items():
+            share = available[p] if total <= budget else available[p] * budget // total
+            ranges[p] = (starts[p], starts[p] + share)
+        plan = BatchPlan(
+            batch_id=(last.batch_id + 1) if last else 0, topic=self.table.topic, ranges=ranges,
+            watermark_ms=last.watermark_ms if last else None,
+        )
+        self.log.write_plan(plan)
+        return plan
+
+    def lag(self) -> int:
+        last = self.log.last_commit()
+        marks = watermarks(self.rt.bootstrap, self.table.topic)
+        return sum(high - (last.ranges[p][1] if last and p in last.ranges else low) for p, (low, high) in marks.items())
+
+    # ------------------------------------------------------------------ run
+    def run(self, max_batches: int | None = None, until_caught_up: bool = False) -> list[BatchCommit]:
+        self._finish_last_commit()
+        done: list[BatchCommit] = []
+        while max_batches is None or len(done) < max_batches:
+            commit = self.run_one()
+            if commit is None:
+                break
+            done.append(commit)
+            if not until_caught_up and max_batches is None:
+                break
+        return done
+
+    def run_one(self) -> BatchCommit | None:
+        plan = self._next_plan()
+        if plan is None:
+            return None
+        faults.point("batch.after_plan")
+        started = time.monotonic()
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        reader = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", self.rt.bootstrap)
+                  .option("subscribe", plan.topic).option("kafka.isolation.level", "read_committed"))
+        for key, value in OffsetRange(plan.topic, plan.ranges).spark_options().items():
+            reader = reader.option(key, value)
+        raw = reader.load()
+        key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
+            else self.table.key_columns
+        classified = parse.classify(raw, self.table, key_fields).persist(StorageLevel.MEMORY_AND_DISK)
+        events = parse.good_events(classified, self.table)
+        late_count = 0
+        watermark = plan.watermark_ms
+        if self.table.window is not None:
+            events, late, batch_max = self._split_late(events, plan.watermark_ms)
+            late = late.persist(StorageLevel.MEMORY_AND_DISK)
+            late_count = late.count()
+            if batch_max is not None:
+                watermark = max(watermark or batch_max, batch_max)
+        events = events.persist(StorageLevel.MEMORY_AND_DISK)
+        reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+        read_count = sum(reasons.values())
+        faults.point("batch.after_read")
+        log.info("%s batch %d: read %d records in %.1fs (%.0f records/s)", self.table.name, plan.batch_id,
+                 read_count, time.monotonic() - started, read_count / max(time.monotonic() - started, 1e-6))
+
+        dead = parse.dead_letters(classified, plan.topic)
+        if self.table.window is not None and late_count:
+            dead = dead.unionByName(self._late_dead_letters(late, plan.topic))
+        if self.table.kind == "source":
+            dead = dead.where(F.col("reason") != "null_value")   # tombstones delete, they are not errors
+        dead_count = self._write_dead_letters(dead, plan.batch_id)
+        faults.point("batch.after_dead_letters")
+
+        self._write_bronze(events, plan.batch_id)
+        faults.point("batch.after_bronze")
+
+        deltas = self._deltas(events, classified, plan)
+        summaries, rows = self._merge(deltas, plan.batch_id, watermark)
+        faults.point("batch.after_merge")
+        merged_at = time.monotonic()
+
+        self._write_mirror(rows, plan.batch_id)
+        faults.point("batch.after_mirror")
+
+        counts = {
+            "read": read_count, "parsed": reasons.get(None, 0) - late_count, "late": late_count,
+            "dead_lettered": dead_count, "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
+            "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
+            **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
+        }
+        commit = BatchCommit(
+            batch_id=plan.batch_id, topic=plan.topic, ranges=plan.ranges,
+            changelog_offsets={p: s["changelog_offset"] for p, s in summaries.items()},
+            digests={p: s["digest"] for p, s in summaries.items()},
+            key_counts={p: s["key_count"] for p, s in summaries.items()},
+            counts=counts, watermark_ms=watermark, seconds=round(time.monotonic() - started, 3),
+        )
+        self.log.write_commit(commit)
+        faults.point("batch.after_commit")
+        classified.unpersist()
+        events.unpersist()
+        self._after_commit(commit)
+        elapsed = time.monotonic() - started
+        log.info("%s batch %d committed: read %d, parsed %d, dead-lettered %d, late %d, merged %d keys "
+                 "(%d changed) into %d partitions in %.1fs; %.0f events/s", self.table.name, plan.batch_id,
+                 read_count, counts["parsed"], dead_count, late_count, len(rows), counts["keys_changed"],
+                 len(summaries), elapsed, read_count / max(elapsed, 1e-6))
+        return commit
+
+    # ------------------------------------------------------------ windows
+    def _split_late(self, events, watermark_ms):
+        from pyspark.sql import functions as F
+
+        window = self.table.window
+        ts = F.unix_millis(F.col(self.table.event_time))
+        last_start = ts - F.pmod(ts, F.lit(window.advance))
+        is_late = F.lit(False) if watermark_ms is None else \
+            (last_start + window.size_ms + window.grace_ms <= F.lit(watermark_ms))
+        flagged = events.withColumn("_late", is_late)
+        batch_max = flagged.where(~F.col("_late")).agg(F.max(ts)).first()[0]
+        return flagged.where(~F.col("_late")).drop("_late"), flagged.where(F.col("_late")).drop("_late"), batch_max
+
+    def _late_dead_letters(self, late, topic):
+        from pyspark.sql import functions as F
+
+        payload = F.to_json(F.struct(*[F.col(n) for n, _ in self.table.schema]))
+        coordinates = F.concat_ws("/", F.lit(topic), F.col("source_partition").cast("string"),
+                                  F.col("source_offset").cast("string"))
+        return late.select(
+            coordinates.cast("binary").alias("key"), payload.cast("binary").alias("value"),
+            F.array(
+                F.struct(F.lit("reason").alias("key"), F.lit("late").cast("binary").alias("value")),
+                F.struct(F.lit("source_topic").alias("key"), F.lit(topic).cast("binary").alias("value")),
+                F.struct(F.lit("source_partition").alias("key"),
+                         F.col("source_partition").cast("string").cast("binary").alias("value")),
+                F.struct(F.lit("source_offset").alias("key"),
+                         F.col("source_offset").cast("string").cast("binary").alias("value")),
+                F.struct(F.lit("size").alias("key"), F.length(payload).cast("string").cast("binary").alias("value")),
+            ).alias("headers"),
+            F.lit("late").alias("reason"), "source_partition", "source_offset",
+        )
+
+    # ------------------------------------------------------------ sinks
+    def _write_dead_letters(self, dead, batch_id: int) -> int:
+        from pyspark.sql import functions as F
+
+        dead = dead.persist()
+        count = dead.count()
+        if count:
+            (dead.select("key", "value", "headers").write.format("kafka")
+             .option("kafka.bootstrap.servers", self.rt.bootstrap)
+             .option("topic", self.dead_letter_topic).save())
+        (dead.select("reason", "source_partition", "source_offset",
+                     F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))
+         .write.format("delta").mode("append")
+         .option("txnAppId", f"{self.table.name}.dlq").option("txnVersion", batch_id)
+         .save(self.rt.delta_path(self.table.name, "dlq")))
+        dead.unpersist()
+        return count
+
+    def _write_bronze(self, events, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        (events.withColumn("batch_id", F.lit(batch_id)).write.format("delta").mode("append")
+         .option("txnAppId", f"{self.table.name}.bronze").option("txnVersion", batch_id)
+         .option("mergeSchema", "true")
+         .save(self.rt.delta_path(self.table.name, "bronze")))
+
+    def _write_mirror(self, rows: list[tuple], batch_id: int) -> None:
+        from delta.tables import DeltaTable
+
+        path = self.rt.delta_path(self.table.name, "mirror")
+        schema = "key STRING, row STRING, batch_id BIGINT, deleted BOOLEAN"
+        data = [(json.dumps(list(k), default=str), json.dumps(row_of(self.table, k, v), default=str), batch_id,
+                 v is None) for k, v in rows]
+        source = self.spark.createDataFrame(data, schema)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            self.spark.createDataFrame([], schema).write.format("delta").save(path)
+        (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
+         .whenMatchedDelete(condition="s.deleted")
+         .whenMatchedUpdateAll(condition="NOT s.deleted")
+         .whenNotMatchedInsertAll(condition="NOT s.deleted")
+         .execute())
+
+    # ------------------------------------------------------------ deltas
+    def _joined(self, events, plan: BatchPlan):
+        """Stream columns as `<alias>__<col>`, enriched with each joined table as of now."""
+        from pyspark.sql import functions as F
+
+        alias = self.table.stream_alias or self.table.name
+        frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
+                              F.col("source_offset").alias("_order"), "source_partition")
+        for join in self.table.joins:
+            other = self.tables[join.table]
+            snapshot = self._source_snapshot(other).select(
+                *[F.col(n).alias(f"{join.alias}__{n}") for n, _ in other.schema])
+            cond = F.col(_q(self.table, join.stream_column)) == F.col(f"{join.alias}__{join.table_column}")
+            frame = frame.join(F.broadcast(snapshot), cond, "left" if join.kind == "left" else "inner")
+        return frame
+
+    def _source_snapshot(self, other: TableDefinition):
+        """A source table's latest value per key from its whole topic (small reference data)."""
+        from pyspark.sql import Window, functions as F
+
+        bounds = watermarks(self.rt.bootstrap, other.topic)
+        reader = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", self.rt.bootstrap)
+                  .option("subscribe", other.topic))
+        for key, value in OffsetRange(other.topic, bounds).spark_options().items():
+            reader = reader.option(key, value)
+        events = parse.good_events(parse.classify(reader.load(), other, other.key_columns), other)
+        latest = Window.partitionBy(*other.key_columns).orderBy(F.desc("source_partition"), F.desc("source_offset"))
+        return events.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+
+    def _deltas(self, events, classified, plan: BatchPlan):
+        """An RDD of (state partition, (op, key, payload)) for this batch."""
+        if self.table.kind == "source":
+            return self._source_deltas(classified)
+        return self._aggregate_deltas(self._joined(events, plan))
+
+    def _aggregate_deltas(self, frame):
+        from pyspark.sql import Window, functions as F
+
+        table = self.table
+        group_cols = [F.col(_q(table, k)).alias(f"_k{i}") for i, k in enumerate(table.key_columns)]
+        if table.window is not None:
+            window = table.window
+            ts_col = _q(table, table.event_time)
+            w = F.window(F.col(ts_col), f"{window.size_ms} milliseconds", f"{window.advance} milliseconds")
+            frame = frame.withColumn("_w", w).withColumn("_wstart", F.unix_millis(F.col("_w.start")))
+            group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
+        key_aliases = [f"_k{i}" for i in range(len(group_cols))]
+        frame = frame.select(*group_cols, *[F.col(c) for c in frame.columns if c not in ("_w",)])
+        plain, topks = [], []
+        for i, agg in enumerate(table.aggregates):
+            args = [F.col(_q(table, a)) for a in agg.args]
+            if agg.function == "count":
+                plain.append(F.count(args[0] if args else F.lit(1)).alias(f"_a{i}"))
+            elif agg.function in ("sum", "min", "max"):
+                plain.append(getattr(F, agg.function)(args[0]).alias(f"_a{i}"))
+            elif agg.function == "avg":
+                plain.append(F.struct(F.coalesce(F.sum(args[0]), F.lit(0)).alias("s"),
+                                      F.count(args[0]).alias("n")).alias(f"_a{i}"))
+            elif agg.function == "count_distinct":
+                plain.append(F.array_sort(F.collect_set(args[0])).alias(f"_a{i}"))
+            elif agg.function == "latest_by_offset":
+                plain.append(F.struct(F.max("_order").alias("o"), F.max_by(args[0], "_order").alias("v"))
+                             .alias(f"_a{i}"))
+            else:
+                topks.append((i, agg, args))
+        grouped = frame.groupBy(*key_aliases).agg(*plain) if plain else frame.select(*key_aliases).distinct()
+        for i, agg, args in topks:
+            score, rest = args[0], args[1:]
+            rank = Window.partitionBy(*key_aliases).orderBy(score.desc(), F.col("_order").asc())
+            top = (frame.where(score.isNotNull()).withColumn("_rn", F.row_number().over(rank))
+                   .where(F.col("_rn") <= agg.n)
+                   .groupBy(*key_aliases)
+                   .agg(F.collect_list(F.struct(score.cast("double").alias("score"), F.col("_order").alias("o"),
+                                                F.array(*[c.cast("string") for c in rest]).alias("row"),
+                                                F.struct(*rest).alias("typed"))).alias(f"_a{i}")))
+            grouped = grouped.join(top, key_aliases, "left")
+        functions = [a.function for a in table.aggregates]
+        partitions = table.partitions
+
+        def to_delta(row):
+            key = tuple(row[k] for k in key_aliases)
+            partial = []
+            for i, function in enumerate(functions):
+                v = row[f"_a{i}"]
+                if function == "avg":
+                    v = (v["s"], v["n"])
+                elif function == "count_distinct":
+                    v = tuple(v)
+                elif function == "latest_by_offset":
+                    v = (v["o"], v["v"])
+                elif function == "topk":
+                    entries = [(e["score"], e["o"], tuple(e["typed"])) for e in (v or [])]
+                    v = tuple(sorted(entries, key=lambda e: (-e[0], e[1])))
+                partial.append(v)
+            return partition_of(codec.encode_key(key), partitions), (MERGE, key, tuple(partial))
+
+        return grouped.rdd.map(to_delta)
+
+    def _source_deltas(self, classified):
+        """Latest value per key in the batch: a put, or a delete for a tombstone."""
+        from pyspark.sql import Window, functions as F
+
+        table = self.table
+        pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
+        key_expr = F.when(F.col("reason") == "null_value", F.col("_key").cast("string").cast(pk_type)) \
+            .otherwise(F.col(f"_parsed.`{pk}`"))
+        frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
+            key_expr.alias("_pk"), (F.col("reason") == "null_value").alias("_tomb"), F.col("_offset"),
+            F.col("_partition"), *[F.col(f"_parsed.`{c}`").alias(c) for c in table.value_columns])
+        latest = Window.partitionBy("_pk").orderBy(F.desc("_partition"), F.desc("_offset"))
+        frame = frame.where(F.col("_pk").isNotNull()).withColumn("_rn", F.row_number().over(latest)).where("_rn = 1")
+        columns, partitions = table.value_columns, table.partitions
+
+        def to_delta(row):
+            key = (row["_pk"],)
+            op = DELETE if row["_tomb"] else PUT
+            payload = None if row["_tomb"] else tuple(row[c] for c in columns)
+            return partition_of(codec.encode_key(key), partitions), (op, key, payload)
+
+        return frame.rdd.map(to_delta)
+
+    # ------------------------------------------------------------ merge
+    def _merge(self, deltas, batch_id: int, watermark: int | None):
+        table = self.table
+        purge_at = watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
+        ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri, purge_at,
+                           self.rt.namespace)
+        results = (deltas.partitionBy(table.partitions, lambda p: p)
+                   .mapPartitionsWithIndex(lambda index, rows: merge_partition(ctx, index, rows))
+                   .collect())
+        summaries = {r[1]: r[2] for r in results if r[0] == "summary"}
+        rows = [(r[1], r[2]) for r in results if r[0] == "row"]
+        if sorted(summaries) != list(range(table.partitions)):
+            raise RuntimeError(f"{table.name} batch {batch_id}: merge tasks reported partitions {sorted(summaries)}")
+        return summaries, rows
+
+    # ------------------------------------------------------------ after commit
+    def _finish_last_commit(self) -> None:
+        last = self.log.last_commit()
+        if last is not None:
+            self._after_commit(last)
+
+    def _after_commit(self, commit: BatchCommit) -> None:
+        self._snapshot_if_due(commit)
+        faults.point("batch.after_snapshot")
+        self._commit_group_offsets(commit)
+        faults.point("batch.after_offsets")
+
+    def _snapshot_if_due(self, commit: BatchCommit) -> None:
+        store = SnapshotStore(self.rt.snapshot_uri)
+        table, ctx = self.table, (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri)
+        newest = [store.list(table.name, p) for p in range(table.partitions)]
+        due = [p for p, manifests in enumerate(newest)
+               if not manifests or commit.batch_id - manifests[0].batch_id >= table.snapshot_every]
+        if not due:
+            return
+        started = time.monotonic()
+        sc = self.spark.sparkContext
+        sc.parallelize(due, len(due)).foreach(lambda p: _snapshot_partition(ctx, p))
+        log.info("%s: snapshot of partitions %s at batch %d in %.2fs", table.name, due, commit.batch_id,
+                 time.monotonic() - started)
+
+    def _commit_group_offsets(self, commit: BatchCommit) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.rt.bootstrap, "group.id": f"statetable.{self.table.name}",
+                             "enable.auto.commit": False})
+        try:
+            consumer.commit(offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()],
+                            asynchronous=False)
+        finally:
+            consumer.close()
+
+
+def _snapshot_partition(ctx, partition: int) -> None:
+    from state.table import StateTable
+
+    spec, state_dir, bootstrap, snapshot_uri = ctx
+    table = StateTable(spec, state_dir, bootstrap=bootstrap, snapshot_uri=snapshot_uri)
+    try:
+        table.snapshot(partition)
+    finally:
+        table.close()
+
+
+def commit_summary(commit: BatchCommit) -> dict:
+    return {k: v for k, v in asdict(commit).items() if k not in ("digests",)}

@@ -1,0 +1,122 @@
+"""Exactly once under kills: 1M events in >= 20 micro-batches; the job's whole
+process tree is SIGKILLed at every named fault point and at random moments,
+then re-run until caught up. The table must equal an independent pandas
+recomputation over the topic, the changelog must restore it exactly, and the
+bronze table must hold every (partition, offset) exactly once."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from spark_jobs import jobs, samples
+from spark_jobs.batch_log import BatchLog
+from state import faults
+from tests.table_env import isolated_runtime, read_topic
+
+EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "1000000"))
+PER_BATCH = max(1, EVENTS // 20)
+RANDOM_KILLS = int(os.environ.get("STATETABLE_EO_RANDOM_KILLS", "10"))
+TABLE = "payments_per_customer"
+STATETABLE = str(Path(sys.executable).parent / "statetable")
+
+
+def _job_env(rt, fault: str | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "STATETABLE_KAFKA_BOOTSTRAP": rt.bootstrap, "STATETABLE_DATA_DIR": str(rt.data_dir),
+        "STATETABLE_SNAPSHOT_URI": rt.snapshot_uri, "STATETABLE_TABLES_DIR": str(rt.tables_dir),
+        "STATETABLE_NAMESPACE": rt.namespace, "STATETABLE_FAULT_SCOPE": "group",
+    })
+    env.pop(faults.ENV, None)
+    if fault:
+        env[faults.ENV] = fault
+    return env
+
+
+def _start(rt, fault=None, max_batches=None):
+    args = [STATETABLE, "run", TABLE, "--max-records-per-batch", str(PER_BATCH)]
+    args += ["--max-batches", str(max_batches)] if max_batches else ["--until-caught-up"]
+    return subprocess.Popen(args, env=_job_env(rt, fault), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+
+
+def _wait_group_gone(pgid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(3000)
+def test_exactly_once_under_kills(kafka, tmp_path, spark):
+    rt, suffix = isolated_runtime(kafka, tmp_path, overrides={"snapshot_every": "3"})
+    samples.produce(TABLE, rt.bootstrap, EVENTS, suffix=suffix)
+    log = BatchLog(rt.batch_dir(TABLE))
+
+    for point in sorted(faults.BATCH_POINTS):
+        job = _start(rt, point, max_batches=2)
+        _, err = job.communicate(timeout=600)
+        assert job.returncode == -signal.SIGKILL, f"{point}: exit {job.returncode}\n{err[-3000:]}"
+        _wait_group_gone(job.pid)
+
+    rng = random.Random(20261121)
+    for _ in range(RANDOM_KILLS):
+        job = _start(rt)
+        time.sleep(rng.uniform(4, 25))
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+        _wait_group_gone(job.pid)
+
+    final = _start(rt)
+    _, err = final.communicate(timeout=1800)
+    assert final.returncode == 0, err[-3000:]
+    commits = log.commits()
+    assert len(commits) >= 20
+    assert sum(c.counts["read"] for c in commits) == EVENTS
+
+    # Independent recomputation over the topic.
+    records = read_topic(rt.bootstrap, "payments" + suffix)
+    assert len(records) == EVENTS
+    frame = pd.DataFrame([json.loads(m.value()) for m in records])
+    expected = frame.groupby("customer_id")["amount"].agg(["count", "sum", "max"])
+    table, _ = jobs.load_table(TABLE, rt)
+    st = jobs.state_table(table, rt)
+    try:
+        state = {}
+        for p in range(table.partitions):
+            part = st.open_readonly(p)
+            state.update({k[0]: v for k, v in part.items()})
+            part.close()
+        assert set(state) == set(expected.index)
+        for customer, (count, total, largest) in state.items():
+            row = expected.loc[customer]
+            assert count == row["count"], customer
+            assert math.isclose(total, row["sum"], rel_tol=1e-9) and largest == row["max"], customer
+
+        # The changelog restores it exactly (digests equal the last commit's).
+        last = log.last_commit()
+        st.wipe_local()
+        for p in range(table.partitions):
+            report = st.restore(p)
+            assert (report.applied_batch, format(report.digest, "016x")) == (last.batch_id, last.digests[p])
+    finally:
+        st.close()
+
+    bronze = spark.read.format("delta").load(rt.delta_path(TABLE, "bronze"))
+    assert bronze.count() == EVENTS
+    assert bronze.select("source_partition", "source_offset").distinct().count() == EVENTS

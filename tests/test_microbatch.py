@@ -1,0 +1,169 @@
+"""Micro-batches end to end against Kafka, Spark and RocksDB, checked against
+independent recomputations (pandas over the topic, not the project's code)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from confluent_kafka import Producer
+
+from spark_jobs import jobs, samples
+from spark_jobs.batch_log import BatchLog
+from tests.table_env import isolated_runtime, read_topic
+
+
+@pytest.fixture
+def env(kafka, tmp_path):
+    return isolated_runtime(kafka, tmp_path)
+
+
+def _state_rows(rt, table_name):
+    table, _ = jobs.load_table(table_name, rt)
+    st = jobs.state_table(table, rt)
+    try:
+        rows = {}
+        for p in range(table.partitions):
+            part = st.open_readonly(p)
+            rows.update(dict(part.items()))
+            part.close()
+        return rows
+    finally:
+        st.close()
+
+
+def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once(env, spark):
+    rt, suffix = env
+    samples.produce("movie_tickets_sold", rt.bootstrap, 30000, suffix=suffix)
+    commits = jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=8000)
+    assert [c.batch_id for c in commits] == [0, 1, 2, 3]
+    assert sum(c.counts["read"] for c in commits) == 30000 == sum(c.counts["parsed"] for c in commits)
+
+    records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
+    frame = pd.DataFrame([json.loads(m.value()) for m in records])
+    expected = frame.groupby("title")["ticket_total_value"].count().to_dict()
+    assert {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()} == expected
+
+    bronze = spark.read.format("delta").load(rt.delta_path("movie_tickets_sold", "bronze"))
+    coordinates = bronze.select("source_partition", "source_offset").collect()
+    assert len(coordinates) == len(set(coordinates)) == 30000
+
+    # A second run finds nothing new and changes nothing.
+    assert jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt) == []
+    title = sorted(expected)[0]
+    assert jobs.query("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
+
+
+def test_leaderboard_sample_gives_the_seed_output(env, spark):
+    rt, suffix = env
+    samples.produce("leaderboard", rt.bootstrap, suffix=suffix)
+    for name in ("players", "products", "leaderboard"):
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    from deploy.cli import present
+
+    board = present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))
+    assert board == [
+        {"playerId": 3, "productId": 1, "playerName": "Isabelle", "gameName": "Super Smash Bros", "score": 4000},
+        {"playerId": 2, "productId": 1, "playerName": "Mitch", "gameName": "Super Smash Bros", "score": 2000},
+        {"playerId": 1, "productId": 1, "playerName": "Elyse", "gameName": "Super Smash Bros", "score": 1000},
+    ]
+    assert [e["score"] for e in present("leaderboard", jobs.query("leaderboard", ("6",), rt=rt))] == [9000, 8000, 7000]
+
+
+def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, spark):
+    rt, suffix = env
+    topic = "movie_ticket_sales" + suffix
+    samples.produce("movie_tickets_sold", rt.bootstrap, 500, suffix=suffix)
+    producer = Producer({"bootstrap.servers": rt.bootstrap, "message.max.bytes": 8388608})
+    bad = {
+        "malformed_json": b'{"title": "Up", "ticket_total_value": ',
+        "wrong_type": json.dumps({"title": "Up", "ticket_total_value": "lots", "sale_ts": "2026-11-01T00:00:00Z"}).encode(),
+        "missing_key": json.dumps({"ticket_total_value": 9.5, "sale_ts": "2026-11-01T00:00:00Z"}).encode(),
+        "too_large": json.dumps({"title": "Up", "pad": "x" * (2 << 20)}).encode(),
+    }
+    for value in bad.values():
+        producer.produce(topic, value, partition=0)
+    samples._send(producer, topic, samples.movie_ticket_sales(300, seed=9))
+    assert producer.flush(30) == 0
+
+    commits = jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)
+    counts = {k: sum(c.counts.get(k, 0) for c in commits) for k in ("read", "parsed", "dead_lettered")}
+    assert counts == {"read": 804, "parsed": 800, "dead_lettered": 4}
+    dlq = read_topic(rt.bootstrap, rt.dead_letter_topic("movie_tickets_sold"))
+    reasons = sorted(dict(m.headers())["reason"].decode() for m in dlq)
+    assert reasons == sorted(bad)
+    for message in dlq:
+        headers = dict(message.headers())
+        assert headers["source_topic"].decode() == topic and int(headers["source_offset"]) >= 0
+    total = sum(v[0] for v in _state_rows(rt, "movie_tickets_sold").values())
+    assert total == 800
+    assert BatchLog(rt.batch_dir("movie_tickets_sold")).last_commit().counts["dead_too_large"] == 1
+
+
+def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark):
+    from spark_jobs import batch
+    from state import codec
+
+    rt, suffix = env
+    samples.produce("payments_per_customer", rt.bootstrap, 20000, suffix=suffix)
+    jobs.run("payments_per_customer", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=7000)
+    incremental = _state_rows(rt, "payments_per_customer")
+    assert batch.verify("payments_per_customer", spark=spark, rt=rt).ok
+
+    commit = batch.rebuild("payments_per_customer", spark=spark, rt=rt)
+    assert commit.counts["keys"] == len(incremental)
+    rebuilt = _state_rows(rt, "payments_per_customer")
+    assert rebuilt.keys() == incremental.keys()
+    assert all(rebuilt[k][0] == incremental[k][0] and abs(rebuilt[k][1] - incremental[k][1]) < 1e-6 for k in rebuilt)
+    assert batch.verify("payments_per_customer", spark=spark, rt=rt).ok
+
+    victim = sorted(rebuilt)[3]
+    table, _ = jobs.load_table("payments_per_customer", rt)
+    st = jobs.state_table(table, rt)
+    part = st.open(st.partition_of(victim))
+    part.backend.corrupt_value(codec.encode_key(victim), codec.encode_value((999, 1.0, 1.0)))
+    st.close()
+    result = batch.verify("payments_per_customer", spark=spark, rt=rt)
+    assert not result.ok and result.different == 1
+    assert result.examples[0]["key"] == list(victim) and result.examples[0]["state"] == (999, 1.0, 1.0)
+    assert str(list(victim)) in result.summary()
+
+
+def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, spark):
+    rt, suffix = env
+    topic = "window_sales" + suffix
+    (rt.tables_dir / "hourly_sales.sql").write_text(
+        f"-- topic: {topic}\n-- schema: title STRING, amount DOUBLE, ts TIMESTAMP\n-- partitions: 2\n"
+        "CREATE TABLE hourly_sales AS SELECT title, COUNT(*) AS n FROM sales "
+        "GROUP BY title, TUMBLE(ts, INTERVAL '1' HOUR, INTERVAL '10' MINUTE)")
+    from state.kafka_admin import ensure_topic
+
+    ensure_topic(rt.bootstrap, topic, 2)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    # (minute of the day, title) per batch; the watermark is the newest event time of earlier batches.
+    batches = [
+        [(5, "a"), (50, "a"), (70, "b"), (65, "a")],
+        [(30, "a"), (125, "b"), (100, "a")],            # watermark 70: window 0-60 closes at 60 + grace 10: 30 late
+        [(20, "a"), (55, "b"), (130, "a"), (119, "b")],  # watermark 125: 20 and 55 late, 119 (window 60-120) on time
+        [(179, "a"), (121, "b"), (10, "c")],             # watermark 130: 121 on time, 10 late
+    ]
+    accepted, late, watermark = [], 0, None
+    for events in batches:
+        for minute, title in events:
+            ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
+            producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
+        assert producer.flush(10) == 0
+        commits = jobs.run("hourly_sales", until_caught_up=True, spark=spark, rt=rt)
+        assert len(commits) == 1
+        batch_late = [(m, t) for m, t in events if watermark is not None and (m // 60) * 60 + 60 + 10 <= watermark]
+        assert commits[0].counts["late"] == len(batch_late)
+        late += len(batch_late)
+        on_time = [e for e in events if e not in batch_late]
+        accepted += on_time
+        watermark = max([watermark or 0] + [m for m, _ in on_time])
+    frame = pd.DataFrame(accepted, columns=["minute", "title"])
+    frame["window_start"] = (frame["minute"] // 60) * 3_600_000 + 1_793_491_200_000
+    expected = {(t, w): n for (t, w), n in frame.groupby(["title", "window_start"]).size().items()}
+    assert {k: v[0] for k, v in _state_rows(rt, "hourly_sales").items()} == expected
+    dlq = read_topic(rt.bootstrap, rt.dead_letter_topic("hourly_sales"))
+    assert sorted(dict(m.headers())["reason"].decode() for m in dlq) == ["late"] * late == ["late"] * 4
