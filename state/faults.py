@@ -3,8 +3,10 @@
 A process dies at a point when STATETABLE_FAULT names it (or when a test calls
 `arm`). Dying is `os._exit`, not an exception: no finally block, flush or
 atexit runs, exactly as with a kill -9 or a lost machine. With
-STATETABLE_FAULT_SCOPE=group the whole process group is SIGKILLed instead,
-so a fault inside a Spark task takes down the driver and its JVM too.
+STATETABLE_FAULT_SCOPE=group every process of the session is SIGKILLed
+instead, so a fault inside a Spark task takes down the driver, its JVM and
+the PySpark daemon too (they share a session; the daemon's workers do not
+share a process group).
 """
 from __future__ import annotations
 
@@ -56,5 +58,30 @@ def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
         if os.environ.get(SCOPE_ENV) == "group":
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+            kill_session(os.getsid(0))
         os._exit(EXIT_CODE)
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return pids
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid`, the caller last."""
+    me = os.getpid()
+    for pid in session_pids(sid):
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if os.getsid(0) == sid:
+        os.kill(me, signal.SIGKILL)

@@ -50,15 +50,13 @@ def _start(rt, fault=None, max_batches=None):
                             start_new_session=True, text=True)
 
 
-def _wait_group_gone(pgid: int, timeout: float = 60) -> None:
+def _wait_session_gone(sid: int, timeout: float = 60) -> None:
+    """The job's whole tree (driver, JVM, PySpark daemon and workers) is gone."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
+    while faults.session_pids(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    os.killpg(pgid, signal.SIGKILL)
+    faults.kill_session(sid)
+    assert not faults.session_pids(sid)
 
 
 @pytest.mark.timeout(3000)
@@ -71,16 +69,16 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark):
         job = _start(rt, point, max_batches=2)
         _, err = job.communicate(timeout=600)
         assert job.returncode == -signal.SIGKILL, f"{point}: exit {job.returncode}\n{err[-3000:]}"
-        _wait_group_gone(job.pid)
+        _wait_session_gone(job.pid)
 
     rng = random.Random(20261121)
     for _ in range(RANDOM_KILLS):
         job = _start(rt)
         time.sleep(rng.uniform(4, 25))
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+            faults.kill_session(job.pid)       # SIGKILL the job's whole process tree
         job.wait(timeout=60)
-        _wait_group_gone(job.pid)
+        _wait_session_gone(job.pid)
 
     final = _start(rt)
     _, err = final.communicate(timeout=1800)
