@@ -1,0 +1,153 @@
+"""Pipeline benchmark: count and sum per key over 5M JSON events (10k keys).
+
+Prints JSON with
+  - incremental events/s in one Spark session, JVM start excluded;
+  - the same as a ratio to Spark's raw read of the same offsets (count only);
+  - the fixed cost of a spark-submitted batch with one record.
+
+    .venv/bin/python -m bench.pipeline [--events 5000000] [--batch 1000000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("STATETABLE_STACK_DIR", tempfile.mkdtemp(prefix="statetable-bench-"))
+os.environ.setdefault("STATETABLE_KAFKA_PORT", "29592")
+os.environ.setdefault("STATETABLE_KAFKA_CONTROLLER_PORT", "29593")
+
+from confluent_kafka import Producer  # noqa: E402
+
+from deploy import jars, kafka_server, settings as stack_settings  # noqa: E402
+from spark_jobs.offsets import full_range  # noqa: E402
+from spark_jobs.runtime import Runtime  # noqa: E402
+from state.kafka_admin import ensure_topic  # noqa: E402
+
+TABLE_SQL = """-- topic: {topic}
+-- schema: k STRING, v BIGINT
+-- partitions: 4
+-- max_records_per_batch: {batch}
+-- snapshot_every: 1000
+CREATE TABLE {table} AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k;
+"""
+
+
+def produce(bootstrap: str, topic: str, events: int, keys: int) -> dict[str, tuple[int, int]]:
+    ensure_topic(bootstrap, topic, 4)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 20000,
+                         "queue.buffering.max.messages": 2000000, "compression.type": "lz4"})
+    rng = random.Random(5)
+    expected: dict[str, list[int]] = {}
+    for i in range(events):
+        key, value = f"key{rng.randrange(keys):05d}", rng.randrange(1000)
+        slot = expected.setdefault(key, [0, 0])
+        slot[0] += 1
+        slot[1] += value
+        payload = b'{"k":"%s","v":%d}' % (key.encode(), value)
+        while True:
+            try:
+                producer.produce(topic, payload, partition=i % 4)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    assert producer.flush(300) == 0
+    return {k: (n, s) for k, (n, s) in expected.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=1_000_000)
+    args = parser.parse_args()
+
+    cfg = stack_settings.load()
+    kafka_server.start(cfg)
+    root = Path(tempfile.mkdtemp(prefix="statetable-bench-pipeline-"))
+    try:
+        kafka_server.wait_healthy(cfg)
+        suffix = uuid.uuid4().hex[:6]
+        topic, table = f"bench-events-{suffix}", "bench_counts"
+        (root / "tables").mkdir()
+        (root / "tables" / f"{table}.sql").write_text(TABLE_SQL.format(topic=topic, table=table, batch=args.batch))
+        rt = Runtime(bootstrap=cfg.kafka_bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data/snapshots"),
+                     tables_dir=root / "tables", namespace=f"b{suffix}.")
+        started = time.perf_counter()
+        expected = produce(rt.bootstrap, topic, args.events, args.keys)
+        produce_s = time.perf_counter() - started
+
+        from spark_jobs import jobs, session
+
+        started = time.perf_counter()
+        spark = session.get_or_create("statetable-bench")
+        session_s = time.perf_counter() - started
+
+        offsets = full_range(rt.bootstrap, topic)
+        reader = spark.read.format("kafka").option("kafka.bootstrap.servers", rt.bootstrap).option("subscribe", topic)
+        for key, value in offsets.spark_options().items():
+            reader = reader.option(key, value)
+        started = time.perf_counter()
+        raw_count = reader.load().count()
+        raw_s = time.perf_counter() - started
+        assert raw_count == args.events
+
+        started = time.perf_counter()
+        commits = jobs.run(table, until_caught_up=True, spark=spark, rt=rt)
+        incremental_s = time.perf_counter() - started
+        assert sum(c.counts["read"] for c in commits) == args.events
+
+        spec_table, _ = jobs.load_table(table, rt)
+        st = jobs.state_table(spec_table, rt)
+        state = {}
+        for p in range(spec_table.partitions):
+            part = st.open_readonly(p)
+            state.update({k[0]: v for k, v in part.items()})
+            part.close()
+        st.close()
+        assert state == expected, "state differs from the generator's counts"
+
+        # Fixed cost of one spark-submitted batch with a single record.
+        one = Producer({"bootstrap.servers": rt.bootstrap})
+        one.produce(topic, b'{"k":"key00000","v":1}', partition=0)
+        one.flush(10)
+        env = dict(os.environ, STATETABLE_KAFKA_BOOTSTRAP=rt.bootstrap, STATETABLE_DATA_DIR=str(rt.data_dir),
+                   STATETABLE_SNAPSHOT_URI=rt.snapshot_uri, STATETABLE_TABLES_DIR=str(rt.tables_dir),
+                   STATETABLE_NAMESPACE=rt.namespace, PYSPARK_PYTHON=sys.executable)
+        submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[*]",
+                  "--jars", ",".join(str(p) for p in jars.spark_jars()),
+                  "--conf", "spark.driver.bindAddress=127.0.0.1", str(Path(jobs.__file__)),
+                  "run", table, "--until-caught-up"]
+        spark.stop()
+        started = time.perf_counter()
+        done = subprocess.run(submit, env=env, capture_output=True, text=True)
+        submit_s = time.perf_counter() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert '"read": 1}' in done.stdout, done.stdout[-500:]
+
+        events_per_s = args.events / incremental_s
+        raw_per_s = args.events / raw_s
+        print(json.dumps({
+            "events": args.events, "keys": args.keys, "batches": len(commits), "produce_seconds": round(produce_s, 1),
+            "spark_session_start_seconds": round(session_s, 1),
+            "incremental_seconds": round(incremental_s, 2), "incremental_events_per_s": round(events_per_s),
+            "raw_read_seconds": round(raw_s, 2), "raw_read_events_per_s": round(raw_per_s),
+            "ratio_to_raw_read": round(events_per_s / raw_per_s, 2),
+            "spark_submit_one_record_seconds": round(submit_s, 1),
+            "batch_seconds": [c.seconds for c in commits],
+        }, indent=1))
+    finally:
+        kafka_server.process(cfg).stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
