@@ -32,7 +32,9 @@ class MergeContext:
 
 def merge_partition(ctx: MergeContext, partition: int, rows):
     """rows: (partition, (op, key, payload)) pairs; yields ("summary", ...) then ("row", key, value)."""
-    table = StateTable(state_spec(ctx.table, ctx.namespace), ctx.state_dir, bootstrap=ctx.bootstrap, snapshot_uri=ctx.snapshot_uri)
+    # The driver created the changelog topic; tasks only use it.
+    table = StateTable(state_spec(ctx.table, ctx.namespace), ctx.state_dir, bootstrap=ctx.bootstrap,
+                       snapshot_uri=ctx.snapshot_uri, create_topics=False)
     try:
         part = table.open(partition)
         keys = []

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict
 
 from state import faults
+from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.snapshots import SnapshotStore
 from state.table import partition_of
@@ -59,6 +60,7 @@ class MicroBatchRunner:
         self.spec = state_spec(table, runtime.namespace)
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
         ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
+        ensure_changelog(runtime.bootstrap, self.spec.changelog_topic, table.partitions)
 
     # ------------------------------------------------------------------ plan
     def _next_plan(self) -> BatchPlan | None:
@@ -219,10 +221,12 @@ class MicroBatchRunner:
 
         dead = dead.persist()
         count = dead.count()
-        if count:
-            (dead.select("key", "value", "headers").write.format("kafka")
-             .option("kafka.bootstrap.servers", self.rt.bootstrap)
-             .option("topic", self.dead_letter_topic).save())
+        if not count:
+            dead.unpersist()
+            return 0
+        (dead.select("key", "value", "headers").write.format("kafka")
+         .option("kafka.bootstrap.servers", self.rt.bootstrap)
+         .option("topic", self.dead_letter_topic).save())
         (dead.select("reason", "source_partition", "source_offset",
                      F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))
          .write.format("delta").mode("append")

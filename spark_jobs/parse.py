@@ -35,27 +35,35 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         F.when(F.length("value") <= max_value_bytes,
                F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
         .alias("_parsed"),
-        # Every declared field as text: tells a syntax error (corrupt even here) from a wrong
-        # type (corrupt only above), and a wrong type from an absent field.
-        F.when(F.length("value") <= max_value_bytes,
-               F.from_json(text, ", ".join(f"`{n}` STRING" for n, _ in table.schema) + f", `{CORRUPT}` STRING",
-                           {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})).alias("_present"),
     )
+    # Only for records the typed parse rejected: every declared field as text, which tells a
+    # syntax error (corrupt even here) from a wrong type, and a wrong type from an absent field.
+    parsed = parsed.withColumn("_present", F.when(
+        F.col(f"_parsed.`{CORRUPT}`").isNotNull(),
+        F.from_json(F.col("_value").cast("string"),
+                    ", ".join(f"`{n}` STRING" for n, _ in table.schema) + f", `{CORRUPT}` STRING",
+                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})))
     wrong_type = F.lit(False)
     for name, _ in table.schema:
         wrong_type = wrong_type | (F.col(f"_present.`{name}`").isNotNull() & F.col(f"_parsed.`{name}`").isNull())
     missing_key = F.lit(False)
     for name in key_fields:
         missing_key = missing_key | F.col(f"_parsed.`{name}`").isNull()
+    corrupt = F.col(f"_parsed.`{CORRUPT}`").isNotNull()
     reason = (
         F.when(F.col("_value").isNull() | (F.col("_size") > max_value_bytes), F.lit("too_large"))
-        .when(F.col("_present").isNull() | F.col(f"_present.`{CORRUPT}`").isNotNull(), F.lit("malformed_json"))
+        .when(F.col("_parsed").isNull() | corrupt & (F.col("_present").isNull()
+                                                     | F.col(f"_present.`{CORRUPT}`").isNotNull()),
+              F.lit("malformed_json"))
         .when(wrong_type, F.lit("wrong_type"))
         .when(missing_key, F.lit("missing_key"))
     )
     # A null value is a tombstone, not an oversize record.
     reason = F.when(F.col("_value").isNull(), F.lit("null_value")).otherwise(reason)
-    return parsed.withColumn("reason", reason)
+    # Keep what later steps need: the raw bytes only of rejected records.
+    return parsed.withColumn("reason", reason).select(
+        "_partition", "_offset", "_timestamp", "_key", "_size", "_parsed", "reason",
+        F.when(F.col("reason").isNotNull(), F.col("_value")).alias("_value"))
 
 
 def good_events(classified, table: TableDefinition):

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,14 +68,14 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 class StateTable:
     def __init__(self, spec: TableSpec, state_dir: Path | str | None, *, bootstrap: str | None = None,
-                 snapshot_uri: str | None = None, memory: bool = False) -> None:
+                 snapshot_uri: str | None = None, memory: bool = False, create_topics: bool = True) -> None:
         self.spec = spec
         self.memory = memory
         self.bootstrap = bootstrap
         self.dir = None if memory else Path(state_dir) / spec.name
         self.snapshots = SnapshotStore(snapshot_uri) if snapshot_uri else None
         self._open: dict[int, StatePartition] = {}
-        if bootstrap:
+        if bootstrap and create_topics:
             changelog.ensure_changelog(bootstrap, spec.changelog_topic, spec.partitions)
         if self.dir is not None:
             self._check_descriptor()
@@ -93,7 +95,10 @@ class StateTable:
                         f"under a new name"
                     )
         else:
-            path.write_text(json.dumps(wanted, indent=1))
+            # Several tasks may create the table at once: publish the file whole or not at all.
+            tmp = path.with_name(f".table.json.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(wanted, indent=1))
+            os.replace(tmp, path)
 
     def partition_of(self, key: tuple) -> int:
         return partition_of(codec.encode_key(key), self.spec.partitions)
