@@ -17,7 +17,7 @@ from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.merge_task import DELETE
 from spark_jobs.microbatch import MicroBatchRunner
-from spark_jobs.offsets import OffsetRange
+from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
 from spark_jobs import jobs, parse
 
@@ -55,12 +55,8 @@ def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[
     if table.kind == "source":
         if last is None:
             return {}
-        reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", rt.bootstrap)
-                  .option("subscribe", table.topic).option("kafka.isolation.level", "read_committed"))
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-        for key, value in full.spark_options().items():
-            reader = reader.option(key, value)
-        classified = parse.classify(reader.load(), table, table.key_columns)
+        classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
         deltas = runner._source_deltas(classified)
         return {key: payload for _, (op, key, payload) in deltas.collect() if op != DELETE}
     from delta.tables import DeltaTable

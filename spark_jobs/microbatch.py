@@ -38,7 +38,7 @@ from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.compile import key_names, row_of, state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
-from spark_jobs.offsets import OffsetRange, watermarks
+from spark_jobs.offsets import OffsetRange, spark_reader, watermarks
 from spark_jobs.runtime import Runtime
 
 log = logging.getLogger("statetable.microbatch")
@@ -114,11 +114,7 @@ class MicroBatchRunner:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        reader = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", self.rt.bootstrap)
-                  .option("subscribe", plan.topic).option("kafka.isolation.level", "read_committed"))
-        for key, value in OffsetRange(plan.topic, plan.ranges).spark_options().items():
-            reader = reader.option(key, value)
-        raw = reader.load()
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges))
         key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
             else self.table.key_columns
         classified = parse.classify(raw, self.table, key_fields).persist(StorageLevel.MEMORY_AND_DISK)
@@ -134,6 +130,7 @@ class MicroBatchRunner:
         events = events.persist(StorageLevel.MEMORY_AND_DISK)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
         read_count = sum(reasons.values())
+        steps = {"read": time.monotonic() - started}
         faults.point("batch.after_read")
         log.info("%s batch %d: read %d records in %.1fs (%.0f records/s)", self.table.name, plan.batch_id,
                  read_count, time.monotonic() - started, read_count / max(time.monotonic() - started, 1e-6))
@@ -144,17 +141,20 @@ class MicroBatchRunner:
         if self.table.kind == "source":
             dead = dead.where(F.col("reason") != "null_value")   # tombstones delete, they are not errors
         dead_count = self._write_dead_letters(dead, plan.batch_id)
+        steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_dead_letters")
 
         self._write_bronze(events, plan.batch_id)
+        steps["bronze"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_bronze")
 
         deltas = self._deltas(events, classified, plan)
         summaries, rows = self._merge(deltas, plan.batch_id, watermark)
+        steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_merge")
-        merged_at = time.monotonic()
 
         self._write_mirror(rows, plan.batch_id)
+        steps["mirror"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_mirror")
 
         counts = {
@@ -162,6 +162,7 @@ class MicroBatchRunner:
             "dead_lettered": dead_count, "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
             "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
+            **{f"ms_{step}": round(seconds * 1000) for step, seconds in steps.items()},
         }
         commit = BatchCommit(
             batch_id=plan.batch_id, topic=plan.topic, ranges=plan.ranges,
@@ -279,12 +280,8 @@ class MicroBatchRunner:
         """A source table's latest value per key from its whole topic (small reference data)."""
         from pyspark.sql import Window, functions as F
 
-        bounds = watermarks(self.rt.bootstrap, other.topic)
-        reader = (self.spark.read.format("kafka").option("kafka.bootstrap.servers", self.rt.bootstrap)
-                  .option("subscribe", other.topic))
-        for key, value in OffsetRange(other.topic, bounds).spark_options().items():
-            reader = reader.option(key, value)
-        events = parse.good_events(parse.classify(reader.load(), other, other.key_columns), other)
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(other.topic, watermarks(self.rt.bootstrap, other.topic)))
+        events = parse.good_events(parse.classify(raw, other, other.key_columns), other)
         latest = Window.partitionBy(*other.key_columns).orderBy(F.desc("source_partition"), F.desc("source_offset"))
         return events.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
 

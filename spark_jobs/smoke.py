@@ -12,14 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.offsets import OffsetRange
+from spark_jobs.offsets import OffsetRange, spark_reader
 
 
 def read_range(spark, bootstrap: str, offsets: OffsetRange):
-    reader = spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", offsets.topic)
-    for key, value in offsets.spark_options().items():
-        reader = reader.option(key, value)
-    return reader.load()
+    return spark_reader(spark, bootstrap, offsets)
 
 
 def run(spark, bootstrap: str, offsets: OffsetRange, delta_path: str, run_key: str = "adhoc") -> dict:
