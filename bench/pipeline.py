@@ -21,13 +21,11 @@ import time
 import uuid
 from pathlib import Path
 
-os.environ.setdefault("STATETABLE_STACK_DIR", tempfile.mkdtemp(prefix="statetable-bench-"))
-os.environ.setdefault("STATETABLE_KAFKA_PORT", "29592")
-os.environ.setdefault("STATETABLE_KAFKA_CONTROLLER_PORT", "29593")
 
 from confluent_kafka import Producer  # noqa: E402
 
-from deploy import jars, kafka_server, settings as stack_settings  # noqa: E402
+from bench.broker import private_broker  # noqa: E402
+from deploy import jars  # noqa: E402
 from spark_jobs.offsets import full_range, spark_reader  # noqa: E402
 from spark_jobs.runtime import Runtime  # noqa: E402
 from state.kafka_admin import ensure_topic  # noqa: E402
@@ -70,11 +68,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000_000)
     args = parser.parse_args()
 
-    cfg = stack_settings.load()
-    kafka_server.start(cfg)
-    root = Path(tempfile.mkdtemp(prefix="statetable-bench-pipeline-"))
-    try:
-        kafka_server.wait_healthy(cfg)
+    with private_broker(29592) as cfg:
+        root = Path(tempfile.mkdtemp(prefix="statetable-bench-pipeline-"))
         suffix = uuid.uuid4().hex[:6]
         topic, table = f"bench-events-{suffix}", "bench_counts"
         (root / "tables").mkdir()
@@ -104,14 +99,7 @@ def main() -> None:
         incremental_s = time.perf_counter() - started
         assert sum(c.counts["read"] for c in commits) == args.events
 
-        spec_table, _ = jobs.load_table(table, rt)
-        st = jobs.state_table(spec_table, rt)
-        state = {}
-        for p in range(spec_table.partitions):
-            part = st.open_readonly(p)
-            state.update({k[0]: v for k, v in part.items()})
-            part.close()
-        st.close()
+        state = {k[0]: v for k, v in jobs.state_rows(table, rt).items()}
         assert state == expected, "state differs from the generator's counts"
 
         # Fixed cost of one spark-submitted batch with a single record.
@@ -144,8 +132,6 @@ def main() -> None:
             "batch_seconds": [c.seconds for c in commits],
             "batch_step_ms": [{k[3:]: v for k, v in c.counts.items() if k.startswith("ms_")} for c in commits],
         }, indent=1))
-    finally:
-        kafka_server.process(cfg).stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

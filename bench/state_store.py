@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-os.environ.setdefault("STATETABLE_STACK_DIR", tempfile.mkdtemp(prefix="statetable-bench-"))
-os.environ.setdefault("STATETABLE_KAFKA_PORT", "29492")
-os.environ.setdefault("STATETABLE_KAFKA_CONTROLLER_PORT", "29493")
 
-from deploy import kafka_server, settings as stack_settings  # noqa: E402
+from bench.broker import private_broker  # noqa: E402
 from state import codec  # noqa: E402
 from state.aggregates import Count, RowAggregator  # noqa: E402
-from state.backends import MemoryBackend, RocksBackend  # noqa: E402
+from state.backends import RocksBackend  # noqa: E402
 from state.partition import StatePartition  # noqa: E402
 from state.table import StateTable, TableSpec  # noqa: E402
 
@@ -73,11 +69,8 @@ def main() -> None:
     parser.add_argument("--merge-keys", type=int, default=100_000)
     args = parser.parse_args()
 
-    cfg = stack_settings.load()
-    kafka_server.start(cfg)
-    root = Path(tempfile.mkdtemp(prefix="statetable-bench-state-"))
-    try:
-        kafka_server.wait_healthy(cfg)
+    with private_broker(29492) as cfg:
+        root = Path(tempfile.mkdtemp(prefix="statetable-bench-state-"))
         out = {"merge": bench_merge(root, args.merge_partials, args.merge_keys)}
 
         # 90% of the keys, snapshot, then the last 10% as the changelog tail.
@@ -124,8 +117,6 @@ def main() -> None:
         }
         table.close()
         print(json.dumps(out, indent=1))
-    finally:
-        kafka_server.process(cfg).stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

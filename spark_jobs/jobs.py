@@ -65,6 +65,24 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None) -> l
         st.close()
 
 
+def state_rows(name: str, rt: Runtime | None = None) -> dict[tuple, object]:
+    """Every key's committed state value, read-only (no writer, no catch-up)."""
+    rt = rt or Runtime.from_env()
+    table, _ = load_table(name, rt)
+    st = state_table(table, rt)
+    rows: dict[tuple, object] = {}
+    try:
+        for p in range(table.partitions):
+            if not (st.partition_dir(p) / "CURRENT").exists():
+                continue
+            part = st.open_readonly(p)
+            rows.update(dict(part.items()))
+            part.close()
+    finally:
+        st.close()
+    return rows
+
+
 def query(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
     """One row from committed state (read-only: never takes the writer's lock)."""
     from state import codec

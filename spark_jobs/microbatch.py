@@ -35,7 +35,7 @@ from state.table import partition_of
 from state import codec
 from spark_jobs import parse
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
-from spark_jobs.compile import key_names, row_of, state_spec
+from spark_jobs.compile import row_of, state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
 from spark_jobs.offsets import OffsetRange, spark_reader, watermarks

@@ -92,14 +92,10 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark):
     assert len(records) == EVENTS
     frame = pd.DataFrame([json.loads(m.value()) for m in records])
     expected = frame.groupby("customer_id")["amount"].agg(["count", "sum", "max"])
+    state = {k[0]: v for k, v in jobs.state_rows(TABLE, rt).items()}
     table, _ = jobs.load_table(TABLE, rt)
     st = jobs.state_table(table, rt)
     try:
-        state = {}
-        for p in range(table.partitions):
-            part = st.open_readonly(p)
-            state.update({k[0]: v for k, v in part.items()})
-            part.close()
         assert set(state) == set(expected.index)
         for customer, (count, total, largest) in state.items():
             row = expected.loc[customer]

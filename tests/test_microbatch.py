@@ -19,17 +19,7 @@ def env(kafka, tmp_path):
 
 
 def _state_rows(rt, table_name):
-    table, _ = jobs.load_table(table_name, rt)
-    st = jobs.state_table(table, rt)
-    try:
-        rows = {}
-        for p in range(table.partitions):
-            part = st.open_readonly(p)
-            rows.update(dict(part.items()))
-            part.close()
-        return rows
-    finally:
-        st.close()
+    return jobs.state_rows(table_name, rt)
 
 
 def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once(env, spark):

@@ -1,0 +1,22 @@
+"""A private Kafka broker for one benchmark run, on its own ports and folder."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+
+@contextlib.contextmanager
+def private_broker(port: int):
+    os.environ.setdefault("STATETABLE_STACK_DIR", tempfile.mkdtemp(prefix="statetable-bench-"))
+    os.environ.setdefault("STATETABLE_KAFKA_PORT", str(port))
+    os.environ.setdefault("STATETABLE_KAFKA_CONTROLLER_PORT", str(port + 1))
+    from deploy import kafka_server, settings
+
+    cfg = settings.load()
+    kafka_server.start(cfg)
+    try:
+        kafka_server.wait_healthy(cfg)
+        yield cfg
+    finally:
+        kafka_server.process(cfg).stop()
