@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
 
 from state import faults
 from state.changelog import ensure_changelog
@@ -148,7 +147,8 @@ class MicroBatchRunner:
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_bronze")
 
-        deltas = self._deltas(events, classified, plan)
+        join_counts: dict = {}
+        deltas = self._deltas(events, classified, plan, join_counts)
         summaries, rows = self._merge(deltas, plan.batch_id, watermark)
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_merge")
@@ -163,6 +163,7 @@ class MicroBatchRunner:
             "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
             **{f"ms_{step}": round(seconds * 1000) for step, seconds in steps.items()},
+            **join_counts,
         }
         commit = BatchCommit(
             batch_id=plan.batch_id, topic=plan.topic, ranges=plan.ranges,
@@ -261,19 +262,33 @@ class MicroBatchRunner:
          .execute())
 
     # ------------------------------------------------------------ deltas
-    def _joined(self, events, plan: BatchPlan):
-        """Stream columns as `<alias>__<col>`, enriched with each joined table as of now."""
+    def _joined(self, events, plan: BatchPlan | None, counts: dict | None = None):
+        """Stream columns as `<alias>__<col>`, enriched with each joined table's latest values.
+
+        Every join is evaluated as a left join; an inner join then drops the
+        events its table has no row for, and `counts["join_unmatched"]` says
+        how many, so nothing disappears without a trace.
+        """
         from pyspark.sql import functions as F
 
         alias = self.table.stream_alias or self.table.name
         frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
                               F.col("source_offset").alias("_order"), "source_partition")
+        matched = F.lit(True)
         for join in self.table.joins:
             other = self.tables[join.table]
             snapshot = self._source_snapshot(other).select(
                 *[F.col(n).alias(f"{join.alias}__{n}") for n, _ in other.schema])
-            cond = F.col(_q(self.table, join.stream_column)) == F.col(f"{join.alias}__{join.table_column}")
-            frame = frame.join(F.broadcast(snapshot), cond, "left" if join.kind == "left" else "inner")
+            right_key = f"{join.alias}__{join.table_column}"
+            cond = F.col(_q(self.table, join.stream_column)) == F.col(right_key)
+            frame = frame.join(F.broadcast(snapshot), cond, "left")
+            if join.kind == "inner":
+                matched = matched & F.col(right_key).isNotNull()
+        if any(join.kind == "inner" for join in self.table.joins):
+            frame = frame.withColumn("_matched", matched)
+            if counts is not None:
+                counts["join_unmatched"] = frame.where(~F.col("_matched")).count()
+            frame = frame.where(F.col("_matched")).drop("_matched")
         return frame
 
     def _source_snapshot(self, other: TableDefinition):
@@ -285,11 +300,11 @@ class MicroBatchRunner:
         latest = Window.partitionBy(*other.key_columns).orderBy(F.desc("source_partition"), F.desc("source_offset"))
         return events.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
 
-    def _deltas(self, events, classified, plan: BatchPlan):
+    def _deltas(self, events, classified, plan: BatchPlan, counts: dict):
         """An RDD of (state partition, (op, key, payload)) for this batch."""
         if self.table.kind == "source":
             return self._source_deltas(classified)
-        return self._aggregate_deltas(self._joined(events, plan))
+        return self._aggregate_deltas(self._joined(events, plan, counts))
 
     def _aggregate_deltas(self, frame):
         from pyspark.sql import Window, functions as F
@@ -440,6 +455,3 @@ def _snapshot_partition(ctx, partition: int) -> None:
     finally:
         table.close()
 
-
-def commit_summary(commit: BatchCommit) -> dict:
-    return {k: v for k, v in asdict(commit).items() if k not in ("digests",)}

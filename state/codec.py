@@ -149,7 +149,12 @@ _INT_TUPLE = {
 _unpack_qq = struct.Struct(">QxQ").unpack_from
 
 
+_pack_1int = _INT_TUPLE[1].pack
+
+
 def encode_value(value) -> bytes:
+    if type(value) is tuple and len(value) == 1 and type(value[0]) is int and -_INT_BIAS <= value[0] < _INT_BIAS:
+        return _pack_1int(FORMAT_VERSION, _TUPLE, _INT, value[0] + _INT_BIAS, _END)
     if type(value) is tuple and 0 < len(value) < 5:
         args = [FORMAT_VERSION, _TUPLE]
         for item in value:

@@ -257,10 +257,8 @@ class Transaction:
         digest, count = meta.digest, meta.key_count
         # The hot loop of every batch: locals only, digest inlined (see state.digest).
         encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
-        entry_hash = digests.entry_hash
-        ops = self._ops
-        for key, old in zip(keys, olds):
-            kind, value = ops[key]
+        h = digests.xxh3_64_intdigest      # entry_hash, inlined: see state.digest
+        for key, old, (kind, value) in zip(keys, olds, self._ops.values()):
             if kind == _MERGE:
                 new = encode(merge(None if old is None else decode(old), value))
             elif kind == _PUT:
@@ -271,10 +269,10 @@ class Transaction:
                 continue
             changes[key] = new
             if old is not None:
-                digest -= entry_hash(key, old)
+                digest -= h(key + old, seed=len(key))
                 count -= 1
             if new is not None:
-                digest += entry_hash(key, new)
+                digest += h(key + new, seed=len(key))
                 count += 1
         digest &= digests.MASK
 
