@@ -106,9 +106,7 @@ def main() -> None:
         one = Producer({"bootstrap.servers": rt.bootstrap})
         one.produce(topic, b'{"k":"key00000","v":1}', partition=0)
         one.flush(10)
-        env = dict(os.environ, STATETABLE_KAFKA_BOOTSTRAP=rt.bootstrap, STATETABLE_DATA_DIR=str(rt.data_dir),
-                   STATETABLE_SNAPSHOT_URI=rt.snapshot_uri, STATETABLE_TABLES_DIR=str(rt.tables_dir),
-                   STATETABLE_NAMESPACE=rt.namespace, PYSPARK_PYTHON=sys.executable)
+        env = {**os.environ, **rt.as_env(), "PYSPARK_PYTHON": sys.executable}
         submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[*]",
                   "--jars", ",".join(str(p) for p in jars.spark_jars()),
                   "--conf", "spark.driver.bindAddress=127.0.0.1", str(Path(jobs.__file__)),

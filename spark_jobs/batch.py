@@ -65,7 +65,7 @@ def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[
     if not DeltaTable.isDeltaTable(spark, path):
         return {}
     bronze = spark.read.format("delta").load(path)
-    return {key: partial for _, (_, key, partial) in runner._aggregate_deltas(runner._joined(bronze, None)).collect()}
+    return {key: partial for _, (_, key, partial) in runner._aggregate_deltas(runner._joined(bronze)).collect()}
 
 
 def _same(a, b) -> bool:
@@ -85,21 +85,12 @@ def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10)
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
     expected = recompute(spark, table, tables, rt)
-    st = jobs.state_table(table, rt)
     result = VerifyResult(table.name, last.batch_id if last else None)
     actual: dict = {}
-    try:
-        for p in range(table.partitions):
-            if not (st.partition_dir(p) / "CURRENT").exists():
-                continue
-            part = st.open_readonly(p)
-            actual.update(dict(part.items()))
-            ok, _, _ = part.verify()
-            if not ok:
-                result.digest_mismatches.append(p)
-            part.close()
-    finally:
-        st.close()
+    for part in jobs.readonly_partitions(table, rt):
+        actual.update(part.items())
+        if not part.verify()[0]:
+            result.digest_mismatches.append(part.partition)
     for key in sorted(set(expected) | set(actual), key=repr):
         result.keys_compared += 1
         want, have = expected.get(key), actual.get(key)

@@ -65,22 +65,26 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None) -> l
         st.close()
 
 
-def state_rows(name: str, rt: Runtime | None = None) -> dict[tuple, object]:
-    """Every key's committed state value, read-only (no writer, no catch-up)."""
-    rt = rt or Runtime.from_env()
-    table, _ = load_table(name, rt)
+def readonly_partitions(table: TableDefinition, rt: Runtime):
+    """Each local partition of `table` that has state, opened read-only (no writer, no catch-up)."""
     st = state_table(table, rt)
-    rows: dict[tuple, object] = {}
     try:
         for p in range(table.partitions):
-            if not (st.partition_dir(p) / "CURRENT").exists():
-                continue
-            part = st.open_readonly(p)
-            rows.update(dict(part.items()))
-            part.close()
+            if (st.partition_dir(p) / "CURRENT").exists():
+                part = st.open_readonly(p)
+                try:
+                    yield part
+                finally:
+                    part.close()
     finally:
         st.close()
-    return rows
+
+
+def state_rows(name: str, rt: Runtime | None = None) -> dict[tuple, object]:
+    """Every key's committed state value."""
+    rt = rt or Runtime.from_env()
+    table, _ = load_table(name, rt)
+    return {key: value for part in readonly_partitions(table, rt) for key, value in part.items()}
 
 
 def query(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:

@@ -122,11 +122,11 @@ class MicroBatchRunner:
         watermark = plan.watermark_ms
         if self.table.window is not None:
             events, late, batch_max = self._split_late(events, plan.watermark_ms)
+            events = events.persist(StorageLevel.MEMORY_AND_DISK)
             late = late.persist(StorageLevel.MEMORY_AND_DISK)
             late_count = late.count()
             if batch_max is not None:
                 watermark = max(watermark or batch_max, batch_max)
-        events = events.persist(StorageLevel.MEMORY_AND_DISK)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
         read_count = sum(reasons.values())
         steps = {"read": time.monotonic() - started}
@@ -201,21 +201,8 @@ class MicroBatchRunner:
         from pyspark.sql import functions as F
 
         payload = F.to_json(F.struct(*[F.col(n) for n, _ in self.table.schema]))
-        coordinates = F.concat_ws("/", F.lit(topic), F.col("source_partition").cast("string"),
-                                  F.col("source_offset").cast("string"))
-        return late.select(
-            coordinates.cast("binary").alias("key"), payload.cast("binary").alias("value"),
-            F.array(
-                F.struct(F.lit("reason").alias("key"), F.lit("late").cast("binary").alias("value")),
-                F.struct(F.lit("source_topic").alias("key"), F.lit(topic).cast("binary").alias("value")),
-                F.struct(F.lit("source_partition").alias("key"),
-                         F.col("source_partition").cast("string").cast("binary").alias("value")),
-                F.struct(F.lit("source_offset").alias("key"),
-                         F.col("source_offset").cast("string").cast("binary").alias("value")),
-                F.struct(F.lit("size").alias("key"), F.length(payload).cast("string").cast("binary").alias("value")),
-            ).alias("headers"),
-            F.lit("late").alias("reason"), "source_partition", "source_offset",
-        )
+        return parse.dead_letter_records(late, topic, payload, F.lit("late"), F.col("source_partition"),
+                                         F.col("source_offset"), F.length(payload))
 
     # ------------------------------------------------------------ sinks
     def _write_dead_letters(self, dead, batch_id: int) -> int:
@@ -262,7 +249,7 @@ class MicroBatchRunner:
          .execute())
 
     # ------------------------------------------------------------ deltas
-    def _joined(self, events, plan: BatchPlan | None, counts: dict | None = None):
+    def _joined(self, events, counts: dict | None = None):
         """Stream columns as `<alias>__<col>`, enriched with each joined table's latest values.
 
         Every join is evaluated as a left join; an inner join then drops the
@@ -304,7 +291,7 @@ class MicroBatchRunner:
         """An RDD of (state partition, (op, key, payload)) for this batch."""
         if self.table.kind == "source":
             return self._source_deltas(classified)
-        return self._aggregate_deltas(self._joined(events, plan, counts))
+        return self._aggregate_deltas(self._joined(events, counts))
 
     def _aggregate_deltas(self, frame):
         from pyspark.sql import Window, functions as F

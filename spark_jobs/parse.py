@@ -77,23 +77,27 @@ def good_events(classified, table: TableDefinition):
     )
 
 
-def dead_letters(classified, topic: str):
-    """Bad rows shaped for Spark's Kafka sink: the original bytes, the reason in headers,
-    keyed by their source coordinates so a re-run overwrites rather than duplicates."""
+def dead_letter_records(frame, topic: str, value, reason, partition, offset, size):
+    """Rows shaped for Spark's Kafka sink: the record's bytes, the reason and source in
+    headers, keyed by source coordinates so a re-run overwrites rather than duplicates."""
     from pyspark.sql import functions as F
 
-    bad = classified.where(F.col("reason").isNotNull())
-    coordinates = F.concat_ws("/", F.lit(topic), F.col("_partition").cast("string"), F.col("_offset").cast("string"))
-    return bad.select(
-        coordinates.cast("binary").alias("key"),
-        F.when(F.col("_size") > MAX_VALUE_BYTES, F.substring(F.col("_value"), 1, 1024))
-        .otherwise(F.col("_value")).alias("value"),
-        F.array(
-            F.struct(F.lit("reason").alias("key"), F.col("reason").cast("binary").alias("value")),
-            F.struct(F.lit("source_topic").alias("key"), F.lit(topic).cast("binary").alias("value")),
-            F.struct(F.lit("source_partition").alias("key"), F.col("_partition").cast("string").cast("binary").alias("value")),
-            F.struct(F.lit("source_offset").alias("key"), F.col("_offset").cast("string").cast("binary").alias("value")),
-            F.struct(F.lit("size").alias("key"), F.col("_size").cast("string").cast("binary").alias("value")),
-        ).alias("headers"),
-        F.col("reason"), F.col("_partition").alias("source_partition"), F.col("_offset").alias("source_offset"),
+    def header(name, column):
+        return F.struct(F.lit(name).alias("key"), column.cast("string").cast("binary").alias("value"))
+
+    return frame.select(
+        F.concat_ws("/", F.lit(topic), partition.cast("string"), offset.cast("string")).cast("binary").alias("key"),
+        value.cast("binary").alias("value"),
+        F.array(header("reason", reason), header("source_topic", F.lit(topic)), header("source_partition", partition),
+                header("source_offset", offset), header("size", size)).alias("headers"),
+        reason.alias("reason"), partition.alias("source_partition"), offset.alias("source_offset"),
     )
+
+
+def dead_letters(classified, topic: str):
+    """Rejected records, truncated to 1 KiB when oversize (the size header keeps the real size)."""
+    from pyspark.sql import functions as F
+
+    value = F.when(F.col("_size") > MAX_VALUE_BYTES, F.substring(F.col("_value"), 1, 1024)).otherwise(F.col("_value"))
+    return dead_letter_records(classified.where(F.col("reason").isNotNull()), topic, value, F.col("reason"),
+                               F.col("_partition"), F.col("_offset"), F.col("_size"))

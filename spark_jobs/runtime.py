@@ -32,6 +32,14 @@ class Runtime:
             namespace=os.environ.get("STATETABLE_NAMESPACE", ""),
         )
 
+    def as_env(self) -> dict[str, str]:
+        """The environment that makes `from_env` in a child process (spark-submit, the CLI) return this."""
+        return {
+            "STATETABLE_KAFKA_BOOTSTRAP": self.bootstrap, "STATETABLE_DATA_DIR": str(self.data_dir),
+            "STATETABLE_SNAPSHOT_URI": self.snapshot_uri, "STATETABLE_TABLES_DIR": str(self.tables_dir),
+            "STATETABLE_NAMESPACE": self.namespace,
+        }
+
     def dead_letter_topic(self, table: str) -> str:
         return f"{self.namespace}{table}-dlq"
 

@@ -31,12 +31,7 @@ STATETABLE = str(Path(sys.executable).parent / "statetable")
 
 
 def _job_env(rt, fault: str | None = None) -> dict:
-    env = dict(os.environ)
-    env.update({
-        "STATETABLE_KAFKA_BOOTSTRAP": rt.bootstrap, "STATETABLE_DATA_DIR": str(rt.data_dir),
-        "STATETABLE_SNAPSHOT_URI": rt.snapshot_uri, "STATETABLE_TABLES_DIR": str(rt.tables_dir),
-        "STATETABLE_NAMESPACE": rt.namespace, "STATETABLE_FAULT_SCOPE": "group",
-    })
+    env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group"}
     env.pop(faults.ENV, None)
     if fault:
         env[faults.ENV] = fault
