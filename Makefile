@@ -10,7 +10,7 @@ STATETABLE  := $(VENV)/bin/statetable
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_LINK_MODE := copy
 
-.PHONY: setup run test stack-down bench clean
+.PHONY: setup run test stack-down bench clean chromium
 
 setup: $(VENV)/.synced .cache/jars/.fetched
 
@@ -30,7 +30,12 @@ run: setup
 	$(STATETABLE) stack up
 	$(STATETABLE) smoke
 
-test: setup
+# Headless Chromium for the UI screenshot test, from Debian's packages.
+chromium:
+	@command -v chromium >/dev/null || apt-get install -y --no-install-recommends chromium \
+		|| (apt-get update && apt-get install -y --no-install-recommends chromium)
+
+test: setup chromium
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 stack-down:

@@ -78,3 +78,18 @@ class AirflowApi:
             "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true"
         )
         return entry["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task's log as text (Airflow 3 returns structured events; their text is joined)."""
+        quoted = urllib.parse.quote(run_id, safe="")
+        body = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/"
+                                 f"{try_number}?full_content=true")
+        content = body.get("content", "")
+        if isinstance(content, list):
+            return "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in content)
+        return str(content)
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        quoted = urllib.parse.quote(run_id, safe="")
+        items = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
+        return {ti["task_id"]: ti for ti in items}

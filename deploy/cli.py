@@ -87,6 +87,41 @@ def present(table: str, row: dict):
     return row
 
 
+def api_token(token_file: str | None) -> str:
+    """The standalone API's token: STATETABLE_API_TOKEN, else a token file (--token-file or
+    STATETABLE_API_TOKEN_FILE). Never a default: an API without a token would be open."""
+    import os
+    from pathlib import Path
+
+    token = os.environ.get("STATETABLE_API_TOKEN")
+    path = token_file or os.environ.get("STATETABLE_API_TOKEN_FILE")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"statetable serve: cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise SystemExit("statetable serve: no API token; set STATETABLE_API_TOKEN or pass --token-file FILE "
+                         "(e.g. `export STATETABLE_API_TOKEN=$(python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))')`)")
+    return token
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from statetable_airflow.api import TokenAuth, create_app
+
+    try:
+        auth = TokenAuth(api_token(args.token_file))
+    except ValueError as exc:
+        raise SystemExit(f"statetable serve: {exc}") from None
+    _logging()
+    print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json, docs at /docs)", flush=True)
+    uvicorn.run(create_app(auth), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _restore(args) -> int:
     from spark_jobs import jobs
 
@@ -146,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table")
     p.add_argument("key", nargs="+")
     p.set_defaults(func=_query)
+
+    p = sub.add_parser("serve", help="serve the read-only query API (bearer token from STATETABLE_API_TOKEN)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=18081)
+    p.add_argument("--token-file", help="a file holding the API token (else STATETABLE_API_TOKEN)")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")
     p.add_argument("table")

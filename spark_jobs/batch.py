@@ -77,13 +77,22 @@ def _same(a, b) -> bool:
 
 
 def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10) -> VerifyResult:
+    rt = rt or Runtime.from_env()
+    with jobs.table_lock(name, rt):
+        return _verify(name, spark, rt, examples)
+
+
+def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     from spark_jobs import session
 
     started = time.monotonic()
-    rt = rt or Runtime.from_env()
     table, tables = jobs.load_table(name, rt)
+    batch_log = BatchLog(rt.batch_dir(table.name))
+    if batch_log.pending_plan() is not None:
+        raise ValueError(f"table {name!r} has an unfinished batch {batch_log.pending_plan().batch_id}; "
+                         f"finish it (`statetable run {name}`) before verifying")
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
-    last = BatchLog(rt.batch_dir(table.name)).last_commit()
+    last = batch_log.last_commit()
     expected = recompute(spark, table, tables, rt)
     result = VerifyResult(table.name, last.batch_id if last else None)
     actual: dict = {}
@@ -109,12 +118,72 @@ def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10)
     return result
 
 
-def rebuild(name: str, spark=None, rt: Runtime | None = None) -> BatchCommit:
-    """Replace the state with a full recomputation, as a new batch with its own changelog records."""
+def rebuild_window(table: TableDefinition, window_from: str | None, window_to: str | None, full: bool,
+                   interval: tuple | None) -> tuple[int, int] | None:
+    """The [from, to) epoch-ms range of windows a rebuild run recomputes, or None for all of them.
+
+    Explicit `window_from`/`window_to` (ISO dates or timestamps) win; else a
+    scheduled or backfill run's data interval; else (a manual run) the whole
+    table. Tables without windows always rebuild in full. Raises ValueError,
+    naming the table and the param, before any work is done.
+    """
+    from datetime import datetime, timezone
+
+    def parse(name: str, raw: str) -> int:
+        try:
+            moment = datetime.fromisoformat(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"table {table.name!r}: param {name}={raw!r} is not an ISO date or timestamp, "
+                             f"e.g. 2026-03-01 or 2026-03-01T06:00:00+00:00") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return int(moment.timestamp() * 1000)
+
+    if full and (window_from or window_to):
+        raise ValueError(f"table {table.name!r}: params full=true and window_from/window_to exclude each other; "
+                         f"drop one of them")
+    if (window_from is None) != (window_to is None):
+        raise ValueError(f"table {table.name!r}: give both params window_from and window_to, or neither")
+    if window_from is not None:
+        lo, hi = parse("window_from", window_from), parse("window_to", window_to)
+        if lo >= hi:
+            raise ValueError(f"table {table.name!r}: param window_from={window_from} must be before "
+                             f"window_to={window_to}")
+        if table.window is None:
+            raise ValueError(f"table {table.name!r} has no windows, so window_from/window_to cannot apply; "
+                             f"leave them empty to rebuild it in full")
+        return lo, hi
+    if full or table.window is None or interval is None or None in interval:
+        return None
+    return int(interval[0].timestamp() * 1000), int(interval[1].timestamp() * 1000)
+
+
+def rebuild(name: str, spark=None, rt: Runtime | None = None,
+            window_range: tuple[int, int] | None = None) -> BatchCommit:
+    """Replace the state with a recomputation, as a new batch with its own changelog records.
+
+    `window_range` (epoch ms, [from, to)) limits a windowed table's rebuild to
+    the windows starting in that range, which is what a backfill of a date
+    range means; other keys are left as they are. Tables without windows
+    always rebuild in full.
+    """
+    rt = rt or Runtime.from_env()
+    table, _ = jobs.load_table(name, rt)
+    if window_range is not None:
+        lo, hi = window_range
+        if lo >= hi:
+            raise ValueError(f"table {name!r}: rebuild range start {lo} must be before its end {hi}")
+        if table.window is None:
+            log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
+            window_range = None
+    with jobs.table_lock(name, rt):
+        return _rebuild(name, spark, rt, window_range)
+
+
+def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None) -> BatchCommit:
     from spark_jobs import session
 
     started = time.monotonic()
-    rt = rt or Runtime.from_env()
     table, tables = jobs.load_table(name, rt)
     spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
     batch_log = BatchLog(rt.batch_dir(table.name))
@@ -124,7 +193,17 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None) -> BatchCommit:
     if batch_log.pending_plan() is not None:
         raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
     expected = recompute(spark, table, tables, rt)
+
+    def in_scope(key: tuple) -> bool:
+        return window_range is None or window_range[0] <= key[-1] < window_range[1]
+
+    expected = {k: v for k, v in expected.items() if in_scope(k)}
     batch_id = last.batch_id + 1
+    # Write-ahead like any batch, with an empty input range: if the rebuild dies
+    # part-way, finishing this plan reads nothing and leaves every partition at
+    # a state equal to the recomputation or to its value before, never a double count.
+    no_input = {p: (end, end) for p, (_, end) in last.ranges.items()}
+    batch_log.write_plan(BatchPlan(batch_id, last.topic, no_input, last.watermark_ms))
     st = jobs.state_table(table, rt)
     summaries = {}
     try:
@@ -133,7 +212,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None) -> BatchCommit:
             tx = part.begin(batch_id)
             mine = {k: v for k, v in expected.items() if st.partition_of(k) == p}
             for key, _ in part.items():
-                if key not in mine:
+                if key not in mine and in_scope(key):
                     tx.delete(key)
             for key, value in mine.items():
                 tx.put(key, value)
@@ -144,14 +223,14 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None) -> BatchCommit:
     finally:
         st.close()
     commit = BatchCommit(
-        batch_id=batch_id, topic=last.topic, ranges=last.ranges,
+        batch_id=batch_id, topic=last.topic, ranges=no_input,
         changelog_offsets={p: s[1] for p, s in summaries.items()}, digests={p: s[2] for p, s in summaries.items()},
         key_counts={p: s[3] for p, s in summaries.items()},
         counts={"rebuild": 1, "read": 0, "keys_changed": sum(s[0] for s in summaries.values()),
-                "keys": len(expected)},
+                "keys": len(expected),
+                **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3),
     )
-    batch_log.write_plan(BatchPlan(batch_id, last.topic, last.ranges, last.watermark_ms))
     batch_log.write_commit(commit)
     log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, len(expected),
              commit.counts["keys_changed"], commit.seconds)

@@ -27,13 +27,15 @@ def key_names(table: TableDefinition) -> list[str]:
     return names + (["window_start"] if table.window else [])
 
 
-def row_of(table: TableDefinition, key: tuple, value) -> dict:
-    """One table row as users see it: key columns and final aggregate values."""
+def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator | None = None) -> dict:
+    """One table row as users see it: key columns and final aggregate values.
+
+    Pass the table's `aggregator` when converting many rows; building it is the costly part."""
     row = dict(zip(key_names(table), key))
     if value is None:
         return row
     if table.kind == "source":
         row.update(zip(table.value_columns, value))
         return row
-    row.update(state_spec(table).aggregator.result(value))
+    row.update((aggregator or state_spec(table).aggregator).result(value))
     return row

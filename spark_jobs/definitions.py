@@ -30,7 +30,7 @@ SUPPORTED = (
 )
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
-    "key_field", "snapshot_keep",
+    "key_field", "snapshot_keep", "max_batches_per_run",
 }
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 
@@ -67,6 +67,7 @@ class TableDefinition:
     partitions: int = 4
     schedule: str | None = "*/5 * * * *"
     max_records_per_batch: int = 1_000_000
+    max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
     snapshot_every: int = 10
     snapshot_keep: int = 3
     event_time: str | None = None
@@ -209,6 +210,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     common = dict(
         partitions=_int_option(path, header, "partitions", 4),
         max_records_per_batch=_int_option(path, header, "max_records_per_batch", 1_000_000),
+        max_batches_per_run=_int_option(path, header, "max_batches_per_run", 10),
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
         schedule=header.get("schedule", "*/5 * * * *"),

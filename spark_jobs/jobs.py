@@ -1,21 +1,24 @@
 """Table jobs as functions: run, restore, query, verify, rebuild.
 
-The CLI, spark-submit entry points (`python -m spark_jobs.jobs ...`) and
+The CLI, spark-submit entry points (`spark_jobs/submit.py`) and
 Airflow tasks all call these, so each behaviour exists once.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import sys
+import threading
 import time
+from pathlib import Path
 
 from state import faults
-from state.errors import StateError
 from state.table import StateTable
-from spark_jobs.compile import row_of, state_spec
+from spark_jobs.compile import state_spec
 from spark_jobs.definitions import DefinitionError, TableDefinition, load_all
 from spark_jobs.runtime import Runtime
 
@@ -34,8 +37,59 @@ def state_table(table: TableDefinition, rt: Runtime) -> StateTable:
                       snapshot_uri=rt.snapshot_uri)
 
 
+_held: dict[Path, int] = {}
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def table_lock(name: str, rt: Runtime):
+    """One writer per table across processes: micro-batches, rebuilds, restores and verifies.
+
+    Airflow may start an incremental run, a backfill of rebuilds and a
+    restore-verify of one table at the same time; each would be correct alone
+    but not interleaved (a verify must not see a half-finished batch). A
+    blocking flock serialises them, is released by the kernel when a killed
+    job dies, and is re-entrant within a process.
+    """
+    path = rt.data_dir / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _held_guard:
+        if path in _held:
+            _held[path] += 1
+            reentered = True
+        else:
+            reentered = False
+    if reentered:
+        try:
+            yield
+        finally:
+            with _held_guard:
+                _held[path] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("%s: another job holds the table lock %s; waiting", name, path)
+            waited = time.monotonic()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            log.info("%s: got the table lock after %.1fs", name, time.monotonic() - waited)
+        with _held_guard:
+            _held[path] = 1
+        try:
+            yield
+        finally:
+            with _held_guard:
+                del _held[path]
+    finally:
+        os.close(fd)   # closing the descriptor releases the flock
+
+
 def run(name: str, max_batches: int | None = None, until_caught_up: bool = False, spark=None,
-        rt: Runtime | None = None, max_records_per_batch: int | None = None):
+        rt: Runtime | None = None, max_records_per_batch: int | None = None, snapshots: bool = True,
+        finish_pending_only: bool = False):
+    """Run micro-batches; `finish_pending_only` completes an interrupted batch and starts none."""
     from spark_jobs import session
     from spark_jobs.microbatch import MicroBatchRunner
 
@@ -44,10 +98,16 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
     table, tables = load_table(name, rt)
     if max_records_per_batch:
         table.max_records_per_batch = max_records_per_batch
-    spark = spark or session.get_or_create(f"statetable-{name}")
-    runner = MicroBatchRunner(spark, table, tables, rt)
-    started = time.monotonic()
-    commits = runner.run(max_batches=max_batches, until_caught_up=until_caught_up)
+    with table_lock(name, rt):
+        from spark_jobs.batch_log import BatchLog
+
+        if finish_pending_only and BatchLog(rt.batch_dir(name)).pending_plan() is None:
+            return []
+        spark = spark or session.get_or_create(f"statetable-{name}")
+        runner = MicroBatchRunner(spark, table, tables, rt, snapshots=snapshots)
+        started = time.monotonic()
+        commits = runner.run(max_batches=1 if finish_pending_only else max_batches,
+                             until_caught_up=until_caught_up and not finish_pending_only)
     read = sum(c.counts["read"] for c in commits)
     elapsed = time.monotonic() - started
     log.info("%s: %d batches, %d records in %.1fs (%.0f records/s), lag now %d", name, len(commits), read,
@@ -55,14 +115,52 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
     return commits
 
 
-def restore(name: str, batch: int | None = None, rt: Runtime | None = None) -> list:
+def restore(name: str, batch: int | None = None, rt: Runtime | None = None, missing_only: bool = False) -> list:
+    """Restore partitions from snapshots plus changelog; `missing_only` skips partitions that have local state."""
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
-    st = state_table(table, rt)
-    try:
-        return [st.restore(p, batch) for p in range(table.partitions)]
-    finally:
-        st.close()
+    with table_lock(name, rt):
+        st = state_table(table, rt)
+        try:
+            return [st.restore(p, batch) for p in range(table.partitions)
+                    if not (missing_only and (st.partition_dir(p) / "CURRENT").exists())]
+        finally:
+            st.close()
+
+
+def due_snapshots(table: TableDefinition, rt: Runtime, batch_id: int) -> list[int]:
+    """Partitions whose newest snapshot is `snapshot_every` or more batches behind `batch_id`."""
+    from state.snapshots import SnapshotStore
+
+    store = SnapshotStore(rt.snapshot_uri)
+    due = []
+    for p in range(table.partitions):
+        manifests = store.list(table.name, p)
+        if not manifests or batch_id - manifests[0].batch_id >= table.snapshot_every:
+            due.append(p)
+    return due
+
+
+def snapshot_if_due(name: str, rt: Runtime | None = None, force: bool = False) -> dict:
+    """Snapshot the partitions that are due, in this process (no Spark needed)."""
+    from spark_jobs.batch_log import BatchLog
+
+    rt = rt or Runtime.from_env()
+    table, _ = load_table(name, rt)
+    with table_lock(name, rt):
+        last = BatchLog(rt.batch_dir(name)).last_commit()
+        if last is None:
+            return {"batch": None, "partitions": [], "seconds": 0.0}
+        due = list(range(table.partitions)) if force else due_snapshots(table, rt, last.batch_id)
+        started = time.monotonic()
+        st = state_table(table, rt)
+        try:
+            for p in due:
+                manifest = st.snapshot(p)
+                log.info("%s[%d]: snapshot at batch %d, %d files", name, p, manifest.batch_id, len(manifest.files))
+        finally:
+            st.close()
+        return {"batch": last.batch_id, "partitions": due, "seconds": round(time.monotonic() - started, 3)}
 
 
 def readonly_partitions(table: TableDefinition, rt: Runtime):
@@ -88,24 +186,11 @@ def state_rows(name: str, rt: Runtime | None = None) -> dict[tuple, object]:
 
 
 def query(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
-    """One row from committed state (read-only: never takes the writer's lock)."""
-    from state import codec
-    from state.backends import RocksBackend
-    from state.table import partition_of
+    """One row of committed state, through the query API's read path (never the writer's lock)."""
+    from spark_jobs.query import query_once
 
-    rt = rt or Runtime.from_env()
-    table, _ = load_table(name, rt)
-    key = coerce_key(table, key)
-    p = partition_of(codec.encode_key(key), table.partitions)
-    path = rt.state_dir / table.name / f"p{p:04d}"
-    if not (path / "CURRENT").exists():
-        raise StateError(f"table {name!r} partition {p} has no local state at {path}; run or restore the table")
-    backend = RocksBackend(path, read_only=True)
-    try:
-        raw = backend.get(codec.encode_key(key))
-        return None if raw is None else row_of(table, key, codec.decode_value(raw))
-    finally:
-        backend.close()
+    raw = str(key[0]) if len(key) == 1 else json.dumps(list(key))
+    return query_once(name, raw, rt)[1]
 
 
 def coerce_key(table: TableDefinition, key: tuple) -> tuple:
@@ -125,19 +210,79 @@ def coerce_key(table: TableDefinition, key: tuple) -> tuple:
     return tuple(out) + tuple(key[len(out):])
 
 
+def _write_result(path: str | None, result: dict) -> None:
+    """The job's outcome for the Airflow task after it (spark-submit has no XCom)."""
+    print("STATETABLE_RESULT " + json.dumps(result, default=str), flush=True)
+    if path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(result, default=str, indent=1))
+        os.replace(tmp, target)
+
+
+def _commit_summary(commit) -> dict:
+    return {"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: python -m spark_jobs.jobs run TABLE [--until-caught-up]."""
+    """Entry point of spark_jobs.submit: {run,verify,rebuild} TABLE [options].
+
+    Exit codes: 0 done, 1 verify found differences, 2 bad arguments or definitions.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="spark_jobs.jobs")
-    parser.add_argument("action", choices=["run"])
+    parser.add_argument("action", choices=["run", "verify", "rebuild"])
     parser.add_argument("table")
-    parser.add_argument("--max-batches", type=int)
+    parser.add_argument("--max-batches", type=int, help="run: at most this many batches in this session")
     parser.add_argument("--until-caught-up", action="store_true")
+    parser.add_argument("--no-snapshot", action="store_true", help="run: leave snapshots to a later task")
+    parser.add_argument("--finish-pending", action="store_true",
+                        help="verify: first finish an interrupted batch from its plan")
+    parser.add_argument("--window", default="", help="rebuild: FROM_MS:TO_MS, windows starting in [from, to); "
+                                                     "empty rebuilds in full")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides STATETABLE_KAFKA_BOOTSTRAP)")
+    parser.add_argument("--result-file", help="write the outcome as JSON here")
     args = parser.parse_args(argv)
-    commits = run(args.table, args.max_batches, args.until_caught_up)
-    print("STATETABLE_RESULT " + json.dumps({"batches": [c.batch_id for c in commits],
-                                              "read": sum(c.counts["read"] for c in commits)}), flush=True)
-    return 0
+    if args.bootstrap:
+        os.environ["STATETABLE_KAFKA_BOOTSTRAP"] = args.bootstrap
+    rt = Runtime.from_env()
+    try:
+        if args.action == "run":
+            started = time.monotonic()
+            commits = run(args.table, args.max_batches, args.until_caught_up, rt=rt,
+                          snapshots=not args.no_snapshot)
+            _write_result(args.result_file, {
+                "table": args.table, "batches": [_commit_summary(c) for c in commits],
+                "read": sum(c.counts["read"] for c in commits), "seconds": round(time.monotonic() - started, 3)})
+            return 0
+        if args.action == "rebuild":
+            from spark_jobs import batch
+
+            window = None
+            if args.window:
+                try:
+                    window = tuple(int(part) for part in args.window.split(":"))
+                    assert len(window) == 2
+                except (ValueError, AssertionError):
+                    raise ValueError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
+            commit = batch.rebuild(args.table, rt=rt, window_range=window)
+            _write_result(args.result_file, _commit_summary(commit))
+            return 0
+        from spark_jobs import batch, session
+
+        spark = session.get_or_create(f"statetable-verify-{args.table}")
+        finished = run(args.table, rt=rt, spark=spark, snapshots=False, finish_pending_only=True) \
+            if args.finish_pending else []
+        result = batch.verify(args.table, spark=spark, rt=rt)
+        print(result.summary(), flush=True)
+        _write_result(args.result_file, {**result.__dict__, "ok": result.ok,
+                                         "finished_batches": [c.batch_id for c in finished]})
+        return 0 if result.ok else 1
+    except (DefinitionError, ValueError) as exc:
+        print(f"statetable: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

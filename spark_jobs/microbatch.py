@@ -29,7 +29,6 @@ import time
 from state import faults
 from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
-from state.snapshots import SnapshotStore
 from state.table import partition_of
 from state import codec
 from spark_jobs import parse
@@ -50,8 +49,11 @@ def _q(table: TableDefinition, name: str) -> str:
 
 
 class MicroBatchRunner:
-    def __init__(self, spark, table: TableDefinition, tables: dict[str, TableDefinition], runtime: Runtime) -> None:
+    def __init__(self, spark, table: TableDefinition, tables: dict[str, TableDefinition], runtime: Runtime,
+                 snapshots: bool = True) -> None:
+        """`snapshots=False` leaves snapshots to the caller (the Airflow DAG has a task of its own for them)."""
         self.spark = spark
+        self.snapshots = snapshots
         self.table = table
         self.tables = tables
         self.rt = runtime
@@ -401,17 +403,17 @@ class MicroBatchRunner:
             self._after_commit(last)
 
     def _after_commit(self, commit: BatchCommit) -> None:
-        self._snapshot_if_due(commit)
+        if self.snapshots:
+            self._snapshot_if_due(commit)
         faults.point("batch.after_snapshot")
         self._commit_group_offsets(commit)
         faults.point("batch.after_offsets")
 
     def _snapshot_if_due(self, commit: BatchCommit) -> None:
-        store = SnapshotStore(self.rt.snapshot_uri)
+        from spark_jobs.jobs import due_snapshots
+
         table, ctx = self.table, (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri)
-        newest = [store.list(table.name, p) for p in range(table.partitions)]
-        due = [p for p, manifests in enumerate(newest)
-               if not manifests or commit.batch_id - manifests[0].batch_id >= table.snapshot_every]
+        due = due_snapshots(table, self.rt, commit.batch_id)
         if not due:
             return
         started = time.monotonic()

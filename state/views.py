@@ -29,6 +29,7 @@ class PartitionView:
 
     @classmethod
     def secondary(cls, primary_dir: Path, secondary_dir: Path) -> "PartitionView":
+        Path(secondary_dir).parent.mkdir(parents=True, exist_ok=True)
         return cls(RocksBackend(secondary_dir, secondary_of=primary_dir))
 
     def refresh(self) -> PartitionMeta:

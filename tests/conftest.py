@@ -19,6 +19,8 @@ os.environ.update({
     "STATETABLE_KAFKA_PORT": os.environ.get("STATETABLE_TEST_KAFKA_PORT", "29092"),
     "STATETABLE_KAFKA_CONTROLLER_PORT": os.environ.get("STATETABLE_TEST_KAFKA_CONTROLLER_PORT", "29093"),
     "STATETABLE_AIRFLOW_PORT": os.environ.get("STATETABLE_TEST_AIRFLOW_PORT", "28080"),
+    # Tests trigger every run they check; scheduled runs would race them for the same tables.
+    "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
 })
 
 from deploy import airflow_server, kafka_server, settings as stack_settings  # noqa: E402

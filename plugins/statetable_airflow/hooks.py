@@ -34,3 +34,42 @@ class KafkaConnectionHook(BaseHook):
 
     def bootstrap_servers(self) -> str:
         return self.client_config()["bootstrap.servers"]
+
+
+class StateTableHook(BaseHook):
+    """A deployment's state tables, with Kafka settings from an Airflow connection.
+
+    Everything else (state folder, snapshot store, table definitions) comes
+    from the environment through spark_jobs.runtime, which spark-submitted
+    jobs read too, so a task and the Spark job it starts agree on where
+    things are.
+    """
+
+    hook_name = "statetable"
+
+    def __init__(self, kafka_config_id: str = KAFKA_CONN_ID) -> None:
+        super().__init__()
+        self.kafka_config_id = kafka_config_id
+
+    def runtime(self):
+        import dataclasses
+
+        from spark_jobs.runtime import Runtime
+
+        bootstrap = KafkaConnectionHook(self.kafka_config_id).bootstrap_servers()
+        return dataclasses.replace(Runtime.from_env(), bootstrap=bootstrap)
+
+    def table(self, name: str):
+        from spark_jobs import jobs
+
+        return jobs.load_table(name, self.runtime())[0]
+
+    def lag(self, name: str) -> int:
+        from spark_jobs import status
+
+        return status.lag(name, self.runtime())
+
+    def status(self, name: str) -> dict:
+        from spark_jobs import status
+
+        return status.table_status(self.table(name), self.runtime())

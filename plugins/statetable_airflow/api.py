@@ -1,0 +1,238 @@
+"""The REST API over committed state, and the statetable status page.
+
+One FastAPI app, two ways to run it: mounted in Airflow's api-server by the
+plugin (auth by Airflow's own JWT) and standalone with `statetable serve`
+(auth by a configured token). Every route is read-only and needs a bearer
+token. Answers come from spark_jobs.query, which guarantees that one answer
+is one committed batch; the batch is named in the body and in the
+X-Statetable-Batch header (the seed-shaped leaderboard routes keep the
+seed's body exactly and name it in the header only).
+"""
+from __future__ import annotations
+
+import hmac
+import html
+import threading
+import time
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from spark_jobs.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+
+BATCH_HEADER = "X-Statetable-Batch"
+LEADERBOARD_TABLE = "leaderboard"
+
+
+# ---------------------------------------------------------------- authentication
+class TokenAuth:
+    """Standalone: one shared token (STATETABLE_API_TOKEN or a token file)."""
+
+    def __init__(self, token: str) -> None:
+        if len(token) < 16:
+            raise ValueError("the API token must be at least 16 characters; generate one with "
+                             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        self.token = token.encode()
+
+    async def check(self, token: str | None, request: Request) -> bool:
+        return token is not None and hmac.compare_digest(token.encode(), self.token)
+
+
+class AirflowAuth:
+    """Inside Airflow: the JWT Airflow issues (bearer header, or the UI's session cookie)."""
+
+    async def check(self, token: str | None, request: Request) -> bool:
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+        token = token or request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+        if not token:
+            return False
+        try:
+            await get_auth_manager().get_user_from_token(token)
+        except Exception:
+            return False
+        return True
+
+
+bearer = HTTPBearer(auto_error=False, description="Airflow's JWT inside Airflow; STATETABLE_API_TOKEN standalone")
+
+
+# ---------------------------------------------------------------- the app
+class _Service:
+    """Created on the first request, so importing the plugin starts no threads."""
+
+    def __init__(self, factory) -> None:
+        self.factory = factory
+        self.lock = threading.Lock()
+        self.service: QueryService | None = None
+
+    def get(self) -> QueryService:
+        with self.lock:
+            if self.service is None:
+                self.service = self.factory()
+            return self.service
+
+    def close(self) -> None:
+        with self.lock:
+            if self.service is not None:
+                self.service.close()
+                self.service = None
+
+
+def _answer(body, batch: int | None, status: int = 200) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers={BATCH_HEADER: "none" if batch is None else str(batch)})
+
+
+def create_app(auth, service_factory=QueryService) -> FastAPI:
+    holder = _Service(service_factory)
+
+    async def authenticated(request: Request,
+                            credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        token = credentials.credentials if credentials and credentials.scheme.lower() == "bearer" else None
+        if not await auth.check(token, request):
+            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+
+    app = FastAPI(
+        title="statetable", version="1",
+        description="Read-only queries over the committed state of statetable tables. Every answer names the "
+                    "batch it comes from (body and X-Statetable-Batch header).",
+        dependencies=[Depends(authenticated)],
+    )
+    app.state.queries = holder
+
+    @app.exception_handler(NoSuchTable)
+    async def _no_table(request: Request, exc: NoSuchTable):
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(BadQuery)
+    async def _bad_query(request: Request, exc: BadQuery):
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(StateUnavailable)
+    async def _unavailable(request: Request, exc: StateUnavailable):
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+
+    @app.on_event("shutdown")
+    def _shutdown() -> None:
+        holder.close()
+
+    table_path = Path(..., description="table name", max_length=200)
+    key_path = Path(..., description="the key: a single value, or a JSON array for composite keys", max_length=4096)
+
+    @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
+    def tables():
+        return {"tables": holder.get().tables()}
+
+    @app.get("/tables/{table}/rows/{key}", summary="one row")
+    def row(table: str = table_path, key: str = key_path):
+        batch, found = holder.get().get(table, key)
+        if found is None:
+            return _answer({"detail": f"table {table!r} has no row for key {key!r}", "table": table,
+                            "batch": batch}, batch, 404)
+        return _answer({"table": table, "batch": batch, "row": found}, batch)
+
+    @app.get("/tables/{table}/rows", summary="rows in key order, by prefix or range, a page at a time")
+    def rows(table: str = table_path,
+             prefix: str | None = Query(None, max_length=4096, description="leading key part(s)"),
+             from_: str | None = Query(None, alias="from", max_length=4096, description="first key (inclusive)"),
+             to: str | None = Query(None, max_length=4096, description="last key (exclusive)"),
+             limit: int | None = Query(None, description="page size; capped at 1000"),
+             cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page")):
+        page = holder.get().scan(table, prefix, from_, to, limit, cursor)
+        return _answer({"table": table, "batch": page.batch, "rows": page.rows, "next_cursor": page.next_cursor},
+                       page.batch)
+
+    @app.get("/tables/{table}/rows/{key}/windows", summary="a windowed table's windows of one key")
+    def windows(table: str = table_path, key: str = key_path,
+                from_: int | None = Query(None, alias="from", description="first window start, epoch ms"),
+                to: int | None = Query(None, description="window starts before this, epoch ms"),
+                limit: int | None = Query(None, description="at most this many windows; capped at 1000")):
+        if limit is not None and limit < 1:
+            raise BadQuery(f"limit must be at least 1, not {limit}")
+        page = holder.get().windows(table, key, from_, to, limit)
+        return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
+
+    @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
+    def leaderboard():
+        from spark_jobs.samples import leaderboard_entries
+
+        service, boards, batch, cursor = holder.get(), {}, None, None
+        while True:
+            page = service.scan(LEADERBOARD_TABLE, limit=1000, cursor=cursor)
+            if batch is not None and page.batch != batch:   # a batch landed between pages: start over
+                boards, cursor, batch = {}, None, None
+                continue
+            batch = page.batch
+            for r in page.rows:
+                boards[str(r["product_id"])] = leaderboard_entries(r)
+            if page.next_cursor is None:
+                return _answer(boards, batch)
+            cursor = page.next_cursor
+
+    @app.get("/leaderboard/{productId}", summary="one game's top 3, in the seed's shape")
+    def leaderboard_of(productId: str = Path(..., max_length=40)):
+        from spark_jobs.samples import leaderboard_entries
+
+        batch, found = holder.get().get(LEADERBOARD_TABLE, productId)
+        if found is None:
+            return _answer({"detail": f"no leaderboard for product {productId!r}"}, batch, 404)
+        return _answer(leaderboard_entries(found), batch)
+
+    @app.get("/ui", response_class=HTMLResponse, include_in_schema=False)
+    def ui():
+        return HTMLResponse(status_page(holder.get().tables()))
+
+    return app
+
+
+# ---------------------------------------------------------------- the status page
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def status_page(tables: list[dict]) -> str:
+    now = time.time()
+    rows = []
+    for t in tables:
+        last, verify = t.get("last_batch"), t.get("last_verify")
+        if verify is None:
+            verified, verified_class = "never", "none"
+        elif verify.get("skipped"):
+            verified, verified_class = f"skipped ({verify.get('failure')})", "none"
+        else:
+            verified_class = "ok" if verify.get("ok") else "bad"
+            verified = (f"{'exact' if verify.get('ok') else 'DIFFERS'} after {verify.get('failure')}, "
+                        f"{verify.get('keys_compared')} keys, {verify.get('differences')} differences, restore "
+                        f"{verify.get('restore_seconds') or 0:.2f}s, {_age(now - verify['recorded_at'])}")
+        batch = "none" if last is None else (f"#{last['batch_id']}: {last['read']} read, "
+                                             f"{last['keys_changed']} keys changed, {last['seconds']:.1f}s, "
+                                             f"{_age(now - last['committed_at'])}")
+        name = html.escape(t["table"])
+        rows.append(
+            f"<tr><td><b>{name}</b><br><small>{html.escape(t['kind'])}, key {html.escape(', '.join(t['key']))}, "
+            f"{t['partitions']} partitions</small></td><td>{html.escape(batch)}</td>"
+            f"<td>{html.escape(str(t['lag']))}</td><td>{_age(t['snapshot_age_seconds'])}</td>"
+            f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{t['dead_letters']}</td>"
+            f"<td><a href='/dags/{name}__incremental/grid' target='_top'>incremental</a> · "
+            f"<a href='/dags/{name}__rebuild/grid' target='_top'>rebuild</a> · "
+            f"<a href='/dags/{name}__restore_verify/grid' target='_top'>restore-verify</a></td></tr>")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>statetable</title><style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #1b1f24; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #d0d7de; padding: .5em .6em; text-align: left; vertical-align: top; }}
+th {{ background: #f0f3f6; }} td.ok {{ color: #1a7f37; }} td.bad {{ color: #cf222e; font-weight: bold; }}
+td.none {{ color: #6e7781; }} small {{ color: #57606a; }}
+</style></head><body>
+<h2>statetable: state tables</h2>
+<table><tr><th>table</th><th>last batch</th><th>lag</th><th>newest snapshot</th><th>last restore-verify</th>
+<th>dead letters</th><th>DAGs</th></tr>
+{''.join(rows)}
+</table></body></html>"""

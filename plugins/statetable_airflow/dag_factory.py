@@ -1,0 +1,170 @@
+"""Three DAGs for every table definition in dags/tables/.
+
+- `<table>__incremental`: micro-batches on the table's schedule.
+- `<table>__rebuild`: recompute from bronze history, for manual runs and
+  `airflow backfill create`.
+- `<table>__restore_verify`: inject a failure, recover, prove the table exact.
+
+The DAG files only call `build_all()`; every task's work is in spark_jobs/
+and the operators here.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param, task
+
+from spark_jobs.definitions import TableDefinition
+from statetable_airflow.operators import (
+    BatchStatsOperator, InjectFailureOperator, RecordVerifyOperator, RestoreOperator, SnapshotOperator, result_file,
+    spark_job,
+)
+from statetable_airflow.sensors import OffsetLagSensor
+from statetable_airflow.timetables import BackfillOnlyTimetable
+
+START = datetime(2026, 1, 1)
+
+INCREMENTAL_DOC = """
+### {table}: incremental micro-batches
+
+Every `{schedule}`: `wait_for_offsets` skips the run at once when the topic has
+nothing new; `run_batches` spark-submits up to {cap} micro-batches of at most
+{budget} records each in one Spark session; `snapshot_if_due` snapshots
+partitions every {every} batches; `record_stats` logs read, dead-lettered,
+late, keys changed, duration and the lag left.
+
+**Retries are safe.** Each batch is planned (exact offsets) before it reads and
+is idempotent after that: state partitions skip a batch id they have applied,
+Delta writes carry transaction ids, dead letters are keyed by source offset.
+A retry, or a run after a killed one, finishes the interrupted batch from its
+plan and never counts an event twice.
+"""
+
+REBUILD_DOC = """
+### {table}: rebuild from history
+
+Recomputes the table from its bronze Delta table (the exact events the
+incremental path applied) and commits the result as a new state version,
+with changelog records and snapshots. Windowed tables rebuild the windows
+that start inside the run's data interval, so
+`airflow backfill create --dag-id {table}__rebuild --from-date A --to-date B`
+recomputes those days; set params `window_from`/`window_to` for a manual range
+or `full` for everything. Tables without windows rebuild in full.
+"""
+
+RESTORE_VERIFY_DOC = """
+### {table}: restore and verify
+
+Injects the failure named by the `failure` param for real, runs the recovery
+path, then compares the table with a batch recomputation: per-partition
+digests first, then every key. A difference fails `verify`, whose log names
+the keys; `record_result` appends the outcome (failure, restore time, keys
+compared, differences) to the table's verify history shown on the statetable
+page.
+
+| failure | what happens |
+|---|---|
+{failures}
+"""
+
+
+def incremental_dag(table: TableDefinition) -> DAG:
+    t = table.name
+    with DAG(
+        dag_id=f"{t}__incremental",
+        schedule=table.schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=15)},
+        tags=["statetable", t, "incremental"],
+        doc_md=INCREMENTAL_DOC.format(table=t, schedule=table.schedule, cap=table.max_batches_per_run,
+                                      budget=table.max_records_per_batch, every=table.snapshot_every),
+    ) as dag:
+        wait = OffsetLagSensor(task_id="wait_for_offsets", table=t, timeout=0, poke_interval=5, soft_fail=True,
+                               retries=0)
+        run = spark_job("run_batches", "run", t, "--until-caught-up", "--max-batches",
+                        str(table.max_batches_per_run), "--no-snapshot")
+        snapshot = SnapshotOperator(task_id="snapshot_if_due", table=t)
+        stats = BatchStatsOperator(task_id="record_stats", table=t, result_path=result_file(t, "run_batches"))
+        wait >> run >> snapshot >> stats
+    return dag
+
+
+def rebuild_dag(table: TableDefinition) -> DAG:
+    t = table.name
+    with DAG(
+        dag_id=f"{t}__rebuild",
+        # Day-long data intervals for backfills; the scheduler never starts a rebuild by itself.
+        schedule=BackfillOnlyTimetable("0 0 * * *", timezone="UTC"),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=15)},
+        tags=["statetable", t, "rebuild"],
+        doc_md=REBUILD_DOC.format(table=t),
+        params={
+            "window_from": Param(None, type=["null", "string"], description="ISO date or time; with window_to"),
+            "window_to": Param(None, type=["null", "string"], description="ISO date or time, exclusive"),
+            "full": Param(False, type="boolean", description="rebuild every window"),
+        },
+    ) as dag:
+
+        @task(retries=0)
+        def plan_rebuild(params=None, data_interval_start=None, data_interval_end=None) -> str:
+            """Validate the params and pick the window range before any Spark work."""
+            from spark_jobs import batch
+
+            window = batch.rebuild_window(table, params["window_from"], params["window_to"], params["full"],
+                                          (data_interval_start, data_interval_end))
+            if window is None:
+                print(f"{t}: full rebuild" + ("" if table.window else " (the table has no windows)"))
+                return ""
+            print(f"{t}: rebuild windows starting in [{window[0]}, {window[1]}) ms")
+            return f"{window[0]}:{window[1]}"
+
+        window = plan_rebuild()
+        rebuild = spark_job("rebuild", "rebuild", t, "--window", "{{ ti.xcom_pull(task_ids='plan_rebuild') }}")
+        window >> rebuild
+    return dag
+
+
+def restore_verify_dag(table: TableDefinition) -> DAG:
+    from spark_jobs.failures import FAILURES
+
+    t = table.name
+    rows = "\n".join(f"| `{name}` | {what} |" for name, what in FAILURES.items())
+    with DAG(
+        dag_id=f"{t}__restore_verify",
+        schedule="@daily",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 0},
+        tags=["statetable", t, "restore-verify"],
+        doc_md=RESTORE_VERIFY_DOC.format(table=t, failures=rows),
+        params={"failure": Param("none", type="string", enum=list(FAILURES),
+                                 description="the failure to inject before restoring and verifying")},
+    ) as dag:
+        inject = InjectFailureOperator(task_id="inject_failure", table=t, failure="{{ params.failure }}")
+        restore = RestoreOperator(task_id="restore", table=t)
+        verify = spark_job("verify", "verify", t, "--finish-pending")
+        record = RecordVerifyOperator(task_id="record_result", table=t, failure="{{ params.failure }}",
+                                      result_path=result_file(t, "verify"), inject_task="inject_failure",
+                                      restore_task="restore")
+        inject >> restore >> verify >> record
+    return dag
+
+
+def build_all(tables_dir=None) -> dict[str, DAG]:
+    """Every table's three DAGs, by dag_id."""
+    from spark_jobs.definitions import load_all
+    from spark_jobs.runtime import Runtime
+
+    tables = load_all(tables_dir or Runtime.from_env().tables_dir)
+    dags = {}
+    for table in tables.values():
+        for build in (incremental_dag, rebuild_dag, restore_verify_dag):
+            dag = build(table)
+            dags[dag.dag_id] = dag
+    return dags

@@ -1,0 +1,186 @@
+"""Operators: one table task each. The work itself lives in spark_jobs; these
+only bind it to Airflow (connections, XCom, skips, logs)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from statetable_airflow.hooks import KAFKA_CONN_ID, StateTableHook
+
+SPARK_CONN_ID = "spark_default"
+BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
+
+
+def result_file(table: str, task_id: str) -> str:
+    """Where a spark-submitted job leaves its outcome for the next task (templated by run)."""
+    from spark_jobs.runtime import Runtime
+
+    return str(Runtime.from_env().data_dir / "runs" / table / "{{ dag.dag_id }}" /
+               ("{{ run_id | replace(':', '_') | replace('+', '_') }}." + task_id + ".json"))
+
+
+def spark_job(task_id: str, action: str, table: str, *args: str, kafka_config_id: str = KAFKA_CONN_ID,
+              **kwargs) -> SparkSubmitOperator:
+    """A spark-submit of `spark_jobs/submit.py <action> <table>`, Kafka from the Airflow connection."""
+    from spark_jobs import session, submit
+
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=submit.__file__,
+        conn_id=SPARK_CONN_ID,
+        **session.submit_options(f"statetable-{action}-{table}"),
+        application_args=[action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
+                          "--result-file", result_file(table, task_id), *args],
+        **kwargs,
+    )
+
+
+def read_result(path: str) -> dict:
+    target = Path(path)
+    if not target.exists():
+        raise FileNotFoundError(f"the job left no result at {target}; see the log of the task before this one")
+    return json.loads(target.read_text())
+
+
+class _TableOperator(BaseOperator):
+    template_fields = ("table",)
+    ui_color = "#e8f1fb"
+
+    def __init__(self, *, table: str, kafka_config_id: str = KAFKA_CONN_ID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.kafka_config_id = kafka_config_id
+
+    @property
+    def hook(self) -> StateTableHook:
+        return StateTableHook(self.kafka_config_id)
+
+
+class SnapshotOperator(_TableOperator):
+    """Snapshots the partitions whose newest snapshot is `snapshot_every` batches old."""
+
+    def execute(self, context) -> dict:
+        from spark_jobs import jobs
+
+        done = jobs.snapshot_if_due(self.table, self.hook.runtime())
+        if done["partitions"]:
+            self.log.info("%s: snapshot of partitions %s at batch %s in %.2fs", self.table, done["partitions"],
+                          done["batch"], done["seconds"])
+        else:
+            self.log.info("%s: no partition is due for a snapshot at batch %s", self.table, done["batch"])
+        return done
+
+
+class BatchStatsOperator(_TableOperator):
+    """Logs and returns what the micro-batches of this run did: read, dead-lettered,
+    late, keys changed, duration and rate per batch, and the lag left."""
+
+    template_fields = ("table", "result_path")
+
+    def __init__(self, *, result_path: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.result_path = result_path
+
+    def execute(self, context) -> dict:
+        result = read_result(self.result_path)
+        for b in result["batches"]:
+            self.log.info("%s batch %d: read %d, dead-lettered %d, late %d, keys changed %d, %.1fs (%.0f records/s)",
+                          self.table, b["batch"], b["read"], b.get("dead_lettered", 0), b.get("late", 0),
+                          b.get("keys_changed", 0), b["seconds"], b["read"] / max(b["seconds"], 1e-6))
+        stats = {
+            "batches": len(result["batches"]), "read": result["read"],
+            "dead_lettered": sum(b.get("dead_lettered", 0) for b in result["batches"]),
+            "late": sum(b.get("late", 0) for b in result["batches"]),
+            "keys_changed": sum(b.get("keys_changed", 0) for b in result["batches"]),
+            "seconds": result["seconds"], "lag": self.hook.lag(self.table),
+            "last_batch": result["batches"][-1]["batch"] if result["batches"] else None,
+        }
+        self.log.info("%s: %d batches, %d records in %.1fs (%.0f records/s), lag now %d", self.table,
+                      stats["batches"], stats["read"], stats["seconds"], stats["read"] / max(stats["seconds"], 1e-6),
+                      stats["lag"])
+        return stats
+
+
+class InjectFailureOperator(_TableOperator):
+    """Injects one of spark_jobs.failures.FAILURES into the live table."""
+
+    template_fields = ("table", "failure")
+
+    def __init__(self, *, failure: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.failure = failure
+
+    def execute(self, context) -> dict:
+        from spark_jobs import failures
+
+        try:
+            return failures.inject(self.table, self.failure, self.hook.runtime()).to_json()
+        except failures.NothingToInject as exc:
+            raise AirflowSkipException(str(exc)) from None
+
+
+class RestoreOperator(_TableOperator):
+    """Restores every partition that has no local store, and times it."""
+
+    def execute(self, context) -> dict:
+        from dataclasses import asdict
+
+        from spark_jobs import failures
+
+        return asdict(failures.recover(self.table, self.hook.runtime()))
+
+
+class RecordVerifyOperator(_TableOperator):
+    """Records a restore-and-verify outcome (also when a step before failed), then passes or fails with it."""
+
+    template_fields = ("table", "failure", "result_path")
+
+    def __init__(self, *, failure: str, result_path: str, inject_task: str, restore_task: str, **kwargs) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.failure = failure
+        self.result_path = result_path
+        self.inject_task = inject_task
+        self.restore_task = restore_task
+
+    def execute(self, context) -> dict:
+        from spark_jobs import status
+
+        ti = context["ti"]
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.inject_task], run_ids=[ti.run_id])
+        if states.get(ti.run_id, {}).get(self.inject_task) == "skipped":
+            status.record_verify(self.hook.runtime(), self.table, {
+                "run_id": context["run_id"], "failure": self.failure, "ok": None, "skipped": True})
+            raise AirflowSkipException(f"{self.table}: {self.failure} could not be injected; see {self.inject_task}")
+        injected = ti.xcom_pull(task_ids=self.inject_task)
+        recovered = ti.xcom_pull(task_ids=self.restore_task)
+        verified = read_result(self.result_path) if Path(self.result_path).exists() else None
+        ok = bool(verified and verified["ok"])
+        record = {
+            "run_id": context["run_id"], "failure": self.failure, "ok": ok,
+            "injected": injected, "restore_seconds": (recovered or {}).get("restore_seconds"),
+            "restored_partitions": (recovered or {}).get("restored_partitions"),
+            "corrupt_snapshots": len((recovered or {}).get("corrupt_snapshots") or []),
+            "batch_id": (verified or {}).get("batch_id"),
+            "keys_compared": (verified or {}).get("keys_compared"),
+            "differences": None if verified is None else
+            verified["missing"] + verified["unexpected"] + verified["different"],
+            "digest_mismatches": (verified or {}).get("digest_mismatches"),
+            "examples": (verified or {}).get("examples", []),
+            "verify_seconds": (verified or {}).get("seconds"),
+        }
+        status.record_verify(self.hook.runtime(), self.table, record)
+        self.log.info("%s restore-verify after %s: %s; restore %.3fs, %s keys compared, %s differences",
+                      self.table, self.failure, "EXACT" if ok else "FAILED", record["restore_seconds"] or 0.0,
+                      record["keys_compared"], record["differences"])
+        for example in record["examples"]:
+            self.log.error("  key %s: state=%r recomputed=%r", example["key"], example["state"],
+                           example["recomputed"])
+        if not ok:
+            reason = "verification found differences" if verified else "a step before verification failed"
+            raise RuntimeError(f"{self.table}: restore-verify after {self.failure!r}: {reason}; see the log above")
+        return record

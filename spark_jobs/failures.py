@@ -1,0 +1,184 @@
+"""Failures injected for real, and the recovery path that must undo them.
+
+restore-and-verify runs one of these against a live table, runs `recover`,
+then compares the table with a batch recomputation (spark_jobs.batch.verify).
+Each failure is what happens in production, not a simulation of it: a job
+SIGKILLed with its whole process tree mid-merge, a lost disk, a snapshot
+with a flipped byte, a snapshot store emptied, the broker restarted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from state import faults
+from spark_jobs import jobs
+from spark_jobs.batch_log import BatchLog
+from spark_jobs.runtime import Runtime
+
+log = logging.getLogger("statetable.failures")
+
+FAILURES = {
+    "none": "nothing: verify the table as it is",
+    "kill_mid_batch": "SIGKILL a micro-batch's process tree after partition 0 committed, others maybe not",
+    "wipe_local_store": "delete every local RocksDB partition (a lost disk or a new machine)",
+    "corrupt_latest_snapshot": "flip a byte in the newest snapshot of every partition, then lose the local store",
+    "lose_all_snapshots": "delete every snapshot, then lose the local store (restore from the changelog alone)",
+    "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
+}
+KILL_POINT = "batch.mid_merge"
+
+
+class NothingToInject(Exception):
+    """The failure needs something the table does not have now (e.g. unread input to kill a batch over)."""
+
+
+@dataclass
+class Injection:
+    table: str
+    failure: str
+    detail: str
+    seconds: float
+    facts: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def validate(failure: str, table: str = "") -> None:
+    if failure not in FAILURES:
+        raise ValueError(f"table {table!r}: failure {failure!r} is not known; use one of {sorted(FAILURES)}")
+
+
+def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
+    validate(failure, name)
+    rt = rt or Runtime.from_env()
+    table, _ = jobs.load_table(name, rt)
+    started = time.monotonic()
+    facts: dict = {}
+    if failure == "none":
+        detail = "no failure injected"
+    elif failure == "kill_mid_batch":
+        detail = _kill_mid_batch(name, rt, facts)
+    elif failure == "wipe_local_store":
+        detail = _wipe(name, table, rt)
+    elif failure == "corrupt_latest_snapshot":
+        detail = _corrupt_latest_snapshots(name, table, rt, facts) + "; " + _wipe(name, table, rt)
+    elif failure == "lose_all_snapshots":
+        detail = _lose_snapshots(name, table, rt) + "; " + _wipe(name, table, rt)
+    else:
+        detail = _restart_broker(facts) + "; " + _wipe(name, table, rt)
+    injected = Injection(name, failure, detail, round(time.monotonic() - started, 3), facts)
+    log.info("%s: injected %s: %s (%.1fs)", name, failure, detail, injected.seconds)
+    return injected
+
+
+def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
+    from spark_jobs.microbatch import MicroBatchRunner  # noqa: F401  (import cost paid here, not in the child)
+
+    batch_log = BatchLog(rt.batch_dir(name))
+    if batch_log.pending_plan() is None and _lag(name, rt) == 0:
+        raise NothingToInject(f"table {name!r} has no unread input, so there is no batch to kill; "
+                              f"produce events to its topic first")
+    env = {**os.environ, **rt.as_env(), faults.ENV: KILL_POINT, faults.SCOPE_ENV: "group"}
+    child = subprocess.run([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
+                            "--no-snapshot"], env=env, start_new_session=True, capture_output=True, text=True)
+    facts["exit_code"] = child.returncode
+    pending = batch_log.pending_plan()
+    if child.returncode == 0 or pending is None:
+        raise RuntimeError(f"table {name!r}: the batch was meant to die at {KILL_POINT} but exited "
+                           f"{child.returncode} with pending plan {pending}; stderr tail:\n{child.stderr[-2000:]}")
+    facts["killed_batch"] = pending.batch_id
+    return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {child.returncode})"
+
+
+def _lag(name: str, rt: Runtime) -> int:
+    from spark_jobs.status import lag
+
+    return lag(name, rt)
+
+
+def _wipe(name: str, table, rt: Runtime) -> str:
+    with jobs.table_lock(name, rt):
+        st = jobs.state_table(table, rt)
+        try:
+            st.wipe_local()
+        finally:
+            st.close()
+    return f"local store of {table.partitions} partitions deleted"
+
+
+def _corrupt_latest_snapshots(name: str, table, rt: Runtime, facts: dict) -> str:
+    from state.snapshots import SnapshotStore
+
+    if any(not SnapshotStore(rt.snapshot_uri).list(name, p) for p in range(table.partitions)):
+        jobs.snapshot_if_due(name, rt)   # a partition without snapshots gets one, so there is one to corrupt
+    store = SnapshotStore(rt.snapshot_uri)
+    flipped = []
+    for p in range(table.partitions):
+        newest = store.list(name, p)[0]
+        victim = max(newest.files, key=lambda f: newest.files[f]["size"])
+        path = f"{newest.path}/{victim}"
+        with store.fs.open_input_stream(path) as src:
+            data = bytearray(src.read())
+        data[len(data) // 2] ^= 0xFF
+        with store.fs.open_output_stream(path) as out:
+            out.write(bytes(data))
+        flipped.append(f"p{p}@{newest.batch_id}:{victim}")
+    facts["corrupted"] = flipped
+    return f"flipped a byte in {', '.join(flipped)}"
+
+
+def _lose_snapshots(name: str, table, rt: Runtime) -> str:
+    from state.snapshots import SnapshotStore
+
+    store = SnapshotStore(rt.snapshot_uri)
+    lost = sum(len(store.list(name, p)) for p in range(table.partitions))
+    for p in range(table.partitions):
+        store.delete_all(name, p)
+    return f"{lost} snapshots deleted"
+
+
+def _restart_broker(facts: dict) -> str:
+    from deploy import kafka_server, settings
+
+    stack = settings.load()
+    proc = kafka_server.process(stack)
+    if not proc.is_running():
+        raise RuntimeError(f"broker_restart needs the broker of the local stack (pid file {proc.pid_file}); "
+                           f"it is not running here, so there is nothing this job may restart")
+    started = time.monotonic()
+    proc.stop(timeout=30)
+    kafka_server.start(stack)
+    kafka_server.wait_healthy(stack)
+    facts["broker_down_seconds"] = round(time.monotonic() - started, 3)
+    return f"broker restarted in {facts['broker_down_seconds']}s"
+
+
+@dataclass
+class Recovery:
+    table: str
+    restored_partitions: list[int]
+    replayed_records: int
+    corrupt_snapshots: list[str]
+    restore_seconds: float
+
+
+def recover(name: str, rt: Runtime | None = None) -> Recovery:
+    """Restore every partition that lost its local store. An interrupted batch is
+    finished afterwards by the verify job (it needs Spark), from its plan."""
+    rt = rt or Runtime.from_env()
+    started = time.monotonic()
+    reports = jobs.restore(name, rt=rt, missing_only=True)
+    recovery = Recovery(
+        name, [r.partition for r in reports], sum(r.replayed_records for r in reports),
+        [c for r in reports for c in r.corrupt_snapshots], round(time.monotonic() - started, 3),
+    )
+    log.info("%s: restored partitions %s (%d changelog records replayed, %d corrupt snapshots skipped) in %.2fs",
+             name, recovery.restored_partitions, recovery.replayed_records, len(recovery.corrupt_snapshots),
+             recovery.restore_seconds)
+    return recovery

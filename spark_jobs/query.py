@@ -1,0 +1,363 @@
+"""Interactive queries over committed state: point, scan, windows, tables.
+
+The REST API and `statetable query` both answer through `QueryService`.
+
+Consistency: each table is read through two sets of RocksDB secondary
+instances (one per partition). Readers use the *current* set; a refresher
+catches the *standby* set up to the writer and makes it current only when
+all its partitions stand at the same batch. So every answer comes from one
+committed batch, names it, and never mixes two; readers never take the
+writer's lock, and a catch-up never runs under a reader's feet.
+
+A table whose local state is missing or being restored answers
+`StateUnavailable` (503 with Retry-After over HTTP) rather than stale or
+partial rows.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from state import codec
+from state.views import TableView
+from spark_jobs import jobs
+from spark_jobs.batch_log import BatchLog
+from spark_jobs.compile import key_names, row_of, state_spec
+from spark_jobs.definitions import TableDefinition, load_all
+from spark_jobs.runtime import Runtime
+
+log = logging.getLogger("statetable.query")
+
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+
+
+class NoSuchTable(LookupError):
+    pass
+
+
+class BadQuery(ValueError):
+    """A malformed key, range, limit or cursor (HTTP 422)."""
+
+
+class StateUnavailable(RuntimeError):
+    """The table's local state is missing or being restored (HTTP 503)."""
+
+    def __init__(self, message: str, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Page:
+    batch: int | None
+    rows: list[dict]
+    next_cursor: str | None = None
+
+
+class _Generation:
+    """One secondary instance per partition, and how many readers are inside it."""
+
+    def __init__(self, table: TableDefinition, state_dir: Path, root: Path) -> None:
+        self.root = root
+        self.view = TableView.open(state_spec(table), state_dir, root)
+        self.readers = 0
+        self.batch: int | None = None
+
+    def catch_up(self) -> set[int]:
+        return set(self.view.refresh().values())
+
+    def close(self) -> None:
+        self.view.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class TableReader:
+    """One table's consistent read path (see the module docstring)."""
+
+    def __init__(self, table: TableDefinition, rt: Runtime, secondary_root: Path) -> None:
+        self.table = table
+        self.rt = rt
+        self.root = secondary_root / table.name
+        self.aggregator = state_spec(table).aggregator
+        self.cond = threading.Condition()
+        self.refresh_lock = threading.Lock()
+        self.generations: list[_Generation] = []
+        self.current: _Generation | None = None
+        self.identity: tuple | None = None
+        self.unavailable: str | None = None
+
+    # -- where the primary is ----------------------------------------------------
+    def _partition_dirs(self) -> list[Path]:
+        base = self.rt.state_dir / self.table.name
+        return [base / f"p{p:04d}" for p in range(self.table.partitions)]
+
+    def _identity(self) -> tuple | None:
+        """The inode of every partition folder (None if one has no database): a restore
+        swaps in a new folder, which needs new secondaries."""
+        dirs = self._partition_dirs()
+        if not all((d / "CURRENT").exists() for d in dirs):
+            return None
+        try:
+            return tuple(os.stat(d).st_ino for d in dirs)
+        except FileNotFoundError:
+            return None
+
+    def _restoring(self) -> bool:
+        return any(d.with_name(d.name + ".restoring").exists() for d in self._partition_dirs())
+
+    def _close_generations(self) -> None:
+        with self.cond:
+            while any(g.readers for g in self.generations):
+                self.cond.wait(1.0)
+            for g in self.generations:
+                g.close()
+            self.generations, self.current = [], None
+
+    # -- refresh -----------------------------------------------------------------
+    def refresh(self) -> None:
+        with self.refresh_lock:
+            identity = self._identity()
+            if self._restoring() or identity is None:
+                has_history = BatchLog(self.rt.batch_dir(self.table.name)).last_commit() is not None
+                if identity is None and not has_history and not self._restoring():
+                    self.unavailable = None     # never run: an empty table, not a broken one
+                else:
+                    self.unavailable = (f"table {self.table.name!r}: local state is being restored or is missing; "
+                                        f"`statetable restore {self.table.name}` rebuilds it")
+                self._close_generations()
+                self.identity = None
+                return
+            if identity != self.identity:
+                self._close_generations()
+                run = self.root / uuid.uuid4().hex[:8]
+                self.generations = [_Generation(self.table, self.rt.state_dir, run / name) for name in ("a", "b")]
+                self.identity = identity
+            standby = next(g for g in self.generations if g is not self.current)
+            with self.cond:
+                while standby.readers:
+                    self.cond.wait(1.0)
+            batches = standby.catch_up()
+            if len(batches) == 1:
+                standby.batch = batches.pop()
+                if self.current is None or standby.batch >= (self.current.batch if self.current.batch is not None else -1):
+                    with self.cond:
+                        self.current = standby
+            self.unavailable = None
+
+    @contextlib.contextmanager
+    def read(self):
+        """Yields (view, batch) of one committed batch; view is None for a table never run."""
+        deadline = time.monotonic() + 2.0
+        while self.current is None and self.unavailable is None:
+            self.refresh()      # the first open may land mid-commit: wait for the batch to complete
+            if self.current is not None or self.identity is None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if self.unavailable:
+            raise StateUnavailable(self.unavailable)
+        with self.cond:
+            generation = self.current
+            if generation is not None:
+                generation.readers += 1
+        if generation is None:
+            if self.identity is not None:
+                raise StateUnavailable(f"table {self.table.name!r}: a batch is committing; retry", retry_after=1)
+            yield None, None
+            return
+        try:
+            yield generation.view, generation.batch
+        finally:
+            with self.cond:
+                generation.readers -= 1
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        self._close_generations()
+
+
+class QueryService:
+    """Every table of a deployment, read-only."""
+
+    def __init__(self, rt: Runtime | None = None, refresh_interval: float = 0.1, background: bool = True) -> None:
+        self.rt = rt or Runtime.from_env()
+        self.definitions = load_all(self.rt.tables_dir)
+        self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
+        self.readers: dict[str, TableReader] = {}
+        self.guard = threading.Lock()
+        self.refresh_interval = refresh_interval
+        self.stopped = threading.Event()
+        self.thread = None
+        if background:
+            self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
+            self.thread.start()
+
+    def _secondaries_dir(self) -> Path:
+        path = self.rt.data_dir / "query-secondaries"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _refresh_loop(self) -> None:
+        while not self.stopped.wait(self.refresh_interval):
+            for reader in list(self.readers.values()):
+                try:
+                    reader.refresh()
+                except Exception:   # a broken table must not stop the others' refreshes
+                    log.exception("refresh of %s failed", reader.table.name)
+
+    def table(self, name: str) -> TableDefinition:
+        if name not in self.definitions:
+            raise NoSuchTable(f"no table {name!r}; tables: {sorted(self.definitions)}")
+        return self.definitions[name]
+
+    def reader(self, name: str) -> TableReader:
+        table = self.table(name)
+        with self.guard:
+            if name not in self.readers:
+                self.readers[name] = TableReader(table, self.rt, self.secondary_root)
+            return self.readers[name]
+
+    # -- key parsing ---------------------------------------------------------------
+    def parse_key(self, table: TableDefinition, raw: str, *, full: bool = True) -> tuple:
+        """A key from a URL segment: a JSON array for composite keys, else the single value."""
+        parts = _json_list(raw, "key") if raw.startswith("[") else [raw]
+        width = len(key_names(table))
+        if full and len(parts) != width:
+            raise BadQuery(f"table {table.name!r} has a key of {width} parts {key_names(table)}; got {len(parts)}: "
+                           f"{raw!r}. Give composite keys as a JSON array, e.g. {json.dumps(key_names(table))}")
+        if len(parts) > width:
+            raise BadQuery(f"table {table.name!r}: {raw!r} has more parts than the key {key_names(table)}")
+        try:
+            key = jobs.coerce_key(table, tuple(parts))
+        except ValueError as exc:
+            raise BadQuery(str(exc)) from None
+        if table.window and len(key) == width and not isinstance(key[-1], int):
+            try:
+                key = key[:-1] + (int(key[-1]),)
+            except ValueError:
+                raise BadQuery(f"table {table.name!r}: window_start must be epoch milliseconds, not {key[-1]!r}") \
+                    from None
+        return key
+
+    # -- queries -----------------------------------------------------------------
+    def get(self, name: str, raw_key: str) -> tuple[int | None, dict | None]:
+        table = self.table(name)
+        key = self.parse_key(table, raw_key)
+        reader = self.reader(name)
+        with reader.read() as (view, batch):
+            value = None if view is None else view.get(key)
+            return batch, None if value is None else row_of(table, key, value, reader.aggregator)
+
+    def scan(self, name: str, prefix: str | None = None, start: str | None = None, end: str | None = None,
+             limit: int | None = None, cursor: str | None = None) -> Page:
+        table = self.table(name)
+        limit = DEFAULT_LIMIT if limit is None else limit
+        if limit < 1:
+            raise BadQuery(f"limit must be at least 1, not {limit}")
+        limit = min(limit, MAX_LIMIT)
+        prefix_key = self.parse_key(table, prefix, full=False) if prefix else ()
+        start_key = self.parse_key(table, start, full=False) if start else None
+        end_key = self.parse_key(table, end, full=False) if end else None
+        after = _decode_cursor(cursor) if cursor else None
+        if after is not None:
+            start_key = after if start_key is None or codec.encode_key(after) > codec.encode_key(start_key) \
+                else start_key
+        reader = self.reader(name)
+        with reader.read() as (view, batch):
+            if view is None:
+                return Page(batch, [])
+            entries = view.scan(prefix_key, start_key, end_key, limit + 1 + (after is not None))
+        if after is not None and entries and entries[0][0] == after:
+            entries = entries[1:]
+        more = len(entries) > limit
+        entries = entries[:limit]
+        rows = [row_of(table, key, value, reader.aggregator) for key, value in entries]
+        return Page(batch, rows, _encode_cursor(entries[-1][0]) if more else None)
+
+    def windows(self, name: str, raw_key: str, start_ms: int | None, end_ms: int | None,
+                limit: int | None = None) -> Page:
+        table = self.table(name)
+        if table.window is None:
+            raise BadQuery(f"table {name!r} has no windows; use /tables/{name}/rows/{{key}}")
+        key = self.parse_key(table, raw_key, full=False)
+        if len(key) != len(table.key_columns):
+            raise BadQuery(f"table {name!r}: give the key without window_start, {key_names(table)[:-1]}")
+        if start_ms is not None and end_ms is not None and start_ms >= end_ms:
+            raise BadQuery(f"from={start_ms} must be before to={end_ms}")
+        limit = min(limit or MAX_LIMIT, MAX_LIMIT)
+        reader = self.reader(name)
+        with reader.read() as (view, batch):
+            if view is None:
+                return Page(batch, [])
+            entries = view.scan(key, None if start_ms is None else key + (start_ms,),
+                                None if end_ms is None else key + (end_ms,), limit)
+        return Page(batch, [row_of(table, k, v, reader.aggregator) for k, v in entries])
+
+    def tables(self) -> list[dict]:
+        from spark_jobs import status
+
+        out = []
+        for name, table in sorted(self.definitions.items()):
+            info = status.table_status(table, self.rt)
+            try:
+                with self.reader(name).read() as (_, batch):
+                    readable = {"readable_batch": batch, "available": True}
+            except StateUnavailable as exc:
+                readable = {"readable_batch": None, "available": False, "reason": str(exc)}
+            columns = key_names(table) + ([a.name for a in table.aggregates] if table.kind == "aggregate"
+                                          else list(table.value_columns))
+            out.append({**info, "columns": columns, "key": key_names(table), "windowed": table.window is not None,
+                        **readable})
+        return out
+
+    def close(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        for reader in self.readers.values():
+            reader.close()
+        shutil.rmtree(self.secondary_root, ignore_errors=True)
+
+
+def _json_list(raw: str, what: str) -> list:
+    try:
+        parts = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadQuery(f"{what} {raw!r} is not a JSON array ({exc.msg})") from None
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, (str, int, float, bool)) for p in parts):
+        raise BadQuery(f"{what} {raw!r} must be a non-empty JSON array of strings and numbers")
+    return parts
+
+
+def _encode_cursor(key: tuple) -> str:
+    return base64.urlsafe_b64encode(codec.encode_key(key)).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple:
+    try:
+        key = codec.decode_key(base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True))
+    except Exception:
+        key = None
+    if not key:
+        raise BadQuery(f"cursor {cursor!r} is not one this API returned")
+    return key
+
+
+def query_once(name: str, raw_key: str, rt: Runtime | None = None) -> tuple[int | None, dict | None]:
+    """One point lookup without a long-lived service (the CLI)."""
+    service = QueryService(rt, background=False)
+    try:
+        return service.get(name, raw_key)
+    finally:
+        service.close()
+

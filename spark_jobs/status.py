@@ -1,0 +1,97 @@
+"""What a table looks like from outside: last batch, lag, snapshot age,
+last verify result, dead letters. The Airflow UI page, the query API's
+table list and the DAG tasks all read it from here.
+
+Verify results are appended to `<data>/verify/<table>.jsonl`, one line per
+restore-and-verify run, so the history survives Airflow's metadata cleanup
+and any process can read it without Airflow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from spark_jobs.batch_log import BatchLog
+from spark_jobs.definitions import TableDefinition
+from spark_jobs.runtime import Runtime
+
+
+def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
+    """Records in the table's topic after its last committed batch (the pending plan's too)."""
+    from spark_jobs import jobs
+    from spark_jobs.offsets import watermarks
+
+    topic = topic or jobs.load_table(name, rt)[0].topic
+    last = BatchLog(rt.batch_dir(name)).last_commit()
+    try:
+        marks = watermarks(rt.bootstrap, topic)
+    except LookupError:
+        return 0
+    done = last.ranges if last else {}
+    return sum(max(0, high - (done[p][1] if p in done else low)) for p, (low, high) in marks.items())
+
+
+def _verify_file(rt: Runtime, name: str) -> Path:
+    return rt.data_dir / "verify" / f"{name}.jsonl"
+
+
+def record_verify(rt: Runtime, name: str, record: dict) -> None:
+    path = _verify_file(rt, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"recorded_at": time.time(), **record}, default=str, sort_keys=True)
+    with open(path, "a") as out:        # one write of a short line: appends never interleave
+        out.write(line + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def verify_history(rt: Runtime, name: str, limit: int = 20) -> list[dict]:
+    path = _verify_file(rt, name)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()[-limit:]
+    return [json.loads(line) for line in reversed(lines) if line.strip()]
+
+
+def snapshot_age_seconds(table: TableDefinition, rt: Runtime) -> float | None:
+    """Age of the oldest 'newest snapshot' over the partitions: how far back a restore may start."""
+    from state.snapshots import SnapshotStore
+
+    store = SnapshotStore(rt.snapshot_uri)
+    newest = []
+    for p in range(table.partitions):
+        manifests = store.list(table.name, p)
+        if not manifests:
+            return None
+        newest.append(manifests[0].created_at)
+    return round(time.time() - min(newest), 1)
+
+
+def table_status(table: TableDefinition, rt: Runtime) -> dict:
+    batch_log = BatchLog(rt.batch_dir(table.name))
+    commits = batch_log.commits()
+    last = commits[-1] if commits else None
+    try:
+        current_lag = lag(table.name, rt, table.topic)
+    except Exception as exc:        # the page must render even with the broker down
+        current_lag = f"unknown ({type(exc).__name__})"
+    history = verify_history(rt, table.name, limit=1)
+    return {
+        "table": table.name,
+        "kind": table.kind,
+        "key": list(table.key_columns),
+        "partitions": table.partitions,
+        "schedule": table.schedule,
+        "last_batch": None if last is None else {
+            "batch_id": last.batch_id, "committed_at": last.committed_at, "seconds": last.seconds,
+            "read": last.counts.get("read", 0), "dead_lettered": last.counts.get("dead_lettered", 0),
+            "late": last.counts.get("late", 0), "keys_changed": last.counts.get("keys_changed", 0),
+        },
+        "pending_batch": None if batch_log.pending_plan() is None else batch_log.pending_plan().batch_id,
+        "lag": current_lag,
+        "snapshot_age_seconds": snapshot_age_seconds(table, rt),
+        "dead_letters": sum(c.counts.get("dead_lettered", 0) for c in commits),
+        "last_verify": history[0] if history else None,
+    }

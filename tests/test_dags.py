@@ -1,0 +1,210 @@
+"""The generated DAGs: their graph, and runs on the real stack over Airflow's REST API and CLI.
+
+The stack is the session's test Airflow (LocalExecutor) against the test
+broker; the tables are the real definitions in dags/tables/. Runs here are
+triggered (schedules are off in tests, see conftest), so each one is known.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from deploy import airflow_server
+from deploy.airflow_api import AirflowApi
+from spark_jobs import samples
+from spark_jobs.definitions import load_all
+from spark_jobs.failures import FAILURES
+from spark_jobs.runtime import Runtime
+from tests.table_env import read_topic
+
+TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
+MOVIES = "movie_tickets_sold"
+TIMINGS: dict[str, float] = {}
+
+
+# ------------------------------------------------------------------ the graph (no server)
+def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(TABLES_DIR.parent), include_examples=False)
+    assert bag.import_errors == {}
+    tables = load_all(TABLES_DIR)
+    for name, table in tables.items():
+        inc, reb, rv = (bag.dags[f"{name}__{kind}"] for kind in ("incremental", "rebuild", "restore_verify"))
+        assert _edges(inc) == {("wait_for_offsets", "run_batches"), ("run_batches", "snapshot_if_due"),
+                               ("snapshot_if_due", "record_stats")}
+        assert _edges(reb) == {("plan_rebuild", "rebuild")}
+        assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
+        assert inc.max_active_runs == 1 and inc.catchup is False
+        assert inc.timetable._expression == table.schedule
+        assert type(inc.get_task("run_batches")).__name__ == "SparkSubmitOperator"
+        assert inc.get_task("wait_for_offsets").soft_fail is True
+        assert "Retries are safe" in inc.doc_md
+        assert set(rv.params["failure"].schema["enum"]) == set(FAILURES)
+        assert rv.get_task("record_result").trigger_rule == "all_done"
+    assert len([d for d in bag.dag_ids if "__" in d]) == 3 * len(tables)
+
+
+def _edges(dag) -> set[tuple[str, str]]:
+    return {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
+
+
+def test_rebuild_params_fail_before_any_work_naming_table_and_param():
+    from spark_jobs import batch
+
+    tables = load_all(TABLES_DIR)
+    movies = tables[MOVIES]
+    with pytest.raises(ValueError, match=r"movie_tickets_sold.*window_from='yesterday'"):
+        batch.rebuild_window(movies, "yesterday", "2026-03-02", False, None)
+    with pytest.raises(ValueError, match="both params window_from and window_to"):
+        batch.rebuild_window(movies, "2026-03-01", None, False, None)
+    with pytest.raises(ValueError, match="exclude each other"):
+        batch.rebuild_window(movies, "2026-03-01", "2026-03-02", True, None)
+    with pytest.raises(ValueError, match="has no windows"):
+        batch.rebuild_window(movies, "2026-03-01", "2026-03-02", False, None)
+    day = (datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 3, 2, tzinfo=timezone.utc))
+    assert batch.rebuild_window(movies, None, None, False, day) is None      # no windows: full rebuild
+
+
+# ------------------------------------------------------------------ on the stack
+@pytest.fixture(scope="module")
+def api(airflow):
+    return AirflowApi(airflow)
+
+
+@pytest.fixture(scope="module")
+def stack_rt(airflow, kafka):
+    import dataclasses
+
+    return dataclasses.replace(Runtime.from_env(), bootstrap=kafka, data_dir=airflow.data_dir,
+                               snapshot_uri=str(airflow.data_dir / "snapshots"))
+
+
+def _run(api: AirflowApi, dag_id: str, conf: dict | None = None, timeout: float = 900) -> tuple[str, dict, dict]:
+    api.wait_for_dag(dag_id)
+    started = time.monotonic()
+    run_id = api.trigger(dag_id, conf)
+    run = api.wait_run(dag_id, run_id, timeout=timeout)
+    TIMINGS[f"{dag_id} {json.dumps(conf or {})}"] = round(time.monotonic() - started, 1)
+    return run_id, run, api.task_states(dag_id, run_id)
+
+
+def _expected_movies(bootstrap: str) -> dict[tuple, tuple]:
+    counts = Counter()
+    for message in read_topic(bootstrap, "movie_ticket_sales"):
+        record = json.loads(message.value())
+        if record.get("ticket_total_value") is not None:
+            counts[record["title"]] += 1
+    return {(title,): (n,) for title, n in counts.items()}
+
+
+def _state(rt: Runtime) -> dict:
+    from spark_jobs import jobs
+
+    return jobs.state_rows(MOVIES, rt)
+
+
+def test_incremental_over_rest_equals_recomputation_then_skips_without_new_data(api, stack_rt, kafka):
+    samples.produce(MOVIES, kafka, 5000)
+    run_id, run, states = _run(api, f"{MOVIES}__incremental")
+    assert run["state"] == "success", states
+    assert set(states.values()) == {"success"}
+    assert _state(stack_rt) == _expected_movies(kafka)
+    stats = api.xcom(f"{MOVIES}__incremental", run_id, "record_stats")
+    assert stats["read"] == 5000 and stats["lag"] == 0
+    log = api.task_log(f"{MOVIES}__incremental", run_id, "run_batches")
+    assert "records/s" in log and "read 5000" in log
+
+    _, run, states = _run(api, f"{MOVIES}__incremental")
+    assert run["state"] == "success"
+    assert states == {"wait_for_offsets": "skipped", "run_batches": "skipped", "snapshot_if_due": "skipped",
+                      "record_stats": "skipped"}
+
+
+def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verifies(api, airflow, stack_rt, spark):
+    from spark_jobs import batch
+
+    dag_id = f"{MOVIES}__rebuild"
+    api.wait_for_dag(dag_id)
+    before = {r["dag_run_id"] for r in api.runs(dag_id)}
+    started = time.monotonic()
+    created = airflow_server.airflow_cli(airflow, "backfill", "create", "--dag-id", dag_id, "--from-date",
+                                         "2026-03-01", "--to-date", "2026-03-03", capture=True, check=False)
+    assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-2000:]
+    deadline = time.monotonic() + 900
+    while True:
+        runs = [r for r in api.runs(dag_id) if r["dag_run_id"] not in before]
+        if len(runs) == 3 and all(r["state"] in ("success", "failed") for r in runs):
+            break
+        assert time.monotonic() < deadline, f"backfill runs not finished: {runs}"
+        time.sleep(3)
+    TIMINGS["rebuild backfill of 3 dates"] = round(time.monotonic() - started, 1)
+    assert sorted(r["logical_date"][:10] for r in runs) == ["2026-03-01", "2026-03-02", "2026-03-03"]
+    assert [r["state"] for r in runs] == ["success"] * 3
+    result = batch.verify(MOVIES, spark=spark, rt=stack_rt)
+    assert result.ok, result.summary()
+    assert result.keys_compared == len(_expected_movies(stack_rt.bootstrap))
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(api, stack_rt, kafka, failure):
+    from spark_jobs import status
+
+    if failure == "kill_mid_batch":
+        samples.produce(MOVIES, kafka, 3000)          # a batch to kill
+    run_id, run, states = _run(api, f"{MOVIES}__restore_verify", {"failure": failure})
+    assert run["state"] == "success", (states, api.task_log(f"{MOVIES}__restore_verify", run_id, "verify")[-3000:])
+    assert set(states.values()) == {"success"}
+    record = status.verify_history(stack_rt, MOVIES, limit=1)[0]
+    assert record["run_id"] == run_id and record["failure"] == failure and record["ok"] is True
+    assert record["differences"] == 0 and record["keys_compared"] > 0
+    assert record["restore_seconds"] is not None
+    if failure in ("wipe_local_store", "corrupt_latest_snapshot", "lose_all_snapshots", "broker_restart"):
+        assert record["restored_partitions"] == [0, 1, 2, 3]
+    if failure == "corrupt_latest_snapshot":
+        assert record["corrupt_snapshots"] == 4
+    if failure == "kill_mid_batch":
+        assert record["injected"]["facts"]["exit_code"] != 0
+    assert _state(stack_rt) == _expected_movies(kafka)
+    TIMINGS[f"restore_verify {failure}: restore seconds"] = record["restore_seconds"]
+
+
+def test_restore_verify_fails_and_names_the_key_after_a_value_is_flipped_behind_its_back(api, stack_rt):
+    from state import codec
+    from state.backends import RocksBackend
+    from state.table import partition_of
+
+    victim = sorted(_state(stack_rt))[0]
+    p = partition_of(codec.encode_key(victim), 4)
+    backend = RocksBackend(stack_rt.state_dir / MOVIES / f"p{p:04d}")
+    try:
+        backend.corrupt_value(codec.encode_key(victim), codec.encode_value((123456789,)))
+    finally:
+        backend.close()
+    run_id, run, states = _run(api, f"{MOVIES}__restore_verify", {"failure": "none"})
+    assert run["state"] == "failed"
+    assert states["verify"] == "failed" and states["record_result"] == "failed"
+    log = api.task_log(f"{MOVIES}__restore_verify", run_id, "verify")
+    assert f"key {list(victim)}" in log and "123456789" in log
+    assert f"digest mismatches in partitions [{p}]" in log
+
+    # Repair: the local store is only a cache; restoring it from the changelog gives back the truth.
+    from spark_jobs import jobs
+
+    jobs.restore(MOVIES, rt=stack_rt)
+    _, run, _ = _run(api, f"{MOVIES}__restore_verify", {"failure": "none"})
+    assert run["state"] == "success"
+
+
+def test_bad_failure_param_is_rejected_before_any_work(api):
+    with pytest.raises(RuntimeError, match="400|422"):
+        api.trigger(f"{MOVIES}__restore_verify", {"failure": "meteor_strike"})
+
+
+def test_zz_print_timings():
+    print("\nDAG run wall times (s): " + json.dumps(TIMINGS, indent=1))

@@ -1,0 +1,234 @@
+"""The REST API over committed state: answers, errors, auth, torn reads,
+restores, and schemathesis against its OpenAPI spec. Standalone
+(`statetable serve` as a real process) and inside Airflow's api-server."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy import airflow_server
+from deploy.processes import wait_until
+from spark_jobs import jobs, samples
+from spark_jobs.compile import state_spec
+from spark_jobs.definitions import parse as parse_definition
+from state.table import StateTable
+from tests.table_env import isolated_runtime
+
+PORT = int(os.environ.get("STATETABLE_TEST_API_PORT", "38181"))
+TOKEN = "test-token-" + "x" * 24
+INVARIANT_SQL = """-- topic: inv_events
+-- schema: k STRING, v DOUBLE
+-- partitions: 4
+CREATE TABLE inv AS SELECT k, COUNT(v) AS n FROM inv_events GROUP BY k;
+"""
+KEYS = 200
+
+
+@pytest.fixture(scope="module")
+def env(kafka, spark, tmp_path_factory):
+    rt, suffix = isolated_runtime(kafka, tmp_path_factory.mktemp("api"))
+    (rt.tables_dir / "inv.sql").write_text(INVARIANT_SQL)
+    samples.produce("leaderboard", rt.bootstrap, suffix=suffix)
+    samples.produce("movie_tickets_sold", rt.bootstrap, 3000, suffix=suffix)
+    for name in ("players", "products", "leaderboard", "movie_tickets_sold"):
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    return rt
+
+
+@pytest.fixture(scope="module")
+def server(env):
+    env_vars = {**os.environ, **env.as_env(), "STATETABLE_API_TOKEN": TOKEN}
+    log = open(env.data_dir / "serve.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(PORT)],
+                            env=env_vars, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{PORT}"
+
+    def up() -> bool:
+        assert proc.poll() is None, (env.data_dir / "serve.log").read_text()
+        try:
+            return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(up, 60, what="statetable serve")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def _get(base: str, path: str, token: str | None = TOKEN, **params) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(base + path, headers=headers, params=params, timeout=30)
+
+
+SEED_GAME_1 = [
+    {"playerId": 3, "productId": 1, "playerName": "Isabelle", "gameName": "Super Smash Bros", "score": 4000},
+    {"playerId": 2, "productId": 1, "playerName": "Mitch", "gameName": "Super Smash Bros", "score": 2000},
+    {"playerId": 1, "productId": 1, "playerName": "Elyse", "gameName": "Super Smash Bros", "score": 1000},
+]
+
+
+def test_leaderboard_answers_like_the_seed(server, env):
+    one = _get(server, "/leaderboard/1")
+    assert one.status_code == 200 and one.json() == SEED_GAME_1
+    assert int(one.headers["X-Statetable-Batch"]) >= 0
+    every = _get(server, "/leaderboard").json()
+    assert every["1"] == SEED_GAME_1
+    assert every["6"][0] == {"playerId": 3, "productId": 6, "playerName": "Isabelle", "gameName": "Mario Kart",
+                             "score": 9000}
+    assert _get(server, "/leaderboard/999").status_code == 404
+
+
+def test_point_and_scan_answers_equal_the_state_and_name_their_batch(server, env):
+    state = {k[0]: v[0] for k, v in jobs.state_rows("movie_tickets_sold", env).items()}
+    title = sorted(state)[0]
+    point = _get(server, f"/tables/movie_tickets_sold/rows/{urllib.parse.quote(title, safe='')}")
+    assert point.status_code == 200
+    body = point.json()
+    assert body["row"] == {"title": title, "tickets_sold": state[title]}
+    assert body["batch"] == int(point.headers["X-Statetable-Batch"]) == 0
+
+    scanned, cursor, pages = {}, None, 0
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = _get(server, "/tables/movie_tickets_sold/rows", **params).json()
+        pages += 1
+        scanned.update({r["title"]: r["tickets_sold"] for r in page["rows"]})
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert scanned == state and pages == -(-len(state) // 3)
+
+    prefix = _get(server, "/tables/movie_tickets_sold/rows", prefix=title).json()["rows"]
+    assert prefix == [{"title": title, "tickets_sold": state[title]}]
+    ranged = _get(server, "/tables/movie_tickets_sold/rows", **{"from": sorted(state)[1], "to": sorted(state)[3]})
+    assert [r["title"] for r in ranged.json()["rows"]] == sorted(state)[1:3]
+
+    listing = _get(server, "/tables").json()["tables"]
+    movies = next(t for t in listing if t["table"] == "movie_tickets_sold")
+    assert movies["key"] == ["title"] and movies["columns"] == ["title", "tickets_sold"]
+    assert movies["partitions"] == 4 and movies["last_batch"]["batch_id"] == 0 and movies["lag"] == 0
+
+
+def test_errors_are_404_422_and_limits_are_capped(server):
+    missing = _get(server, "/tables/movie_tickets_sold/rows/no-such-film")
+    assert missing.status_code == 404 and "no row" in missing.json()["detail"]
+    assert _get(server, "/tables/nope/rows/1").status_code == 404
+    assert "no table 'nope'" in _get(server, "/tables/nope/rows").json()["detail"]
+    bad_key = _get(server, "/tables/leaderboard/rows/not-a-number")
+    assert bad_key.status_code == 422 and "BIGINT" in bad_key.json()["detail"]
+    assert _get(server, "/tables/leaderboard/rows/[1,2,3]").status_code == 422
+    assert _get(server, "/tables/movie_tickets_sold/rows", limit=0).status_code == 422
+    assert _get(server, "/tables/movie_tickets_sold/rows", limit="many").status_code == 422
+    assert _get(server, "/tables/movie_tickets_sold/rows", cursor="!!").status_code == 422
+    assert _get(server, "/tables/movie_tickets_sold/rows/x/windows").status_code == 422   # not windowed
+    big = _get(server, "/tables/inv/rows", limit=10**9)
+    assert big.status_code == 200
+
+
+def test_every_route_needs_a_valid_token(server):
+    routes = ["/tables", "/tables/movie_tickets_sold/rows", "/tables/movie_tickets_sold/rows/x",
+              "/tables/movie_tickets_sold/rows/x/windows", "/leaderboard", "/leaderboard/1", "/ui"]
+    spec_paths = set(httpx.get(server + "/openapi.json").json()["paths"])
+    assert spec_paths <= {r.replace("movie_tickets_sold", "{table}").replace("/x", "/{key}")
+                          .replace("/leaderboard/1", "/leaderboard/{productId}") for r in routes}
+    for route in routes:
+        assert _get(server, route, token=None).status_code == 401, route
+        assert _get(server, route, token="wrong-token").status_code == 401, route
+        assert _get(server, route).status_code in (200, 404, 422), route
+
+
+def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
+    table = parse_definition(env.tables_dir / "inv.sql")
+    spec = state_spec(table, env.namespace)
+    writer = StateTable(spec, env.state_dir, bootstrap=env.bootstrap)
+    keys = [(f"k{i:04d}",) for i in range(KEYS)]
+    batches, seen, errors = 40, [], []
+    stop = threading.Event()
+
+    def commit(batch_id: int) -> None:
+        for p in range(table.partitions):       # partition by partition, as Spark's merge tasks do
+            part = writer.open(p)
+            tx = part.begin(batch_id)
+            for key in keys:
+                if writer.partition_of(key) == p:
+                    tx.merge(key, (1,))
+            tx.commit()
+            time.sleep(0.01)
+
+    commit(0)
+
+    def hammer() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+            while not stop.is_set():
+                resp = client.get(f"{server}/tables/inv/rows", params={"limit": 1000})
+                if resp.status_code != 200:
+                    errors.append((resp.status_code, resp.text[:200]))
+                    continue
+                body = resp.json()
+                seen.append((body["batch"], sum(r["n"] for r in body["rows"]), len(body["rows"])))
+
+    readers = [threading.Thread(target=hammer) for _ in range(3)]
+    for r in readers:
+        r.start()
+    try:
+        for b in range(1, batches):
+            commit(b)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for r in readers:
+            r.join()
+        writer.close()
+    assert not errors, errors[:3]
+    torn = [(b, total) for b, total, n in seen if total != (b + 1) * KEYS or n != KEYS]
+    assert not torn, torn[:5]
+    assert len({b for b, _, _ in seen}) >= 5          # readers really ran across many batches
+    assert max(b for b, _, _ in seen) == batches - 1
+
+
+def test_a_table_being_restored_answers_503_with_retry_after(server, env):
+    part = env.state_dir / "inv" / "p0001"
+    aside = part.with_name("p0001.restoring")
+    part.rename(aside)
+    try:
+        def unavailable() -> bool:
+            return _get(server, "/tables/inv/rows").status_code == 503
+
+        wait_until(unavailable, 10, interval=0.2, what="503 while restoring")
+        resp = _get(server, "/tables/inv/rows/k0001")
+        assert resp.status_code == 503 and int(resp.headers["Retry-After"]) > 0
+        assert "restore" in resp.json()["detail"]
+    finally:
+        aside.rename(part)
+    wait_until(lambda: _get(server, "/tables/inv/rows").status_code == 200, 10, interval=0.2, what="back")
+
+
+def test_schemathesis_finds_no_server_errors(server):
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "schemathesis"), "run", f"{server}/openapi.json",
+         "-H", f"Authorization: Bearer {TOKEN}", "--checks", "not_a_server_error", "--max-examples", "40"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_inside_airflow_the_api_takes_airflows_token_and_nothing_else(airflow):
+    base = f"{airflow.airflow_url}/statetable"
+    token = airflow_server.api_token(airflow)
+    ok = _get(base, "/tables", token=token)
+    assert ok.status_code == 200
+    assert {t["table"] for t in ok.json()["tables"]} >= {"movie_tickets_sold", "leaderboard"}
+    assert _get(base, "/tables", token=None).status_code == 401
+    assert _get(base, "/tables", token=TOKEN).status_code == 401
+    assert _get(base, "/leaderboard", token="not.a.jwt").status_code == 401
