@@ -31,7 +31,7 @@ TIMINGS: dict[str, float] = {}
 def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(TABLES_DIR.parent), include_examples=False)
+    bag = DagBag(dag_folder=str(TABLES_DIR.parent))
     assert bag.import_errors == {}
     tables = load_all(TABLES_DIR)
     for name, table in tables.items():
@@ -41,11 +41,11 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert _edges(reb) == {("plan_rebuild", "rebuild")}
         assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
         assert inc.max_active_runs == 1 and inc.catchup is False
-        assert inc.timetable._expression == table.schedule
+        assert inc.timetable.expression == table.schedule
         assert type(inc.get_task("run_batches")).__name__ == "SparkSubmitOperator"
         assert inc.get_task("wait_for_offsets").soft_fail is True
         assert "Retries are safe" in inc.doc_md
-        assert set(rv.params["failure"].schema["enum"]) == set(FAILURES)
+        assert set(rv.params.get_param("failure").schema["enum"]) == set(FAILURES)
         assert rv.get_task("record_result").trigger_rule == "all_done"
     assert len([d for d in bag.dag_ids if "__" in d]) == 3 * len(tables)
 
@@ -208,3 +208,32 @@ def test_bad_failure_param_is_rejected_before_any_work(api):
 
 def test_zz_print_timings():
     print("\nDAG run wall times (s): " + json.dumps(TIMINGS, indent=1))
+
+
+def test_screenshots_of_the_grid_and_the_statetable_page(airflow):
+    """Headless Chromium (Debian's, driven by Playwright) logged in with an Airflow JWT cookie."""
+    from playwright.sync_api import sync_playwright
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs.mkdir(exist_ok=True)
+    token = airflow_server.api_token(airflow)
+    shots = {"airflow-grid.png": f"/dags/{MOVIES}__restore_verify/grid",
+             "airflow-dags.png": "/dags?tags=statetable",
+             "statetable-page.png": "/plugin/statetable"}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            context.add_cookies([{"name": "_token", "value": token, "url": airflow.airflow_url}])
+            page = context.new_page()
+            for name, path in shots.items():
+                page.goto(airflow.airflow_url + path, wait_until="networkidle")
+                page.wait_for_timeout(2500)
+                page.screenshot(path=str(docs / name))
+            page.goto(f"{airflow.airflow_url}/statetable/ui", wait_until="networkidle")
+            text = page.inner_text("body")
+        finally:
+            browser.close()
+    assert "statetable: state tables" in text and MOVIES in text and "restore-verify" in text
+    for name in shots:
+        assert (docs / name).stat().st_size > 20_000, name      # a rendered page, not a blank one

@@ -1,0 +1,205 @@
+"""Query API benchmark: point lookups on a 1M-key table over loopback.
+
+Builds a 1M-key count table through the state library (with its changelog on
+a private broker), starts `statetable serve` as its own process, and drives
+it from a separate load process at a fixed concurrency:
+
+  1. paced at --rate requests/s (latency at the target load),
+  2. as fast as the concurrency allows (throughput),
+  3. paced again while another process commits batches to the same table.
+
+Prints one JSON object. Target: p99 <= 10 ms at 500 requests/s.
+
+    .venv/bin/python -m bench.query [--keys 1000000] [--rate 500] [--seconds 20] [--concurrency 16]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOKEN = "bench-token-" + "y" * 24
+SQL = """-- topic: bench_kv_events
+-- schema: k STRING, v DOUBLE
+-- partitions: 4
+CREATE TABLE bench_kv AS SELECT k, COUNT(v) AS n FROM bench_kv_events GROUP BY k;
+"""
+
+
+def _key(i: int) -> str:
+    return f"key{i:07d}"
+
+
+def build_table(rt, keys: int) -> float:
+    from spark_jobs.compile import state_spec
+    from spark_jobs.definitions import parse
+    from state import codec
+    from state.table import StateTable
+
+    table = parse(rt.tables_dir / "bench_kv.sql")
+    st = StateTable(state_spec(table), rt.state_dir, bootstrap=rt.bootstrap)
+    started = time.perf_counter()
+    try:
+        for p in range(table.partitions):
+            part = st.open(p)
+            with part.begin(0) as tx:
+                for i in range(keys):
+                    key = (_key(i),)
+                    if st.partition_of(key) == p:
+                        tx.merge_encoded(codec.encode_key(key), (1,))
+    finally:
+        st.close()
+    return time.perf_counter() - started
+
+
+def commit_batches(rt_env: dict, keys: int, stop_at: float, result) -> None:
+    """Another process, as a Spark merge task would be: batches of 50k key updates until `stop_at`."""
+    os.environ.update(rt_env)
+    from spark_jobs.compile import state_spec
+    from spark_jobs.definitions import parse
+    from spark_jobs.runtime import Runtime
+    from state import codec
+    from state.table import StateTable
+
+    rt = Runtime.from_env()
+    table = parse(rt.tables_dir / "bench_kv.sql")
+    st = StateTable(state_spec(table), rt.state_dir, bootstrap=rt.bootstrap)
+    batch, rng = 1, random.Random(7)
+    try:
+        while time.time() < stop_at:
+            chosen = [(_key(rng.randrange(keys)),) for _ in range(50_000)]
+            for p in range(table.partitions):
+                with st.open(p).begin(batch) as tx:
+                    for key in chosen:
+                        if st.partition_of(key) == p:
+                            tx.merge_encoded(codec.encode_key(key), (1,))
+            batch += 1
+    finally:
+        st.close()
+    result.value = batch - 1
+
+
+async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: float | None) -> dict:
+    import httpx
+
+    latencies, errors, batches = [], 0, set()
+    interval = None if rate is None else concurrency / rate
+    deadline = time.perf_counter() + seconds
+
+    async def worker(client, seed: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed)
+        next_at = time.perf_counter() + (0 if interval is None else rng.random() * interval)
+        while True:
+            if interval is not None:
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                next_at += interval
+            if time.perf_counter() >= deadline:
+                return
+            started = time.perf_counter()
+            resp = await client.get(f"{base}/tables/bench_kv/rows/{_key(rng.randrange(keys))}")
+            latencies.append(time.perf_counter() - started)
+            if resp.status_code != 200:
+                errors += 1
+            else:
+                batches.add(resp.headers["X-Statetable-Batch"])
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, limits=limits, timeout=30) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client, i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
+
+    return {"requests": len(latencies), "errors": errors, "requests_per_s": round(len(latencies) / elapsed, 1),
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0), "batches_seen": len(batches)}
+
+
+def _load_in_process(args_tuple, queue) -> None:
+    queue.put(asyncio.run(_load(*args_tuple)))
+
+
+def load(base: str, keys: int, seconds: float, concurrency: int, rate: float | None) -> dict:
+    """Run the load generator in its own process, so the client never shares a GIL with anything measured."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_load_in_process, args=((base, keys, seconds, concurrency, rate), queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=500)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--port", type=int, default=39481)
+    parser.add_argument("--broker-port", type=int, default=39492)
+    args = parser.parse_args()
+
+    from bench.broker import private_broker
+    from deploy.processes import wait_until
+    from spark_jobs.runtime import Runtime
+
+    root = Path(tempfile.mkdtemp(prefix="statetable-bench-query-"))
+    (root / "tables").mkdir()
+    (root / "tables" / "bench_kv.sql").write_text(SQL)
+    with private_broker(args.broker_port) as cfg:
+        rt = Runtime(bootstrap=cfg.kafka_bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data" / "snap"),
+                     tables_dir=root / "tables", namespace="bench.")
+        build_s = build_table(rt, args.keys)
+        env = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
+        server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(args.port)],
+                                  env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+        base = f"http://127.0.0.1:{args.port}"
+        try:
+            import httpx
+
+            wait_until(lambda: _ok(httpx, base), 60, what="statetable serve")
+            load(base, args.keys, 3, args.concurrency, args.rate)          # warm-up: opens the secondaries
+            paced = load(base, args.keys, args.seconds, args.concurrency, args.rate)
+            flat_out = load(base, args.keys, args.seconds, args.concurrency, None)
+
+            ctx = multiprocessing.get_context("spawn")
+            committed = ctx.Value("i", 0)
+            writer = ctx.Process(target=commit_batches,
+                                 args=(rt.as_env(), args.keys, time.time() + args.seconds + 2, committed))
+            writer.start()
+            time.sleep(1)
+            during = load(base, args.keys, args.seconds, args.concurrency, args.rate)
+            writer.join()
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+    print(json.dumps({
+        "keys": args.keys, "concurrency": args.concurrency, "target_rate": args.rate,
+        "build_seconds": round(build_s, 1),
+        "paced": paced, "max_throughput": flat_out,
+        "paced_while_committing": {**during, "batches_committed": committed.value},
+        "target_met": paced["p99_ms"] <= 10 and during["p99_ms"] <= 10 and paced["requests_per_s"] >= args.rate * 0.95,
+    }, indent=1))
+
+
+def _ok(httpx, base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
