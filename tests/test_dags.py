@@ -217,7 +217,7 @@ def test_screenshots_of_the_grid_and_the_statetable_page(airflow):
     docs = Path(__file__).resolve().parent.parent / "docs"
     docs.mkdir(exist_ok=True)
     token = airflow_server.api_token(airflow)
-    shots = {"airflow-grid.png": f"/dags/{MOVIES}__restore_verify/grid",
+    shots = {"airflow-grid.png": f"/dags/{MOVIES}__restore_verify",
              "airflow-dags.png": "/dags?tags=statetable",
              "statetable-page.png": "/plugin/statetable"}
     with sync_playwright() as pw:

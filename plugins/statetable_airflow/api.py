@@ -220,9 +220,9 @@ def status_page(tables: list[dict]) -> str:
             f"{t['partitions']} partitions</small></td><td>{html.escape(batch)}</td>"
             f"<td>{html.escape(str(t['lag']))}</td><td>{_age(t['snapshot_age_seconds'])}</td>"
             f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{t['dead_letters']}</td>"
-            f"<td><a href='/dags/{name}__incremental/grid' target='_top'>incremental</a> · "
-            f"<a href='/dags/{name}__rebuild/grid' target='_top'>rebuild</a> · "
-            f"<a href='/dags/{name}__restore_verify/grid' target='_top'>restore-verify</a></td></tr>")
+            f"<td><a href='/dags/{name}__incremental' target='_top'>incremental</a> · "
+            f"<a href='/dags/{name}__rebuild' target='_top'>rebuild</a> · "
+            f"<a href='/dags/{name}__restore_verify' target='_top'>restore-verify</a></td></tr>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>statetable</title><style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #1b1f24; }}
