@@ -29,6 +29,7 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 run: setup
 	$(STATETABLE) stack up
 	$(STATETABLE) smoke
+	$(STATETABLE) demo
 
 # Headless Chromium for the UI screenshot test, from Debian's packages.
 chromium:

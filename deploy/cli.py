@@ -30,6 +30,13 @@ def _smoke(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    from deploy import demo
+
+    demo.run(stack_settings.load(), events=args.events)
+    return 0
+
+
 def _airflow(args) -> int:
     from deploy import airflow_server
 
@@ -163,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")
     p.add_argument("--events", type=int, default=1000)
     p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("demo", help="produce every table's samples and run their DAGs on the local stack")
+    p.add_argument("--events", type=int, default=20000)
+    p.set_defaults(func=_demo)
 
     p = sub.add_parser("run", help="run a table's micro-batches in one Spark session")
     p.add_argument("table")

@@ -189,13 +189,17 @@ class TableReader:
 class QueryService:
     """Every table of a deployment, read-only."""
 
-    def __init__(self, rt: Runtime | None = None, refresh_interval: float = 0.1, background: bool = True) -> None:
+    def __init__(self, rt: Runtime | None = None, refresh_interval: float | None = None,
+                 background: bool = True) -> None:
+        """`refresh_interval`: seconds between catch-ups with the writer, i.e. the most an answer
+        trails the last commit (default 0.1, or STATETABLE_QUERY_REFRESH_SECONDS)."""
         self.rt = rt or Runtime.from_env()
         self.definitions = load_all(self.rt.tables_dir)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
         self.readers: dict[str, TableReader] = {}
         self.guard = threading.Lock()
-        self.refresh_interval = refresh_interval
+        self.refresh_interval = refresh_interval if refresh_interval is not None else \
+            float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
         self.stopped = threading.Event()
         self.thread = None
         if background:
