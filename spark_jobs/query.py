@@ -75,7 +75,13 @@ class _Generation:
         self.batch: int | None = None
 
     def catch_up(self) -> set[int]:
-        return set(self.view.refresh().values())
+        """Catch up partition by partition, yielding between them: rocksdict holds the GIL
+        for a whole catch-up, so one big call would stall every request of the process."""
+        batches = set()
+        for partition in self.view.partitions:
+            batches.add(partition.refresh().applied_batch)
+            time.sleep(0)
+        return batches
 
     def close(self) -> None:
         self.view.close()
