@@ -171,7 +171,9 @@ class TableReader:
                 break
             time.sleep(0.05)
         if self.unavailable:
-            raise StateUnavailable(self.unavailable)
+            self.refresh()          # answer 503 only while it is still true, not until the next tick
+            if self.unavailable:
+                raise StateUnavailable(self.unavailable)
         with self.cond:
             generation = self.current
             if generation is not None:
