@@ -88,8 +88,9 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     started = time.monotonic()
     table, tables = jobs.load_table(name, rt)
     batch_log = BatchLog(rt.batch_dir(table.name))
-    if batch_log.pending_plan() is not None:
-        raise ValueError(f"table {name!r} has an unfinished batch {batch_log.pending_plan().batch_id}; "
+    pending = batch_log.pending_plan()
+    if pending is not None:
+        raise ValueError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
                          f"finish it (`statetable run {name}`) before verifying")
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()

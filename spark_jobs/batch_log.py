@@ -70,20 +70,22 @@ class BatchLog:
     def write_commit(self, commit: BatchCommit) -> None:
         self._write(f"{commit.batch_id:012d}.commit.json", asdict(commit))
 
-    def plan(self, batch_id: int) -> BatchPlan | None:
-        path = self.folder / f"{batch_id:012d}.plan.json"
+    def _read(self, batch_id: int, suffix: str) -> dict | None:
+        path = self.folder / f"{batch_id:012d}.{suffix}.json"
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
         raw["ranges"] = _ranges_from_json(raw["ranges"])
-        return BatchPlan(**raw)
+        return raw
+
+    def plan(self, batch_id: int) -> BatchPlan | None:
+        raw = self._read(batch_id, "plan")
+        return None if raw is None else BatchPlan(**raw)
 
     def commit(self, batch_id: int) -> BatchCommit | None:
-        path = self.folder / f"{batch_id:012d}.commit.json"
-        if not path.exists():
+        raw = self._read(batch_id, "commit")
+        if raw is None:
             return None
-        raw = json.loads(path.read_text())
-        raw["ranges"] = _ranges_from_json(raw["ranges"])
         for key in ("changelog_offsets", "digests", "key_counts"):
             raw[key] = {int(p): v for p, v in raw[key].items()}
         return BatchCommit(**raw)

@@ -78,10 +78,10 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
 
 
 def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
-    from spark_jobs.microbatch import MicroBatchRunner  # noqa: F401  (import cost paid here, not in the child)
+    from spark_jobs.status import lag
 
     batch_log = BatchLog(rt.batch_dir(name))
-    if batch_log.pending_plan() is None and _lag(name, rt) == 0:
+    if batch_log.pending_plan() is None and lag(name, rt) == 0:
         raise NothingToInject(f"table {name!r} has no unread input, so there is no batch to kill; "
                               f"produce events to its topic first")
     env = {**os.environ, **rt.as_env(), faults.ENV: KILL_POINT, faults.SCOPE_ENV: "group"}
@@ -94,12 +94,6 @@ def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
                            f"{child.returncode} with pending plan {pending}; stderr tail:\n{child.stderr[-2000:]}")
     facts["killed_batch"] = pending.batch_id
     return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {child.returncode})"
-
-
-def _lag(name: str, rt: Runtime) -> int:
-    from spark_jobs.status import lag
-
-    return lag(name, rt)
 
 
 def _wipe(name: str, table, rt: Runtime) -> str:

@@ -37,7 +37,7 @@ def state_table(table: TableDefinition, rt: Runtime) -> StateTable:
                       snapshot_uri=rt.snapshot_uri)
 
 
-_held: dict[Path, int] = {}
+_held: dict[Path, list[int]] = {}     # lock path -> [descriptor, depth] held by this process
 _held_guard = threading.Lock()
 
 
@@ -52,22 +52,13 @@ def table_lock(name: str, rt: Runtime):
     job dies, and is re-entrant within a process.
     """
     path = rt.data_dir / "locks" / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
     with _held_guard:
-        if path in _held:
-            _held[path] += 1
-            reentered = True
-        else:
-            reentered = False
-    if reentered:
-        try:
-            yield
-        finally:
-            with _held_guard:
-                _held[path] -= 1
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
+        entry = _held.get(path)
+        if entry is not None:
+            entry[1] += 1
+    if entry is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -76,14 +67,15 @@ def table_lock(name: str, rt: Runtime):
             fcntl.flock(fd, fcntl.LOCK_EX)
             log.info("%s: got the table lock after %.1fs", name, time.monotonic() - waited)
         with _held_guard:
-            _held[path] = 1
-        try:
-            yield
-        finally:
-            with _held_guard:
-                del _held[path]
+            entry = _held[path] = [fd, 1]
+    try:
+        yield
     finally:
-        os.close(fd)   # closing the descriptor releases the flock
+        with _held_guard:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[path]
+                os.close(entry[0])   # closing the descriptor releases the flock
 
 
 def run(name: str, max_batches: int | None = None, until_caught_up: bool = False, spark=None,
@@ -123,7 +115,7 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None, miss
         st = state_table(table, rt)
         try:
             return [st.restore(p, batch) for p in range(table.partitions)
-                    if not (missing_only and (st.partition_dir(p) / "CURRENT").exists())]
+                    if not (missing_only and st.has_local_state(p))]
         finally:
             st.close()
 
@@ -141,7 +133,7 @@ def due_snapshots(table: TableDefinition, rt: Runtime, batch_id: int) -> list[in
     return due
 
 
-def snapshot_if_due(name: str, rt: Runtime | None = None, force: bool = False) -> dict:
+def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
     """Snapshot the partitions that are due, in this process (no Spark needed)."""
     from spark_jobs.batch_log import BatchLog
 
@@ -151,7 +143,7 @@ def snapshot_if_due(name: str, rt: Runtime | None = None, force: bool = False) -
         last = BatchLog(rt.batch_dir(name)).last_commit()
         if last is None:
             return {"batch": None, "partitions": [], "seconds": 0.0}
-        due = list(range(table.partitions)) if force else due_snapshots(table, rt, last.batch_id)
+        due = due_snapshots(table, rt, last.batch_id)
         started = time.monotonic()
         st = state_table(table, rt)
         try:
@@ -168,7 +160,7 @@ def readonly_partitions(table: TableDefinition, rt: Runtime):
     st = state_table(table, rt)
     try:
         for p in range(table.partitions):
-            if (st.partition_dir(p) / "CURRENT").exists():
+            if st.has_local_state(p):
                 part = st.open_readonly(p)
                 try:
                     yield part

@@ -89,9 +89,9 @@ class MicroBatchRunner:
         return plan
 
     def lag(self) -> int:
-        last = self.log.last_commit()
-        marks = watermarks(self.rt.bootstrap, self.table.topic)
-        return sum(high - (last.ranges[p][1] if last and p in last.ranges else low) for p, (low, high) in marks.items())
+        from spark_jobs.status import lag
+
+        return lag(self.table.name, self.rt, self.table.topic)
 
     # ------------------------------------------------------------------ run
     def run(self, max_batches: int | None = None, until_caught_up: bool = False) -> list[BatchCommit]:

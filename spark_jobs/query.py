@@ -156,9 +156,8 @@ class TableReader:
             batches = standby.catch_up()
             if len(batches) == 1:
                 standby.batch = batches.pop()
-                if self.current is None or standby.batch >= (self.current.batch if self.current.batch is not None else -1):
-                    with self.cond:
-                        self.current = standby
+                with self.cond:
+                    self.current = standby
             self.unavailable = None
 
     @contextlib.contextmanager

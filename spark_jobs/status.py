@@ -72,6 +72,7 @@ def snapshot_age_seconds(table: TableDefinition, rt: Runtime) -> float | None:
 def table_status(table: TableDefinition, rt: Runtime) -> dict:
     batch_log = BatchLog(rt.batch_dir(table.name))
     commits = batch_log.commits()
+    pending = batch_log.pending_plan()
     last = commits[-1] if commits else None
     try:
         current_lag = lag(table.name, rt, table.topic)
@@ -89,7 +90,7 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
             "read": last.counts.get("read", 0), "dead_lettered": last.counts.get("dead_lettered", 0),
             "late": last.counts.get("late", 0), "keys_changed": last.counts.get("keys_changed", 0),
         },
-        "pending_batch": None if batch_log.pending_plan() is None else batch_log.pending_plan().batch_id,
+        "pending_batch": None if pending is None else pending.batch_id,
         "lag": current_lag,
         "snapshot_age_seconds": snapshot_age_seconds(table, rt),
         "dead_letters": sum(c.counts.get("dead_lettered", 0) for c in commits),

@@ -106,6 +106,10 @@ class StateTable:
     def partition_dir(self, partition: int) -> Path:
         return self.dir / f"p{partition:04d}"
 
+    def has_local_state(self, partition: int) -> bool:
+        """Whether this machine holds a RocksDB database for the partition (the cache may be gone)."""
+        return (self.partition_dir(partition) / "CURRENT").exists()
+
     # -- lifecycle -------------------------------------------------------------
     def open(self, partition: int) -> StatePartition:
         """Open partition p for writing: hydrate it if absent, then catch up its changelog tail.
@@ -122,7 +126,7 @@ class StateTable:
             backend = MemoryBackend()
         else:
             path = self.partition_dir(partition)
-            if not (path / "CURRENT").exists():
+            if not self.has_local_state(partition):
                 # Fencing came first (the writer above), so no zombie transaction can stall the replay.
                 self.restore(partition)
             backend = RocksBackend(path)

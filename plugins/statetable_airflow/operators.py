@@ -157,21 +157,18 @@ class RecordVerifyOperator(_TableOperator):
                 "run_id": context["run_id"], "failure": self.failure, "ok": None, "skipped": True})
             raise AirflowSkipException(f"{self.table}: {self.failure} could not be injected; see {self.inject_task}")
         injected = ti.xcom_pull(task_ids=self.inject_task)
-        recovered = ti.xcom_pull(task_ids=self.restore_task)
-        verified = read_result(self.result_path) if Path(self.result_path).exists() else None
-        ok = bool(verified and verified["ok"])
+        recovered = ti.xcom_pull(task_ids=self.restore_task) or {}
+        verified = read_result(self.result_path) if Path(self.result_path).exists() else {}
+        ok = bool(verified.get("ok"))
         record = {
-            "run_id": context["run_id"], "failure": self.failure, "ok": ok,
-            "injected": injected, "restore_seconds": (recovered or {}).get("restore_seconds"),
-            "restored_partitions": (recovered or {}).get("restored_partitions"),
-            "corrupt_snapshots": len((recovered or {}).get("corrupt_snapshots") or []),
-            "batch_id": (verified or {}).get("batch_id"),
-            "keys_compared": (verified or {}).get("keys_compared"),
-            "differences": None if verified is None else
-            verified["missing"] + verified["unexpected"] + verified["different"],
-            "digest_mismatches": (verified or {}).get("digest_mismatches"),
-            "examples": (verified or {}).get("examples", []),
-            "verify_seconds": (verified or {}).get("seconds"),
+            "run_id": context["run_id"], "failure": self.failure, "ok": ok, "injected": injected,
+            "restore_seconds": recovered.get("restore_seconds"),
+            "restored_partitions": recovered.get("restored_partitions"),
+            "corrupt_snapshots": len(recovered.get("corrupt_snapshots") or []),
+            "batch_id": verified.get("batch_id"), "keys_compared": verified.get("keys_compared"),
+            "differences": verified["missing"] + verified["unexpected"] + verified["different"] if verified else None,
+            "digest_mismatches": verified.get("digest_mismatches"), "examples": verified.get("examples", []),
+            "verify_seconds": verified.get("seconds"),
         }
         status.record_verify(self.hook.runtime(), self.table, record)
         self.log.info("%s restore-verify after %s: %s; restore %.3fs, %s keys compared, %s differences",
