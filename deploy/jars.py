@@ -19,7 +19,8 @@ from deploy.settings import PROJECT_ROOT
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
 CACHE_DIR = PROJECT_ROOT / ".cache"
 JARS_DIR = CACHE_DIR / "jars"
-JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml"}
+JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "flink": "flink-kafka.pom.xml"}
+DEFAULT_SETS = ("kafka", "spark")  # flink: only `make bench` needs it
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 
 
@@ -49,10 +50,11 @@ def _maven(pom: str, out_dir: Path, exclude: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def fetch() -> None:
-    """Copy both jar sets into the cache; a no-op for a set already complete."""
+def fetch(names: tuple[str, ...] = DEFAULT_SETS) -> None:
+    """Copy the named jar sets into the cache; a no-op for a set already complete."""
     provided = {artifact_id(p.name) for p in pyspark_jars_dir().glob("*.jar")}
-    for name, pom in JAR_SETS.items():
+    for name in names:
+        pom = JAR_SETS[name]
         out_dir = JARS_DIR / name
         stamp = out_dir / ".complete"
         pom_path = MAVEN_DIR / pom
@@ -88,6 +90,6 @@ def kafka_classpath() -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["fetch"]:
-        raise SystemExit("usage: python -m deploy.jars fetch")
-    fetch()
+    if sys.argv[1:2] != ["fetch"] or not set(sys.argv[2:]) <= set(JAR_SETS):
+        raise SystemExit(f"usage: python -m deploy.jars fetch [{'|'.join(JAR_SETS)} ...]")
+    fetch(tuple(sys.argv[2:]) or DEFAULT_SETS)

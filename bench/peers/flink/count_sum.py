@@ -1,0 +1,95 @@
+"""Apache Flink SQL peer: streaming GROUP BY count and sum, RocksDB state backend, checkpoints.
+
+Runs in its own venv (.bench/venvs/flink: PyFlink pins old pyarrow and numpy).
+The Kafka source is bounded at the offsets present at start ('scan.bounded.mode'),
+so the streaming job ends by itself once it has read them; results go to an
+upsert-kafka topic, which is read back afterwards (last value per key) to be
+checked. `--mini-batch` turns on Flink SQL's mini-batch aggregation, its
+documented tuning for exactly this query. Writes <out>/result.json.
+Standalone on purpose: it imports nothing of statetable's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyflink.table import EnvironmentSettings, TableEnvironment
+from pyflink.version import __version__ as flink_version
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for flag in ("--bootstrap", "--topic", "--out", "--checkpoints", "--connector-jar"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--mini-batch", action="store_true")
+    args = parser.parse_args()
+    out_topic = f"{args.topic}-flink-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    admin.create_topics([NewTopic(out_topic, 4, 1, config={"cleanup.policy": "compact"})])[out_topic].result()
+
+    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    conf = t_env.get_config()
+    for key, value in {
+        "pipeline.jars": Path(args.connector_jar).resolve().as_uri(),
+        "parallelism.default": str(args.parallelism),
+        "state.backend.type": "rocksdb",
+        "execution.checkpointing.interval": "10s",
+        "execution.checkpointing.mode": "EXACTLY_ONCE",
+        "execution.checkpointing.dir": Path(args.checkpoints).resolve().as_uri(),
+        **({"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1s",
+            "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE"}
+           if args.mini_batch else {}),
+    }.items():
+        conf.set(key, value)
+    t_env.execute_sql(f"""
+        CREATE TABLE events (k STRING, v BIGINT) WITH (
+          'connector' = 'kafka', 'topic' = '{args.topic}',
+          'properties.bootstrap.servers' = '{args.bootstrap}', 'properties.group.id' = '{out_topic}',
+          'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+          'format' = 'json')""")
+    t_env.execute_sql(f"""
+        CREATE TABLE totals (k STRING, n BIGINT, s BIGINT, PRIMARY KEY (k) NOT ENFORCED) WITH (
+          'connector' = 'upsert-kafka', 'topic' = '{out_topic}',
+          'properties.bootstrap.servers' = '{args.bootstrap}',
+          'key.format' = 'raw', 'value.format' = 'json')""")
+    started = time.perf_counter()
+    t_env.execute_sql("INSERT INTO totals SELECT k, COUNT(v), SUM(v) FROM events GROUP BY k").wait()
+    seconds = time.perf_counter() - started
+    result = {"system": "Apache Flink SQL" + (" (mini-batch)" if args.mini_batch else ""),
+              "version": flink_version, "processing_seconds": round(seconds, 3),
+              "counts": read_upserts(args.bootstrap, out_topic)}
+    Path(args.out, "result.json").write_text(json.dumps(result))
+
+
+def read_upserts(bootstrap: str, topic: str) -> dict[str, tuple[int, int]]:
+    """The last value of every key in the job's output topic, read to its end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False})
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    ends = {}
+    for p in meta.partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if high > low:
+            ends[p] = high
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    latest: dict[str, tuple[int, int]] = {}
+    while ends:
+        for msg in consumer.consume(10000, timeout=5):
+            if msg.error():
+                raise RuntimeError(msg.error())
+            if msg.value() is not None:
+                row = json.loads(msg.value())
+                latest[row["k"]] = (row["n"], row["s"])
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+    consumer.close()
+    return latest
+
+
+if __name__ == "__main__":
+    main()
