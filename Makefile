@@ -10,7 +10,7 @@ STATETABLE  := $(VENV)/bin/statetable
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_LINK_MODE := copy
 
-.PHONY: setup run test stack-down bench clean chromium
+.PHONY: setup run test stack-down bench bench-peers clean chromium
 
 setup: $(VENV)/.synced .cache/jars/.fetched
 
@@ -42,8 +42,18 @@ test: setup chromium
 stack-down:
 	$(STATETABLE) stack down
 
-bench: setup
-	$(VENV)/bin/python -m bench.run_all
+# Each benchmark peer gets its own venv from its own lock file (Flink pins old
+# pyarrow and numpy), plus Flink's Kafka connector jar from Maven Central.
+BENCH_PEERS := quix flink
+
+bench-peers: setup
+	@for peer in $(BENCH_PEERS); do \
+		UV_PROJECT_ENVIRONMENT=$(CURDIR)/.bench/venvs/$$peer $(UV) sync --frozen --quiet --project bench/peers/$$peer || exit 1; \
+	done
+	$(VENV)/bin/python -m deploy.jars fetch flink
+
+bench: bench-peers
+	$(VENV)/bin/python -m bench.run_all $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .tools .cache .stack
+	rm -rf $(VENV) .tools .cache .stack .bench

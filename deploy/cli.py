@@ -55,6 +55,18 @@ def _run(args) -> int:
     from spark_jobs import jobs
 
     _logging()
+    if args.follow:
+        import signal
+        import threading
+
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        done = jobs.follow(args.table, poll_seconds=args.poll_seconds, stop=stop,
+                           on_commit=lambda c: print(json.dumps({"batch": c.batch_id, **c.counts,
+                                                                 "seconds": c.seconds}), flush=True))
+        print(f"{args.table}: stopped after {done} batches")
+        return 0
     commits = jobs.run(args.table, max_batches=args.max_batches, until_caught_up=args.until_caught_up,
                        max_records_per_batch=args.max_records_per_batch)
     for commit in commits:
@@ -180,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--max-batches", type=int)
     group.add_argument("--until-caught-up", action="store_true")
+    group.add_argument("--follow", action="store_true",
+                       help="stay up in one warm Spark session and run a batch whenever there is new input")
+    p.add_argument("--poll-seconds", type=float, default=0.5, help="with --follow: how often to look for input")
     p.add_argument("--max-records-per-batch", type=int, help="override the table's option for this run")
     p.set_defaults(func=_run)
 

@@ -107,6 +107,39 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
     return commits
 
 
+def follow(name: str, poll_seconds: float = 0.5, spark=None, rt: Runtime | None = None,
+           stop: threading.Event | None = None, on_commit=None) -> int:
+    """Keep one warm Spark session and run a batch as soon as the topic has anything new.
+
+    The scheduled DAG pays a process and Spark start per run; a follower pays
+    them once, so freshness is one small batch plus the poll interval. It holds
+    the table lock for as long as it runs: the DAG's batches wait (or time out)
+    rather than interleave with it. Returns the number of batches committed.
+    """
+    from spark_jobs import session
+    from spark_jobs.microbatch import MicroBatchRunner
+
+    rt = rt or Runtime.from_env()
+    table, tables = load_table(name, rt)
+    stop = stop or threading.Event()
+    committed = 0
+    with table_lock(name, rt):
+        spark = spark or session.get_or_create(f"statetable-{name}-follow")
+        runner = MicroBatchRunner(spark, table, tables, rt)
+        log.info("%s: following %s, polling every %.2fs", name, table.topic, poll_seconds)
+        while not stop.is_set():
+            commits = runner.run(until_caught_up=True)
+            for commit in commits:
+                committed += 1
+                log.info("%s: batch %d, %d records in %.2fs", name, commit.batch_id, commit.counts["read"],
+                         commit.seconds)
+                if on_commit:
+                    on_commit(commit)
+            if not commits:
+                stop.wait(poll_seconds)
+    return committed
+
+
 def restore(name: str, batch: int | None = None, rt: Runtime | None = None, missing_only: bool = False) -> list:
     """Restore partitions from snapshots plus changelog; `missing_only` skips partitions that have local state."""
     rt = rt or Runtime.from_env()

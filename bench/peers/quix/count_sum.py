@@ -4,7 +4,9 @@ Runs in its own venv (.bench/venvs/quix). Modes:
   count   - process --events events from --topic; report the rate and every key's (count, sum);
   recover - with the local state deleted beforehand, process one more event: Quix first
             restores the store from its changelog topic; report the time until that event
-            is processed, then every restored key read back from the store.
+            is processed, then every restored key read back from the store;
+  serve   - run until SIGTERM, writing every updated (k, n, s) to --output-topic
+            (committed with the state, exactly-once): the freshness workload reads it.
 Writes <out>/result.json. Standalone on purpose: it imports nothing of statetable's.
 """
 from __future__ import annotations
@@ -23,8 +25,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for flag in ("--bootstrap", "--topic", "--group", "--state-dir", "--out"):
         parser.add_argument(flag, required=True)
-    parser.add_argument("--events", type=int, required=True)
-    parser.add_argument("--mode", choices=("count", "recover"), default="count")
+    parser.add_argument("--events", type=int, default=0)
+    parser.add_argument("--mode", choices=("count", "recover", "serve"), default="count")
+    parser.add_argument("--output-topic")
     args = parser.parse_args()
 
     app = Application(broker_address=args.bootstrap, consumer_group=args.group, auto_offset_reset="earliest",
@@ -43,6 +46,12 @@ def main() -> None:
 
     sdf = sdf.apply(add, stateful=True)
     sdf = sdf.update(lambda row: latest.__setitem__(row["k"], (row["n"], row["s"])))
+    if args.mode == "serve":
+        sdf.to_topic(app.topic(args.output_topic, value_serializer="json", key_serializer="string"))
+        Path(args.out, "ready").write_text("")
+        app.run()
+        Path(args.out, "result.json").write_text(json.dumps({"system": "Quix Streams", "mode": "serve"}))
+        return
 
     started = time.perf_counter()
     app.run(count=args.events, timeout=60, collect=False)

@@ -1,0 +1,1 @@
+"""`make bench`: statetable against Quix Streams, Flink SQL and Spark Structured Streaming."""

@@ -1,0 +1,101 @@
+"""Workload 3: time from producing one event to seeing it in the queried state.
+
+statetable with a warm runner (`statetable run T --follow`: one Spark session,
+a batch whenever there is input) is read through the query API's read path;
+Quix Streams is read from the output topic it commits together with its state
+(read_committed). The first sample of each is a warm-up and is dropped.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.compare import peers
+from bench.peers import statetable_count
+from state.kafka_admin import ensure_topic
+
+
+def _sample(bootstrap: str, topic: str, key: str, visible, timeout: float = 120) -> float:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    started = time.perf_counter()
+    producer.produce(topic, b'{"k":"%s","v":1}' % key.encode(), key=key.encode())
+    producer.flush(10)
+    while time.perf_counter() - started < timeout:
+        if visible(key):
+            return time.perf_counter() - started
+        time.sleep(0.02)
+    raise RuntimeError(f"freshness: {key} not visible after {timeout}s")
+
+
+def _summary(name: str, latencies: list[float]) -> dict:
+    ordered = sorted(latencies)
+    return {"system": name, "samples": len(ordered), "median_s": round(statistics.median(ordered), 3),
+            "max_s": round(ordered[-1], 3), "min_s": round(ordered[0], 3),
+            "all_s": [round(x, 3) for x in latencies]}
+
+
+def statetable_warm(bootstrap: str, work: Path, samples: int) -> dict:
+    from spark_jobs import jobs
+    from spark_jobs.query import StateUnavailable
+
+    spec = SimpleNamespace(data_dir=work / "statetable", topic="bench-fresh", table="bench_fresh",
+                           batch=1_000_000, snapshot=False, bootstrap=bootstrap)
+    rt = statetable_count.runtime(spec)
+    ensure_topic(bootstrap, spec.topic, 4)
+    log = (work / "statetable-follow.log").open("w")
+    follower = subprocess.Popen([sys.executable, "-m", "deploy.cli", "run", spec.table, "--follow",
+                                 "--poll-seconds", "0.1"], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **rt.as_env(), **peers.QUIET_SPARK})
+    try:
+        def visible(key: str) -> bool:
+            try:
+                return jobs.query(spec.table, (key,), rt) is not None
+            except StateUnavailable:     # before the follower's first commit there is no state yet
+                return False
+
+        latencies = [_sample(bootstrap, spec.topic, f"fresh{i:03d}", visible) for i in range(samples + 1)]
+        print(f"[freshness] statetable warm runner: {[round(x, 2) for x in latencies]}", flush=True)
+    finally:
+        follower.terminate()
+        follower.wait(60)
+        log.close()
+    return _summary("statetable (warm runner)", latencies[1:])
+
+
+def quix(bootstrap: str, work: Path, samples: int) -> dict:
+    topic, output = "bench-fresh-quix", "bench-fresh-quix-out"
+    ensure_topic(bootstrap, topic, 4)
+    ensure_topic(bootstrap, output, 4)
+    out = work / "quix"
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "log.txt").open("w")
+    app = subprocess.Popen([str(c) for c in peers.quix(bootstrap, topic, out, out / "state", "bench-fresh",
+                                                       "--mode", "serve", "--output-topic", output)],
+                           stdout=log, stderr=subprocess.STDOUT)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-fresh-reader",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(output, p, 0) for p in range(4)])
+    seen: set[str] = set()
+
+    def visible(key: str) -> bool:
+        for msg in consumer.consume(100, timeout=0.02):
+            if not msg.error() and msg.key():
+                seen.add(msg.key().decode())
+        return key in seen
+
+    try:
+        latencies = [_sample(bootstrap, topic, f"fresh{i:03d}", visible) for i in range(samples + 1)]
+        print(f"[freshness] Quix Streams: {[round(x, 2) for x in latencies]}", flush=True)
+    finally:
+        consumer.close()
+        app.terminate()
+        app.wait(60)
+        log.close()
+    return _summary("Quix Streams", latencies[1:])

@@ -1,0 +1,125 @@
+"""`make bench`: statetable against Quix Streams, Flink SQL and Spark Structured Streaming.
+
+One run, one private Kafka broker, the same events for every system:
+  1. count and sum per key over --events JSON events and --keys keys (4 partitions);
+  2. recovery of a --recovery-keys table after its local state is deleted;
+  3. freshness: produce one event, time until the queried state shows it.
+Every system's result is checked against the producer's reference counts; any
+difference fails the run (exit 1) after the report is written. Writes
+docs/benchmarks/README.md, results.json and PNG plots, and prints the table.
+
+    .venv/bin/python -m bench.run_all [--events 5000000] [--keys 10000] [--recovery-keys 1000000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.broker import private_broker
+from bench.compare import freshness, peers, report
+from bench.compare.measure import run_peer
+from bench.workload import compare, produce_distinct, produce_random
+from deploy.settings import PROJECT_ROOT
+
+
+def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
+    topic = "bench-count"
+    started = time.perf_counter()
+    reference = produce_random(bootstrap, topic, events, keys)
+    print(f"[count] produced {events:,} events over {len(reference):,} keys in "
+          f"{time.perf_counter() - started:.1f}s", flush=True)
+    runs = [
+        run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data"),
+                 work / "st", env=peers.QUIET_SPARK),
+        run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
+            bootstrap, topic, work / "sss", work / "sss/checkpoint"), work / "sss", env=peers.QUIET_SPARK),
+        run_peer("Apache Flink SQL", peers.flink(bootstrap, topic, work / "flink"), work / "flink"),
+        run_peer("Apache Flink SQL (mini-batch)", peers.flink(bootstrap, topic, work / "flink-mb", "--mini-batch"),
+                 work / "flink-mb"),
+        run_peer("Quix Streams", peers.quix(bootstrap, topic, work / "quix", work / "quix/state", "bench-count",
+                                            "--events", str(events)), work / "quix"),
+    ]
+    rows = []
+    for run in runs:
+        check = compare(run.name, run.result.pop("counts"), reference)
+        rows.append({"system": run.name, "version": run.result.get("version"), "events": events,
+                     "processing_seconds": run.result["processing_seconds"],
+                     "events_per_s": round(events / run.result["processing_seconds"]),
+                     "wall_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb, "check": check,
+                     "detail": run.result})
+        print(f"[count] {run.name}: {rows[-1]['events_per_s']:,} events/s, "
+              f"{check['differences']} keys differ from the reference", flush=True)
+    return {"events": events, "keys": keys, "rows": rows}
+
+
+def recovery(bootstrap: str, work: Path, keys: int) -> dict:
+    topic, head = "bench-recovery", int(keys * 0.9)
+    reference = produce_distinct(bootstrap, topic, 0, head)
+    st = lambda *extra: peers.statetable(bootstrap, topic, work / "st", work / "st/data", "--table", "bench_recovery",
+                                         *extra)
+    run_peer("statetable build (snapshot)", st("--mode", "build", "--snapshot"), work / "st", env=peers.QUIET_SPARK)
+    reference.update(produce_distinct(bootstrap, topic, head, keys - head))
+    run_peer("statetable build (changelog tail)", st("--mode", "build"), work / "st", env=peers.QUIET_SPARK)
+    restored = run_peer("statetable", st("--mode", "recover"), work / "st")
+    run_peer("Quix build", peers.quix(bootstrap, topic, work / "quix", work / "quix/state", "bench-recovery",
+                                      "--events", str(keys)), work / "quix")
+    run_peer("Spark build", peers.spark_structured_streaming(bootstrap, topic, work / "sss", work / "sss/checkpoint"),
+             work / "sss", env=peers.QUIET_SPARK)
+    # Quix and Spark recover by processing one more event after their local state is gone.
+    shutil.rmtree(work / "quix" / "state")
+    after = {**reference, **produce_distinct(bootstrap, topic, keys, 1)}
+    quix = run_peer("Quix Streams", peers.quix(bootstrap, topic, work / "quix", work / "quix/state", "bench-recovery",
+                                               "--events", "1", "--mode", "recover"), work / "quix")
+    spark = run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
+        bootstrap, topic, work / "sss", work / "sss/checkpoint", "--mode", "recover"), work / "sss",
+        env=peers.QUIET_SPARK)
+    rows = []
+    for run, expected, seconds, how in (
+            (restored, reference, restored.result["processing_seconds"], "newest snapshot + changelog tail"),
+            (quix, after, quix.result["seconds_to_first_event"], "changelog replay"),
+            (spark, after, spark.result["processing_seconds"], "checkpoint reload (first batch)")):
+        check = compare(run.name, run.result.pop("counts"), expected)
+        rows.append({"system": run.name, "how": how, "recovery_seconds": seconds, "wall_seconds": run.wall_seconds,
+                     "peak_rss_mb": run.peak_rss_mb, "check": check, "detail": run.result})
+        print(f"[recovery] {run.name}: {seconds:.2f}s ({how}), {check['differences']} keys differ", flush=True)
+    return {"keys": keys, "tail_keys": keys - head, "rows": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--recovery-keys", type=int, default=1_000_000)
+    parser.add_argument("--freshness-samples", type=int, default=10)
+    parser.add_argument("--port", type=int, default=39592)
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "benchmarks")
+    args = parser.parse_args()
+
+    results: dict = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "versions": peers.versions(),
+                     "machine": report.machine()}
+    work = Path(tempfile.mkdtemp(prefix="statetable-bench-compare-"))
+    with private_broker(args.port) as cfg:
+        results["throughput"] = throughput(cfg.kafka_bootstrap, work / "count", args.events, args.keys)
+        results["recovery"] = recovery(cfg.kafka_bootstrap, work / "recovery", args.recovery_keys)
+        results["freshness"] = {"rows": [
+            freshness.statetable_warm(cfg.kafka_bootstrap, work / "fresh", args.freshness_samples),
+            freshness.quix(cfg.kafka_bootstrap, work / "fresh", args.freshness_samples)]}
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    table = report.write(results, args.out)
+    print(table)
+    shutil.rmtree(work, ignore_errors=True)
+    wrong = [r["check"] for part in ("throughput", "recovery") for r in results[part]["rows"]
+             if r["check"]["differences"]]
+    if wrong:
+        print("RESULT MISMATCH:", json.dumps(wrong, indent=1), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
