@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.broker import private_broker
-from bench.compare import freshness, peers, report
+from bench.compare import freshness, peers, profile, report
 from bench.compare.measure import run_peer
 from bench.workload import compare, produce_distinct, produce_random
 from deploy.settings import PROJECT_ROOT
@@ -34,8 +34,8 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
     print(f"[count] produced {events:,} events over {len(reference):,} keys in "
           f"{time.perf_counter() - started:.1f}s", flush=True)
     runs = [
-        run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data"),
-                 work / "st", env=peers.QUIET_SPARK),
+        run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data",
+                                                "--event-log", work / "st/events"), work / "st", env=peers.QUIET_SPARK),
         run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
             bootstrap, topic, work / "sss", work / "sss/checkpoint"), work / "sss", env=peers.QUIET_SPARK),
         run_peer("Apache Flink SQL", peers.flink(bootstrap, topic, work / "flink"), work / "flink"),
@@ -54,7 +54,22 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
                      "detail": run.result})
         print(f"[count] {run.name}: {rows[-1]['events_per_s']:,} events/s, "
               f"{check['differences']} keys differ from the reference", flush=True)
-    return {"events": events, "keys": keys, "rows": rows}
+    summary = profile.summarize(work / "st/events")
+    text = profile.markdown(summary, rows[0]["detail"]["batches"])
+    # A second, profiled statetable run (not timed above): py-spy samples the driver and Python workers.
+    spy = work / "st-pyspy"
+    cmd = [Path(sys.executable).parent / "py-spy", "record", "--subprocesses", "--idle", "-r", "50",
+           "-f", "speedscope", "-o", spy / "profile.speedscope.json", "--",
+           *peers.statetable(bootstrap, topic, spy, spy / "data")]
+    try:
+        run_peer("statetable under py-spy", cmd, spy, env=peers.QUIET_SPARK)
+        spied = profile.pyspy_summary(spy / "profile.speedscope.json")
+        text += "\n" + profile.pyspy_markdown(spied)
+    except RuntimeError as failed:       # py-spy needs ptrace; say so in the report rather than fail the bench
+        spied = {"error": str(failed)[:500]}
+        text += f"\npy-spy could not profile the run here: {str(failed)[:200]}\n"
+    return {"events": events, "keys": keys, "rows": rows,
+            "profile": {**summary, "py_spy": spied, "markdown": text}}
 
 
 def recovery(bootstrap: str, work: Path, keys: int) -> dict:

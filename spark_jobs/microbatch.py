@@ -106,6 +106,10 @@ class MicroBatchRunner:
                 break
         return done
 
+    def _describe(self, batch_id: int, step: str) -> None:
+        """Name the Spark jobs of each step, so the Spark UI and event log say which step a stage served."""
+        self.spark.sparkContext.setJobDescription(f"{self.table.name} batch {batch_id}: {step}")
+
     def run_one(self) -> BatchCommit | None:
         plan = self._next_plan()
         if plan is None:
@@ -115,6 +119,7 @@ class MicroBatchRunner:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
+        self._describe(plan.batch_id, "read")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges))
         key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
             else self.table.key_columns
@@ -136,6 +141,7 @@ class MicroBatchRunner:
         log.info("%s batch %d: read %d records in %.1fs (%.0f records/s)", self.table.name, plan.batch_id,
                  read_count, time.monotonic() - started, read_count / max(time.monotonic() - started, 1e-6))
 
+        self._describe(plan.batch_id, "dead_letters")
         dead = parse.dead_letters(classified, plan.topic)
         if self.table.window is not None and late_count:
             dead = dead.unionByName(self._late_dead_letters(late, plan.topic))
@@ -145,16 +151,19 @@ class MicroBatchRunner:
         steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_dead_letters")
 
+        self._describe(plan.batch_id, "bronze")
         self._write_bronze(events, plan.batch_id)
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_bronze")
 
+        self._describe(plan.batch_id, "aggregate_merge")
         join_counts: dict = {}
         deltas = self._deltas(events, classified, plan, join_counts)
         summaries, rows = self._merge(deltas, plan.batch_id, watermark)
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_merge")
 
+        self._describe(plan.batch_id, "mirror")
         self._write_mirror(rows, plan.batch_id)
         steps["mirror"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_mirror")

@@ -52,12 +52,12 @@ def submit_options(app_name: str) -> dict:
     return {"jars": jars_csv, "conf": conf, "name": app_name}
 
 
-def get_or_create(app_name: str, master: str | None = None):
+def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str, str] | None = None):
     """A SparkSession with the Kafka source and Delta Lake on its classpath."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(app_name, master).items():
+    for key, value in {**spark_conf(app_name, master), **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the venv's interpreter (state/, confluent-kafka, rocksdict live there).

@@ -189,6 +189,8 @@ warm-up).
 
 ## Against the targets
 {adv_table}
-"""
+
+## Profile of statetable's slowest stage
+{tp.get('profile', {}).get('markdown', 'not captured')}"""
     (out / "README.md").write_text(text)
     return main_table + "\n\n" + recovery_table + "\n\n" + fresh_table + "\n\n" + adv_table

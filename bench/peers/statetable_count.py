@@ -51,11 +51,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000_000, help="max_records_per_batch")
     parser.add_argument("--mode", choices=("count", "build", "recover"), default="count")
     parser.add_argument("--snapshot", action="store_true", help="build: snapshot every partition at the end")
+    parser.add_argument("--event-log", help="write Spark's event log here (stage metrics for the profile)")
     args = parser.parse_args()
     rt = runtime(args)
     from spark_jobs import jobs
 
-    result: dict = {"system": "statetable", "mode": args.mode}
+    from importlib.metadata import version
+
+    result: dict = {"system": "statetable", "version": version("statetable"), "mode": args.mode}
     if args.mode == "recover":
         from spark_jobs import failures
 
@@ -68,12 +71,19 @@ def main() -> None:
         from spark_jobs import session
 
         started = time.perf_counter()
-        spark = session.get_or_create("bench-statetable")
+        events_log = {"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false",
+                      "spark.eventLog.rolling.enabled": "false",
+                      "spark.eventLog.dir": Path(args.event_log).resolve().as_uri()} \
+            if args.event_log else {}
+        if args.event_log:
+            Path(args.event_log).mkdir(parents=True, exist_ok=True)
+        spark = session.get_or_create("bench-statetable", extra_conf=events_log)
         result["session_start_seconds"] = round(time.perf_counter() - started, 3)
         started = time.perf_counter()
         commits = jobs.run(args.table, until_caught_up=True, spark=spark, rt=rt, snapshots=args.mode == "count")
         result["processing_seconds"] = round(time.perf_counter() - started, 3)
         result["batches"] = [{"batch": c.batch_id, "seconds": c.seconds, **c.counts} for c in commits]
+        spark.stop()     # also closes the event log
         if args.snapshot:
             started = time.perf_counter()
             result["snapshot"] = jobs.snapshot_if_due(args.table, rt)
