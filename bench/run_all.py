@@ -111,6 +111,8 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--recovery-keys", type=int, default=1_000_000)
     parser.add_argument("--freshness-samples", type=int, default=10)
+    parser.add_argument("--scheduled-samples", type=int, default=3,
+                        help="samples of scheduled-mode freshness (each waits up to a minute and a DAG run); 0 skips")
     parser.add_argument("--port", type=int, default=39592)
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
@@ -124,6 +126,9 @@ def main() -> int:
         results["freshness"] = {"rows": [
             freshness.statetable_warm(cfg.kafka_bootstrap, work / "fresh", args.freshness_samples),
             freshness.quix(cfg.kafka_bootstrap, work / "fresh", args.freshness_samples)]}
+        if args.scheduled_samples:
+            results["freshness"]["rows"].insert(0, freshness.statetable_scheduled(
+                cfg.kafka_bootstrap, work / "fresh", args.scheduled_samples, args.port + 10))
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = report.write(results, args.out)
     print(table)

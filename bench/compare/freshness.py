@@ -1,9 +1,11 @@
 """Workload 3: time from producing one event to seeing it in the queried state.
 
-statetable with a warm runner (`statetable run T --follow`: one Spark session,
-a batch whenever there is input) is read through the query API's read path;
-Quix Streams is read from the output topic it commits together with its state
-(read_committed). The first sample of each is a warm-up and is dropped.
+statetable is read through the query API's read path, in two modes: scheduled
+(the local stack's Airflow runs the table's `__incremental` DAG every minute,
+one spark-submit per run) and with a warm runner (`statetable run T --follow`:
+one Spark session, a batch whenever there is input). Quix Streams is read from
+the output topic it commits together with its state (read_committed). The
+first sample of each is a warm-up and is dropped.
 """
 from __future__ import annotations
 
@@ -41,10 +43,52 @@ def _summary(name: str, latencies: list[float]) -> dict:
             "all_s": [round(x, 3) for x in latencies]}
 
 
-def statetable_warm(bootstrap: str, work: Path, samples: int) -> dict:
+def _visible_in(table: str, rt):
     from spark_jobs import jobs
     from spark_jobs.query import StateUnavailable
 
+    def visible(key: str) -> bool:
+        try:
+            return jobs.query(table, (key,), rt) is not None
+        except StateUnavailable:     # before the first commit there is no state yet
+            return False
+    return visible
+
+
+def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port: int) -> dict:
+    """Airflow schedules the table every minute; events arrive at random moments of the minute."""
+    import random
+
+    from deploy import airflow_server, settings
+    from deploy.airflow_api import AirflowApi
+    from spark_jobs.runtime import Runtime
+
+    table, topic = "bench_sched", "bench-fresh-sched"
+    tables = work / "scheduled-tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    (tables / f"{table}.sql").write_text(statetable_count.TABLE_SQL.format(
+        topic=topic, table=table, batch=1_000_000, snapshot_every=10).replace(
+        "-- partitions: 4", "-- partitions: 4\n-- schedule: * * * * *"))
+    os.environ.update({"STATETABLE_TABLES_DIR": str(tables), "STATETABLE_AIRFLOW_PORT": str(airflow_port)})
+    ensure_topic(bootstrap, topic, 4)
+    cfg = settings.load()
+    rng = random.Random(7)
+    airflow_server.start(cfg)
+    try:
+        airflow_server.wait_healthy(cfg)
+        AirflowApi(cfg).wait_for_dag(f"{table}__incremental")
+        visible = _visible_in(table, Runtime.from_env())
+        latencies = []
+        for i in range(samples + 1):
+            time.sleep(rng.uniform(0, 60) if i else 0)
+            latencies.append(_sample(bootstrap, topic, f"fresh{i:03d}", visible, timeout=300))
+            print(f"[freshness] statetable scheduled: {[round(x, 1) for x in latencies]}", flush=True)
+    finally:
+        airflow_server.stop(cfg)
+    return _summary("statetable (scheduled, every minute)", latencies[1:])
+
+
+def statetable_warm(bootstrap: str, work: Path, samples: int) -> dict:
     spec = SimpleNamespace(data_dir=work / "statetable", topic="bench-fresh", table="bench_fresh",
                            batch=1_000_000, snapshot=False, bootstrap=bootstrap)
     rt = statetable_count.runtime(spec)
@@ -54,12 +98,7 @@ def statetable_warm(bootstrap: str, work: Path, samples: int) -> dict:
                                  "--poll-seconds", "0.1"], stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **rt.as_env(), **peers.QUIET_SPARK})
     try:
-        def visible(key: str) -> bool:
-            try:
-                return jobs.query(spec.table, (key,), rt) is not None
-            except StateUnavailable:     # before the follower's first commit there is no state yet
-                return False
-
+        visible = _visible_in(spec.table, rt)
         latencies = [_sample(bootstrap, spec.topic, f"fresh{i:03d}", visible) for i in range(samples + 1)]
         print(f"[freshness] statetable warm runner: {[round(x, 2) for x in latencies]}", flush=True)
     finally:

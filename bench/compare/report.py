@@ -174,14 +174,15 @@ until the table is queryable and correct again; every key is then checked.
 ![recovery](recovery.png)
 
 ## Workload 3: freshness
-Produce one event for a new key; time until the system's queryable output shows it (first sample dropped as
-warm-up).
+Produce one event for a new key; time until the system's queryable output shows it (first sample of each
+system dropped as warm-up).
 - **statetable (warm runner):** `statetable run T --follow` (one warm Spark session, a micro-batch whenever
   the topic has input, 0.1 s poll), read through the query API's read path (`jobs.query`).
 - **Quix Streams:** the updated row on the output topic it commits with its state, read with
   `read_committed` (default 5 s commit interval for exactly-once).
-- statetable in its scheduled mode (Airflow, one spark-submit per run) is not in this table: its freshness is
-  the schedule's interval plus one DAG run (see `bench/airflow_runs.py`).
+- **statetable (scheduled):** the local stack's Airflow (LocalExecutor) runs the table's `__incremental` DAG
+  on a one-minute cron schedule (sensor, spark-submit batch, snapshot check, stats); events are produced at
+  random moments, so the figure is about half the interval plus one DAG run.
 
 {fresh_table}
 
