@@ -159,3 +159,32 @@ def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, sp
     assert {k: v[0] for k, v in _state_rows(rt, "hourly_sales").items()} == expected
     dlq = read_topic(rt.bootstrap, rt.dead_letter_topic("hourly_sales"))
     assert sorted(dict(m.headers())["reason"].decode() for m in dlq) == ["late"] * late == ["late"] * 4
+
+
+def test_follow_commits_new_input_in_a_warm_session_until_stopped(env, spark):
+    """The warm runner: one session, a batch per burst of input, nothing while idle, and a clean stop."""
+    import threading
+    import time
+
+    rt, suffix = env
+    stop, commits = threading.Event(), []
+    follower = threading.Thread(target=jobs.follow, args=("movie_tickets_sold",),
+                                kwargs={"poll_seconds": 0.2, "spark": spark, "rt": rt, "stop": stop,
+                                        "on_commit": commits.append})
+    follower.start()
+    try:
+        for produced, total in ((200, 200), (400, 600)):
+            samples.produce("movie_tickets_sold", rt.bootstrap, produced, suffix=suffix)
+            deadline = time.monotonic() + 120
+            while sum(c.counts["read"] for c in commits) < total and time.monotonic() < deadline:
+                time.sleep(0.2)
+        time.sleep(1.0)        # idle: no empty batches are committed
+    finally:
+        stop.set()
+        follower.join(60)
+    assert not follower.is_alive()
+    assert sum(c.counts["read"] for c in commits) == 600
+    assert [c.batch_id for c in commits] == list(range(len(commits))) and len(commits) >= 2
+    records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
+    expected = pd.DataFrame([json.loads(m.value()) for m in records]).groupby("title")["ticket_total_value"].count()
+    assert {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()} == expected.to_dict()
