@@ -137,7 +137,18 @@ def _serve(args) -> int:
         raise SystemExit(f"statetable serve: {exc}") from None
     _logging()
     print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json, docs at /docs)", flush=True)
-    uvicorn.run(create_app(auth), host=args.host, port=args.port, log_level="warning")
+    if args.readers == 1 or args.readers < 0:
+        raise SystemExit(f"statetable serve: --readers {args.readers}: use 0 (read in the server process) or 2 "
+                         "or more (reader processes that take turns catching up)")
+    if args.readers:
+        from functools import partial
+
+        from spark_jobs.query_processes import ProcessQueryService
+
+        app = create_app(auth, service_factory=partial(ProcessQueryService, readers=args.readers))
+    else:
+        app = create_app(auth)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -212,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=18081)
     p.add_argument("--token-file", help="a file holding the API token (else STATETABLE_API_TOKEN)")
+    p.add_argument("--readers", type=int, default=2,
+                   help="reader processes that take turns catching up with the writer, so a catch-up never "
+                        "stalls an answer (at least 2; 0 reads in the server process)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")

@@ -314,6 +314,15 @@ class QueryService:
                                 None if end_ms is None else key + (end_ms,), limit)
         return Page(batch, [row_of(table, k, v, reader.aggregator) for k, v in entries])
 
+    def refresh_all(self) -> dict[str, int | None]:
+        """Catch every open table up with the writer now; returns the batch each answers from."""
+        with self.guard:
+            readers = dict(self.readers)
+        for reader in readers.values():
+            reader.refresh()
+        return {name: (reader.current.batch if reader.current is not None else None)
+                for name, reader in readers.items()}
+
     def tables(self) -> list[dict]:
         from spark_jobs import status
 

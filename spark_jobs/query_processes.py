@@ -1,0 +1,208 @@
+"""The query service spread over reader processes, so a catch-up never stalls an answer.
+
+rocksdict holds the GIL for the whole of a secondary instance's catch-up with
+the writer (tens of milliseconds after a large batch), and in one process that
+stalls every request in flight. Here each reader process holds its own
+`QueryService` (its own secondaries) and catches up only when told to. The
+readers take turns: one is drained of requests and refreshed while the others
+answer, so some reader is always free.
+
+Reads stay monotonic: a request goes to a serving reader whose batch for the
+table is the newest known, so a client never sees a batch older than one it
+has already been shown. Within a reader, every answer still comes from one
+committed batch (see spark_jobs.query).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+
+from spark_jobs.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+from spark_jobs.runtime import Runtime
+
+log = logging.getLogger("statetable.query")
+
+_ERRORS = {cls.__name__: cls for cls in (BadQuery, NoSuchTable)}
+
+
+def _idle_priority(work):
+    """Run `work` at SCHED_IDLE: a catch-up is CPU-heavy, and on a small machine it would
+    otherwise take the cores from the reader that is answering and from the writer.
+    (Switching back to SCHED_OTHER needs no privilege.)"""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        return work()
+    try:
+        return work()
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+def _reader_main(env: dict, conn) -> None:
+    """A reader process: answer calls from the pipe until it closes."""
+    os.environ.update(env)
+    service = QueryService(Runtime.from_env(), background=False)
+    try:
+        while True:
+            try:
+                method, args = conn.recv()
+            except EOFError:
+                return
+            try:
+                if method == "refresh":
+                    conn.send(("ok", _idle_priority(service.refresh_all)))
+                else:
+                    conn.send(("ok", getattr(service, method)(*args)))
+            except StateUnavailable as exc:
+                conn.send(("unavailable", (str(exc), exc.retry_after)))
+            except (BadQuery, NoSuchTable) as exc:
+                conn.send(("error", (type(exc).__name__, str(exc))))
+            except Exception as exc:   # noqa: BLE001 - reported to the caller, the reader lives on
+                log.exception("query reader: %s failed", method)
+                conn.send(("error", ("RuntimeError", f"{type(exc).__name__}: {exc}")))
+    finally:
+        service.close()
+
+
+class _Reader:
+    def __init__(self, index: int, env: dict) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.index = index
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_reader_main, args=(env, child), name=f"statetable-query-reader-{index}",
+                                   daemon=True)
+        self.process.start()
+        child.close()
+        self.batches: dict[str, int | None] = {}
+        self.in_flight = 0
+        self.draining = False
+
+    def batch_of(self, table: str) -> int:
+        """The batch this reader answers `table` from; -1 before it has opened the table."""
+        batch = self.batches.get(table)
+        return -1 if batch is None else batch
+
+    def call(self, method: str, args: tuple):
+        self.conn.send((method, args))
+        status, payload = self.conn.recv()
+        if status == "ok":
+            return payload
+        if status == "unavailable":
+            message, retry_after = payload
+            raise StateUnavailable(message, retry_after=retry_after)
+        name, message = payload
+        raise _ERRORS.get(name, RuntimeError)(message)
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class ProcessQueryService:
+    """The `QueryService` interface (get, scan, windows, tables) answered by reader processes."""
+
+    def __init__(self, rt: Runtime | None = None, readers: int = 2, refresh_interval: float | None = None) -> None:
+        if readers < 2:
+            raise ValueError(f"ProcessQueryService needs at least 2 readers to take turns, not {readers}")
+        self.rt = rt or Runtime.from_env()
+        self.refresh_interval = refresh_interval if refresh_interval is not None else \
+            float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
+        env = {**{k: v for k, v in os.environ.items() if k.startswith("STATETABLE_")}, **self.rt.as_env()}
+        self.readers = [_Reader(i, env) for i in range(readers)]
+        self.cond = threading.Condition()
+        self.turn = itertools.count()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
+        self.thread.start()
+
+    # -- routing -------------------------------------------------------------------
+    def _acquire(self, table: str | None) -> _Reader:
+        with self.cond:
+            while True:
+                serving = [r for r in self.readers if not r.draining and not r.in_flight]
+                if serving:
+                    break
+                self.cond.wait(0.05)
+            if table is not None:
+                newest = max(r.batch_of(table) for r in serving)
+                serving = [r for r in serving if r.batch_of(table) == newest]
+            reader = serving[next(self.turn) % len(serving)]
+            reader.in_flight += 1
+            return reader
+
+    def _release(self, reader: _Reader) -> None:
+        with self.cond:
+            reader.in_flight -= 1
+            self.cond.notify_all()
+
+    def _call(self, table: str | None, method: str, *args):
+        reader = self._acquire(table)
+        try:
+            result = reader.call(method, args)
+        finally:
+            self._release(reader)
+        batch = result[0] if method == "get" else getattr(result, "batch", None)
+        if table is not None and batch is not None:
+            with self.cond:          # what this reader now answers from, even before its next refresh
+                if reader.batch_of(table) < batch:
+                    reader.batches[table] = batch
+        return result
+
+    # -- refresh -------------------------------------------------------------------
+    def _sole_newest(self, reader: _Reader) -> bool:
+        """Whether `reader` alone answers some table from its newest batch (a catch-up of another
+        reader can stop short when it lands mid-commit, leaving it a batch behind)."""
+        for table, batch in reader.batches.items():
+            if batch is not None and all(r.batch_of(table) < batch for r in self.readers if r is not reader):
+                return True
+        return False
+
+    def _refresh_loop(self) -> None:
+        for index in itertools.cycle(range(len(self.readers))):
+            if self.stopped.wait(self.refresh_interval / len(self.readers)):
+                return
+            reader = self.readers[index]
+            with self.cond:
+                if self._sole_newest(reader):
+                    continue       # draining it would send readers back in time; refresh the others first
+                reader.draining = True
+                while reader.in_flight:
+                    self.cond.wait(0.05)
+                reader.in_flight += 1          # the refresh owns the pipe now
+            try:
+                batches = reader.call("refresh", ())
+                with self.cond:
+                    reader.batches = batches
+            except Exception:    # noqa: BLE001 - a broken table must not stop the others' refreshes
+                log.exception("query reader %d: refresh failed", reader.index)
+            finally:
+                with self.cond:
+                    reader.in_flight -= 1
+                    reader.draining = False
+                    self.cond.notify_all()
+
+    # -- the QueryService interface ---------------------------------------------------
+    def get(self, name: str, raw_key: str):
+        return self._call(name, "get", name, raw_key)
+
+    def scan(self, name: str, prefix=None, start=None, end=None, limit=None, cursor=None):
+        return self._call(name, "scan", name, prefix, start, end, limit, cursor)
+
+    def windows(self, name: str, raw_key: str, start_ms=None, end_ms=None, limit=None):
+        return self._call(name, "windows", name, raw_key, start_ms, end_ms, limit)
+
+    def tables(self) -> list[dict]:
+        return self._call(None, "tables")
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        for reader in self.readers:
+            reader.close()
+
