@@ -38,6 +38,7 @@ from spark_jobs.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
 
+UNAVAILABLE = "unavailable"   # refresh_all's word for a table being restored or missing
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
@@ -314,14 +315,18 @@ class QueryService:
                                 None if end_ms is None else key + (end_ms,), limit)
         return Page(batch, [row_of(table, k, v, reader.aggregator) for k, v in entries])
 
-    def refresh_all(self) -> dict[str, int | None]:
-        """Catch every open table up with the writer now; returns the batch each answers from."""
+    def refresh_all(self, also: list[str] = ()) -> dict[str, int | None]:
+        """Catch every open table, and the tables in `also`, up with the writer now; returns the
+        batch each answers from."""
+        for name in also:
+            if name in self.definitions:
+                self.reader(name)
         with self.guard:
             readers = dict(self.readers)
         for reader in readers.values():
             reader.refresh()
-        return {name: (reader.current.batch if reader.current is not None else None)
-                for name, reader in readers.items()}
+        return {name: UNAVAILABLE if reader.unavailable else
+                (reader.current.batch if reader.current is not None else None) for name, reader in readers.items()}
 
     def tables(self) -> list[dict]:
         from spark_jobs import status

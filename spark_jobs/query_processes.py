@@ -19,12 +19,14 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 
-from spark_jobs.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+from spark_jobs.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
 from spark_jobs.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
 
+FLOOR_PATIENCE_SECONDS = 2.0   # how long a read waits for a reader at the newest batch before accepting an older one
 _ERRORS = {cls.__name__: cls for cls in (BadQuery, NoSuchTable)}
 
 
@@ -54,7 +56,7 @@ def _reader_main(env: dict, conn) -> None:
                 return
             try:
                 if method == "refresh":
-                    conn.send(("ok", _idle_priority(service.refresh_all)))
+                    conn.send(("ok", _idle_priority(lambda: service.refresh_all(*args))))
                 else:
                     conn.send(("ok", getattr(service, method)(*args)))
             except StateUnavailable as exc:
@@ -84,7 +86,7 @@ class _Reader:
     def batch_of(self, table: str) -> int:
         """The batch this reader answers `table` from; -1 before it has opened the table."""
         batch = self.batches.get(table)
-        return -1 if batch is None else batch
+        return batch if isinstance(batch, int) else -1
 
     def call(self, method: str, args: tuple):
         self.conn.send((method, args))
@@ -116,25 +118,40 @@ class ProcessQueryService:
         env = {**{k: v for k, v in os.environ.items() if k.startswith("STATETABLE_")}, **self.rt.as_env()}
         self.readers = [_Reader(i, env) for i in range(readers)]
         self.cond = threading.Condition()
+        self.floor: dict[str, int] = {}
         self.turn = itertools.count()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
         self.thread.start()
 
     # -- routing -------------------------------------------------------------------
-    def _acquire(self, table: str | None) -> _Reader:
+    def _acquire(self, table: str | None, deadline: float) -> _Reader:
+        """A free, serving reader at or past the table's floor (the newest batch any answer named)."""
         with self.cond:
             while True:
-                serving = [r for r in self.readers if not r.draining and not r.in_flight]
+                if table is not None and time.monotonic() > deadline:
+                    self.floor.pop(table, None)     # the table really went back (a restore to an older batch)
+                if table is not None and self._unavailable(table):
+                    self.floor.pop(table, None)
+                floor = self.floor.get(table, -1) if table is not None else -1
+                serving = [r for r in self.readers if not r.draining and not r.in_flight
+                           and (table is None or r.batch_of(table) >= floor or table not in r.batches)]
                 if serving:
                     break
                 self.cond.wait(0.05)
-            if table is not None:
+            if table is not None and self._unavailable(table):
+                # Being restored or missing: ask a reader that has seen it so (it re-checks, and answers
+                # 503 or, once the state is back, from the restored batch), never one with stale rows.
+                serving = [r for r in serving if r.batches.get(table) == UNAVAILABLE] or serving
+            elif table is not None:
                 newest = max(r.batch_of(table) for r in serving)
                 serving = [r for r in serving if r.batch_of(table) == newest]
             reader = serving[next(self.turn) % len(serving)]
             reader.in_flight += 1
             return reader
+
+    def _unavailable(self, table: str) -> bool:
+        return any(r.batches.get(table) == UNAVAILABLE for r in self.readers)
 
     def _release(self, reader: _Reader) -> None:
         with self.cond:
@@ -142,24 +159,33 @@ class ProcessQueryService:
             self.cond.notify_all()
 
     def _call(self, table: str | None, method: str, *args):
-        reader = self._acquire(table)
-        try:
-            result = reader.call(method, args)
-        finally:
-            self._release(reader)
-        batch = result[0] if method == "get" else getattr(result, "batch", None)
-        if table is not None and batch is not None:
-            with self.cond:          # what this reader now answers from, even before its next refresh
-                if reader.batch_of(table) < batch:
-                    reader.batches[table] = batch
-        return result
+        """Answer from one reader; an answer older than one already given is never returned (monotonic
+        reads): it tells the router where that reader really stands, and the call goes elsewhere."""
+        deadline = time.monotonic() + FLOOR_PATIENCE_SECONDS
+        while True:
+            reader = self._acquire(table, deadline)
+            try:
+                result = reader.call(method, args)
+            finally:
+                self._release(reader)
+            batch = result[0] if method == "get" else getattr(result, "batch", None)
+            if table is None or batch is None:
+                return result
+            with self.cond:
+                reader.batches[table] = batch
+                if batch >= self.floor.get(table, -1) or time.monotonic() > deadline:
+                    self.floor[table] = batch
+                    return result
+                self.cond.notify_all()
 
     # -- refresh -------------------------------------------------------------------
     def _sole_newest(self, reader: _Reader) -> bool:
         """Whether `reader` alone answers some table from its newest batch (a catch-up of another
         reader can stop short when it lands mid-commit, leaving it a batch behind)."""
         for table, batch in reader.batches.items():
-            if batch is not None and all(r.batch_of(table) < batch for r in self.readers if r is not reader):
+            if self._unavailable(table):
+                continue     # every reader must get to see that, so none may be skipped for it
+            if isinstance(batch, int) and all(r.batch_of(table) < batch for r in self.readers if r is not reader):
                 return True
         return False
 
@@ -176,7 +202,9 @@ class ProcessQueryService:
                     self.cond.wait(0.05)
                 reader.in_flight += 1          # the refresh owns the pipe now
             try:
-                batches = reader.call("refresh", ())
+                with self.cond:
+                    tables = sorted({t for r in self.readers for t in r.batches})
+                batches = reader.call("refresh", (tables,))
                 with self.cond:
                     reader.batches = batches
             except Exception:    # noqa: BLE001 - a broken table must not stop the others' refreshes

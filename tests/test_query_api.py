@@ -154,7 +154,7 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     spec = state_spec(table, env.namespace)
     writer = StateTable(spec, env.state_dir, bootstrap=env.bootstrap)
     keys = [(f"k{i:04d}",) for i in range(KEYS)]
-    batches, seen, errors = 40, [], []
+    batches, seen, errors, sequences = 40, [], [], []
     stop = threading.Event()
 
     def commit(batch_id: int) -> None:
@@ -170,6 +170,8 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     commit(0)
 
     def hammer() -> None:
+        mine: list[int] = []
+        sequences.append(mine)
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as client:
             while not stop.is_set():
                 resp = client.get(f"{server}/tables/inv/rows", params={"limit": 1000})
@@ -178,6 +180,7 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
                     continue
                 body = resp.json()
                 seen.append((body["batch"], sum(r["n"] for r in body["rows"]), len(body["rows"])))
+                mine.append(body["batch"])
 
     readers = [threading.Thread(target=hammer) for _ in range(3)]
     for r in readers:
@@ -198,6 +201,10 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     assert not torn, torn[:5]
     assert len({b for b, _, _ in seen}) >= 3          # readers really ran across several batches
     assert max(b for b, _, _ in seen) == batches - 1
+    # Monotonic reads: the reader processes take turns catching up, and no client is ever sent back
+    # to a batch older than one it has already been shown.
+    backwards = [(a, b) for mine in sequences for a, b in zip(mine, mine[1:]) if b < a]
+    assert not backwards, backwards[:5]
 
 
 def test_a_table_being_restored_answers_503_with_retry_after(server, env):
