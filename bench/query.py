@@ -169,6 +169,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--commit-every", type=float, default=1.0, help="seconds between batch commits")
     parser.add_argument("--port", type=int, default=39481)
+    parser.add_argument("--readers", type=int, default=2, help="statetable serve --readers (0: in the server process)")
     parser.add_argument("--broker-port", type=int, default=39492)
     args = parser.parse_args()
 
@@ -184,7 +185,8 @@ def main() -> None:
                      tables_dir=root / "tables", namespace="bench.")
         build_s = build_table(rt, args.keys)
         env = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
-        server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(args.port)],
+        server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(args.port),
+                                   "--readers", str(args.readers)],
                                   env=env, stdout=subprocess.DEVNULL, start_new_session=True)
         base = f"http://127.0.0.1:{args.port}"
         try:

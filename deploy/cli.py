@@ -223,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=18081)
     p.add_argument("--token-file", help="a file holding the API token (else STATETABLE_API_TOKEN)")
-    p.add_argument("--readers", type=int, default=2,
+    p.add_argument("--readers", type=int, default=0,
                    help="reader processes that take turns catching up with the writer, so a catch-up never "
-                        "stalls an answer (at least 2; 0 reads in the server process)")
+                        "stalls an answer (2 or more; default 0 reads in the server process)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")

@@ -27,6 +27,7 @@ from spark_jobs.runtime import Runtime
 log = logging.getLogger("statetable.query")
 
 FLOOR_PATIENCE_SECONDS = 2.0   # how long a read waits for a reader at the newest batch before accepting an older one
+MAX_SKIPS = 10   # turns a reader may skip for being the only one at the newest batch; then reads wait for it
 _ERRORS = {cls.__name__: cls for cls in (BadQuery, NoSuchTable)}
 
 
@@ -166,6 +167,13 @@ class ProcessQueryService:
             reader = self._acquire(table, deadline)
             try:
                 result = reader.call(method, args)
+            except StateUnavailable as exc:
+                if exc.retry_after > 1 or table is None or time.monotonic() > deadline:
+                    raise
+                with self.cond:      # it opened the table mid-commit: ask another reader, or this one later
+                    reader.batches[table] = None
+                time.sleep(0.01)
+                continue
             finally:
                 self._release(reader)
             batch = result[0] if method == "get" else getattr(result, "batch", None)
@@ -190,13 +198,16 @@ class ProcessQueryService:
         return False
 
     def _refresh_loop(self) -> None:
+        skipped = [0] * len(self.readers)
         for index in itertools.cycle(range(len(self.readers))):
             if self.stopped.wait(self.refresh_interval / len(self.readers)):
                 return
             reader = self.readers[index]
             with self.cond:
-                if self._sole_newest(reader):
+                if self._sole_newest(reader) and skipped[index] < MAX_SKIPS:
+                    skipped[index] += 1
                     continue       # draining it would send readers back in time; refresh the others first
+                skipped[index] = 0
                 reader.draining = True
                 while reader.in_flight:
                     self.cond.wait(0.05)
