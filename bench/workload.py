@@ -7,13 +7,12 @@ counted here, in the producer, independently of every system under test.
 """
 from __future__ import annotations
 
-import json
 import random
 import time
-from pathlib import Path
 
 from confluent_kafka import Producer
 
+from spark_jobs.samples import _send
 from state.kafka_admin import ensure_topic
 
 Reference = dict[str, tuple[int, int]]
@@ -24,42 +23,33 @@ def _producer(bootstrap: str) -> Producer:
                      "queue.buffering.max.messages": 2_000_000, "compression.type": "lz4"})
 
 
-def _send(producer: Producer, topic: str, key: bytes, payload: bytes) -> None:
-    while True:
-        try:
-            producer.produce(topic, payload, key=key)
-            return
-        except BufferError:
-            producer.poll(0.01)
-
-
 def produce_random(bootstrap: str, topic: str, events: int, keys: int, partitions: int = 4,
                    seed: int = 5, reference: Reference | None = None) -> Reference:
     """`events` events over `keys` random keys; returns (count, sum) per key, added to `reference`."""
     ensure_topic(bootstrap, topic, partitions)
-    producer, rng = _producer(bootstrap), random.Random(seed)
+    rng = random.Random(seed)
     expected = {k: list(v) for k, v in (reference or {}).items()}
     started = time.monotonic()
-    for i in range(events):
-        key, value = f"key{rng.randrange(keys):07d}", rng.randrange(1000)
-        slot = expected.setdefault(key, [0, 0])
-        slot[0] += 1
-        slot[1] += value
-        _send(producer, topic, key.encode(), b'{"k":"%s","v":%d}' % (key.encode(), value))
-        if i and i % 1_000_000 == 0:
-            print(f"  produced {i:,} events ({i / (time.monotonic() - started):,.0f}/s)", flush=True)
-    assert producer.flush(300) == 0, f"{topic}: events still unsent after 300 s"
+
+    def records():
+        for i in range(events):
+            key, value = f"key{rng.randrange(keys):07d}", rng.randrange(1000)
+            slot = expected.setdefault(key, [0, 0])
+            slot[0] += 1
+            slot[1] += value
+            if i and i % 1_000_000 == 0:
+                print(f"  produced {i:,} events ({i / (time.monotonic() - started):,.0f}/s)", flush=True)
+            yield key.encode(), b'{"k":"%s","v":%d}' % (key.encode(), value)
+
+    _send(_producer(bootstrap), topic, records())
     return {k: (n, s) for k, (n, s) in expected.items()}
 
 
 def produce_distinct(bootstrap: str, topic: str, first: int, count: int, partitions: int = 4) -> Reference:
     """One event (value 1) for each of keys first..first+count-1: a table of `count` new keys."""
     ensure_topic(bootstrap, topic, partitions)
-    producer = _producer(bootstrap)
-    for i in range(first, first + count):
-        key = f"key{i:07d}".encode()
-        _send(producer, topic, key, b'{"k":"%s","v":1}' % key)
-    assert producer.flush(300) == 0, f"{topic}: events still unsent after 300 s"
+    keys = (f"key{i:07d}".encode() for i in range(first, first + count))
+    _send(_producer(bootstrap), topic, ((key, b'{"k":"%s","v":1}' % key) for key in keys))
     return {f"key{i:07d}": (1, 1) for i in range(first, first + count)}
 
 
@@ -71,10 +61,3 @@ def compare(system: str, got: dict, expected: Reference) -> dict:
             "differences": len(wrong),
             "examples": [{"key": k, "expected": expected.get(k), "got": got.get(k)} for k in wrong[:5]]}
 
-
-def save_counts(path: Path, counts: dict) -> None:
-    path.write_text(json.dumps({k: [int(v[0]), int(v[1])] for k, v in counts.items()}))
-
-
-def load_counts(path: Path) -> dict:
-    return json.loads(path.read_text())
