@@ -20,8 +20,8 @@ import time
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--port", type=int, default=49092)
-    parser.add_argument("--airflow-port", type=int, default=48080)
+    parser.add_argument("--port", type=int, default=26092)
+    parser.add_argument("--airflow-port", type=int, default=26080)
     args = parser.parse_args()
     os.environ.update({
         "STATETABLE_STACK_DIR": tempfile.mkdtemp(prefix="statetable-bench-airflow-"),

@@ -168,9 +168,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--commit-every", type=float, default=1.0, help="seconds between batch commits")
-    parser.add_argument("--port", type=int, default=39481)
+    parser.add_argument("--port", type=int, default=25481)
     parser.add_argument("--readers", type=int, default=2, help="statetable serve --readers (0: in the server process)")
-    parser.add_argument("--broker-port", type=int, default=39492)
+    parser.add_argument("--broker-port", type=int, default=25492)
     args = parser.parse_args()
 
     from bench.broker import private_broker

@@ -113,7 +113,7 @@ def main() -> int:
     parser.add_argument("--freshness-samples", type=int, default=10)
     parser.add_argument("--scheduled-samples", type=int, default=3,
                         help="samples of scheduled-mode freshness (each waits up to a minute and a DAG run); 0 skips")
-    parser.add_argument("--port", type=int, default=39592)
+    parser.add_argument("--port", type=int, default=25592)
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
 

@@ -66,11 +66,22 @@ def _java(settings: StackSettings, main: str, *args: str) -> list[str]:
 def _format_storage(settings: StackSettings, config: Path) -> None:
     if (settings.kafka_dir / "data" / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-    subprocess.run(
-        _java(settings, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
-        check=True, capture_output=True, text=True,
+    done = subprocess.run(
+        _java(settings, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config)),
+        capture_output=True, text=True,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"formatting the broker's storage in {settings.kafka_dir / 'data'} failed "
+                           f"(exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 22 url-safe base64 characters that never start with '-', which the
+    storage tool would read as an option (one id in 64 did, and failed a CI run's broker)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def start(settings: StackSettings) -> None:

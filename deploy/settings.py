@@ -7,6 +7,7 @@ ports (9092, 8080) that other local services tend to hold.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,22 @@ def _port(name: str, default: int) -> int:
         raise SystemExit(f"{name}={raw!r} is not a port number; set it to an integer such as {default}") from None
     if not 1 <= port <= 65535:
         raise SystemExit(f"{name}={port} is out of range; use 1..65535, e.g. {default}")
+    low, high = ephemeral_port_range()
+    if low <= port <= high:
+        print(f"warning: {name}={port} is in the kernel's ephemeral port range {low}-{high}: an outgoing "
+              f"connection can hold it and the server then fails to bind; prefer a port below {low}",
+              file=sys.stderr)
     return port
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections. A listener inside that range
+    can find its port taken by some client socket (a CI run once lost a broker to it)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999         # Linux's default
 
 
 @dataclass(frozen=True)

@@ -75,14 +75,26 @@ class _Generation:
         self.readers = 0
         self.batch: int | None = None
 
-    def catch_up(self) -> set[int]:
+    def catch_up(self, rounds: int = 4) -> set[int]:
         """Catch up partition by partition, yielding between them: rocksdict holds the GIL
-        for a whole catch-up, so one big call would stall every request of the process."""
-        batches = set()
+        for a whole catch-up, so one big call would stall every request of the process.
+
+        A pass that straddles a commit leaves some partitions a batch behind; catching up
+        just those again usually lands every partition on the same batch, whereas redoing
+        every partition straddles the next commit just as likely under a steady stream."""
+        applied = {}
         for partition in self.view.partitions:
-            batches.add(partition.refresh().applied_batch)
+            applied[partition] = partition.refresh().applied_batch
             time.sleep(0)
-        return batches
+        for _ in range(rounds):
+            newest = max(applied.values())
+            behind = [partition for partition, batch in applied.items() if batch < newest]
+            if not behind:
+                break
+            for partition in behind:
+                applied[partition] = partition.refresh().applied_batch
+                time.sleep(0)
+        return set(applied.values())
 
     def close(self) -> None:
         self.view.close()
@@ -164,7 +176,7 @@ class TableReader:
     @contextlib.contextmanager
     def read(self):
         """Yields (view, batch) of one committed batch; view is None for a table never run."""
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 5.0
         while self.current is None and self.unavailable is None:
             self.refresh()      # the first open may land mid-commit: wait for the batch to complete
             if self.current is not None or self.identity is None or time.monotonic() > deadline:

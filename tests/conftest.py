@@ -66,3 +66,10 @@ def spark():
 def topic_name():
     """A fresh topic name per test, so tests never see each other's records."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Keep the stack folder (broker and Airflow logs) only when something failed."""
+    if exitstatus == 0:
+        import shutil
+        shutil.rmtree(_TEST_ROOT, ignore_errors=True)

@@ -87,3 +87,15 @@ def test_high_watermarks_equal_records_produced_per_partition(kafka, topic_name)
     marks = watermarks(kafka, topic_name)
     assert {p: high for p, (_, high) in marks.items()} == produced
     assert {p: low for p, (low, _) in marks.items()} == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+def test_cluster_id_never_starts_with_a_dash(monkeypatch):
+    """The storage tool reads an id starting with '-' as an option; such ids are drawn again."""
+    import uuid
+
+    from deploy import kafka_server
+
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(16))])
+    monkeypatch.setattr(kafka_server.uuid, "uuid4", lambda: next(draws))
+    assert kafka_server.new_cluster_id() == "A" * 22
+    assert next(draws, None) is None        # the first draw ('-...') was refused

@@ -22,7 +22,7 @@ from spark_jobs.definitions import parse as parse_definition
 from state.table import StateTable
 from tests.table_env import isolated_runtime
 
-PORT = int(os.environ.get("STATETABLE_TEST_API_PORT", "38181"))
+PORT = int(os.environ.get("STATETABLE_TEST_API_PORT", "28181"))
 TOKEN = "test-token-" + "x" * 24
 INVARIANT_SQL = """-- topic: inv_events
 -- schema: k STRING, v DOUBLE

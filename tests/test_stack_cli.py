@@ -20,9 +20,9 @@ def own_stack_env(tmp_path):
     env = dict(os.environ)
     env.update({
         "STATETABLE_STACK_DIR": str(tmp_path / "stack"),
-        "STATETABLE_KAFKA_PORT": "39092",
-        "STATETABLE_KAFKA_CONTROLLER_PORT": "39093",
-        "STATETABLE_AIRFLOW_PORT": "38080",
+        "STATETABLE_KAFKA_PORT": "27092",
+        "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
+        "STATETABLE_AIRFLOW_PORT": "27080",
     })
     yield env
     subprocess.run([STATETABLE, "stack", "down"], env=env, capture_output=True)
@@ -52,21 +52,21 @@ def _processes_mentioning(path: str) -> list[str]:
 def test_up_status_down_leaves_nothing_running(own_stack_env):
     before = _cli(own_stack_env, "stack", "status", check=False)
     assert before.returncode != 0
-    assert before.stdout.splitlines() == ["kafka 127.0.0.1:39092 down", "airflow http://127.0.0.1:38080 down"]
+    assert before.stdout.splitlines() == ["kafka 127.0.0.1:27092 down", "airflow http://127.0.0.1:27080 down"]
 
     up = _cli(own_stack_env, "stack", "up")
-    assert "Airflow UI:  http://127.0.0.1:38080" in up.stdout
+    assert "Airflow UI:  http://127.0.0.1:27080" in up.stdout
     assert "password:" in up.stdout
 
     status = _cli(own_stack_env, "stack", "status")
-    assert status.stdout.splitlines() == ["kafka 127.0.0.1:39092 up", "airflow http://127.0.0.1:38080 up"]
+    assert status.stdout.splitlines() == ["kafka 127.0.0.1:27092 up", "airflow http://127.0.0.1:27080 up"]
 
     started = time.monotonic()
     _cli(own_stack_env, "stack", "down")
     assert time.monotonic() - started < 30
     state_dir = own_stack_env["STATETABLE_STACK_DIR"]
     assert _processes_mentioning(state_dir) == []
-    cfg = stack_settings.StackSettings("127.0.0.1", 39092, 39093, 38080, Path(state_dir))
+    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(state_dir))
     assert stack.running_pids(cfg) == {}
     after = _cli(own_stack_env, "stack", "status", check=False)
-    assert after.stdout.splitlines() == ["kafka 127.0.0.1:39092 down", "airflow http://127.0.0.1:38080 down"]
+    assert after.stdout.splitlines() == ["kafka 127.0.0.1:27092 down", "airflow http://127.0.0.1:27080 down"]
