@@ -190,6 +190,9 @@ class RowAggregator:
         self.columns = dict(columns)
         self._aggs = tuple(self.columns.values())
         self.merge = self._compile_merge()
+        # Every column adds (COUNT, SUM): int states merge by addition, so a commit may add
+        # straight on the stored bytes (codec.add_ints) instead of decode-merge-encode.
+        self.additive = all(type(agg) in (Count, Sum) for agg in self._aggs)
 
     def _compile_merge(self):
         """A merge function specialised to the column count: this is the hot

@@ -257,10 +257,13 @@ class Transaction:
         digest, count = meta.digest, meta.key_count
         # The hot loop of every batch: locals only, digest inlined (see state.digest).
         encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
+        add = codec.add_ints if part.aggregator is not None and part.aggregator.additive else None
         h = digests.xxh3_64_intdigest      # entry_hash, inlined: see state.digest
         for key, old, (kind, value) in zip(keys, olds, self._ops.values()):
             if kind == _MERGE:
-                new = encode(merge(None if old is None else decode(old), value))
+                new = add(old, value) if add is not None and old is not None else None
+                if new is None:
+                    new = encode(merge(None if old is None else decode(old), value))
             elif kind == _PUT:
                 new = encode(value)
             else:

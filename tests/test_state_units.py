@@ -186,3 +186,41 @@ def test_bad_table_definitions_fail_with_the_fix():
         TableSpec("bad name", 1)
     with pytest.raises(ValueError, match="ADVANCE"):
         WindowSpec(size_ms=10, advance_ms=20)
+
+
+_int64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+_edge = st.one_of(_int64, st.sampled_from([-(1 << 63), (1 << 63) - 1, 0, -1, 1]))
+
+
+@given(st.integers(1, 2).flatmap(lambda n: st.tuples(
+    st.tuples(*[st.one_of(_edge, st.none())] * n), st.tuples(*[st.one_of(_edge, st.none(), st.floats(-1e9, 1e9))] * n))))
+@settings(max_examples=400, deadline=None)
+def test_add_ints_on_bytes_equals_decode_merge_encode(pair):
+    """The additive fast path of a commit gives the generic path's bytes, or steps aside."""
+    stored, partial = pair
+    agg = RowAggregator({f"c{i}": Sum() for i in range(len(stored))})
+    assert agg.additive
+    fast = codec.add_ints(codec.encode_value(stored), partial)
+    merged = agg.merge(stored, partial)
+    all_ints = all(type(v) is int for v in (*stored, *partial))
+    if all_ints and all(-(1 << 63) <= v < (1 << 63) for v in merged):
+        assert fast == codec.encode_value(merged)
+    else:
+        assert fast is None         # None, floats or a 64-bit overflow: the generic path decides
+
+
+def test_commit_takes_the_additive_path_only_for_count_and_sum():
+    assert RowAggregator({"n": Count(), "s": Sum()}).additive
+    assert not RowAggregator({"n": Count(), "m": Max()}).additive
+    assert not RowAggregator({"a": Avg()}).additive
+    part = StatePartition("t", 0, MemoryBackend(), RowAggregator({"n": Count(), "s": Sum()}))
+    with part.begin(0) as tx:
+        tx.merge(("a",), (1, 5))
+        tx.merge(("b",), (1, None))
+    with part.begin(1) as tx:
+        tx.merge(("a",), (2, 7))
+        tx.merge(("b",), (1, 3))
+        tx.merge(("c",), (1, 2.5))
+    assert part.get(("a",)) == (3, 12)
+    assert part.get(("b",)) == (2, 3)
+    assert part.get(("c",)) == (1, 2.5)
