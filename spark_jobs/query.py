@@ -41,6 +41,7 @@ log = logging.getLogger("statetable.query")
 UNAVAILABLE = "unavailable"   # refresh_all's word for a table being restored or missing
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
+PATIENCE_SECONDS = 10.0   # how long a read waits for a first consistent catch-up before answering 503
 
 
 class NoSuchTable(LookupError):
@@ -115,6 +116,7 @@ class TableReader:
         self.current: _Generation | None = None
         self.identity: tuple | None = None
         self.unavailable: str | None = None
+        self.last_catch_up: list[int] = []
 
     # -- where the primary is ----------------------------------------------------
     def _partition_dirs(self) -> list[Path]:
@@ -167,6 +169,7 @@ class TableReader:
                 while standby.readers:
                     self.cond.wait(1.0)
             batches = standby.catch_up()
+            self.last_catch_up = sorted(batches)
             if len(batches) == 1:
                 standby.batch = batches.pop()
                 with self.cond:
@@ -175,26 +178,33 @@ class TableReader:
 
     @contextlib.contextmanager
     def read(self):
-        """Yields (view, batch) of one committed batch; view is None for a table never run."""
-        deadline = time.monotonic() + 5.0
-        while self.current is None and self.unavailable is None:
-            self.refresh()      # the first open may land mid-commit: wait for the batch to complete
-            if self.current is not None or self.identity is None or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        """Yields (view, batch) of one committed batch; view is None for a table never run.
+
+        Without a current generation (first open, or secondaries rebuilt after a restore,
+        possibly by another thread between two of our steps) the caller waits for a catch-up
+        that lands on one batch, for up to PATIENCE_SECONDS, rather than failing at once."""
+        started, attempts = time.monotonic(), 0
         if self.unavailable:
             self.refresh()          # answer 503 only while it is still true, not until the next tick
+        while True:
             if self.unavailable:
                 raise StateUnavailable(self.unavailable)
-        with self.cond:
-            generation = self.current
-            if generation is not None:
-                generation.readers += 1
-        if generation is None:
-            if self.identity is not None:
+            with self.cond:
+                generation = self.current
+                if generation is not None:
+                    generation.readers += 1
+                    break
+            if attempts and self.identity is None:
+                yield None, None    # a table never run
+                return
+            if time.monotonic() - started > PATIENCE_SECONDS:
+                log.warning("%s: no catch-up landed on one batch in %d attempts over %.1fs (last saw batches %s)",
+                            self.table.name, attempts, time.monotonic() - started, self.last_catch_up)
                 raise StateUnavailable(f"table {self.table.name!r}: a batch is committing; retry", retry_after=1)
-            yield None, None
-            return
+            if attempts:
+                time.sleep(0.05)
+            self.refresh()
+            attempts += 1
         try:
             yield generation.view, generation.batch
         finally:

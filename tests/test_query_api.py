@@ -196,7 +196,7 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
         for r in readers:
             r.join()
         writer.close()
-    assert not errors, errors[:3]
+    assert not errors, (errors[:3], (env.data_dir / "serve.log").read_text()[-3000:])
     torn = [(b, total) for b, total, n in seen if total != (b + 1) * KEYS or n != KEYS]
     assert not torn, torn[:5]
     assert len({b for b, _, _ in seen}) >= 3          # readers really ran across several batches
