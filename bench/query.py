@@ -29,7 +29,7 @@ from pathlib import Path
 TOKEN = "bench-token-" + "y" * 24
 SQL = """-- topic: bench_kv_events
 -- schema: k STRING, v DOUBLE
--- partitions: 4
+-- partitions: {partitions}
 CREATE TABLE bench_kv AS SELECT k, COUNT(v) AS n FROM bench_kv_events GROUP BY k;
 """
 
@@ -171,6 +171,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=25481)
     parser.add_argument("--readers", type=int, default=2, help="statetable serve --readers (0: in the server process)")
     parser.add_argument("--broker-port", type=int, default=25492)
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="state partitions of the table: a catch-up after a batch holds the GIL per partition, "
+                             "so more partitions cut the longest stall")
     args = parser.parse_args()
 
     from bench.broker import private_broker
@@ -179,7 +182,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-query-"))
     (root / "tables").mkdir()
-    (root / "tables" / "bench_kv.sql").write_text(SQL)
+    (root / "tables" / "bench_kv.sql").write_text(SQL.format(partitions=args.partitions))
     with private_broker(args.broker_port) as cfg:
         rt = Runtime(bootstrap=cfg.kafka_bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data" / "snap"),
                      tables_dir=root / "tables", namespace="bench.")
@@ -210,7 +213,8 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=20)
     print(json.dumps({
-        "keys": args.keys, "concurrency": args.concurrency, "target_rate": args.rate,
+        "keys": args.keys, "partitions": args.partitions, "readers": args.readers,
+        "concurrency": args.concurrency, "target_rate": args.rate,
         "build_seconds": round(build_s, 1),
         "paced": paced, "max_throughput": flat_out,
         "paced_while_committing": {**during, "batches_committed": committed.value,

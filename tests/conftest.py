@@ -6,6 +6,7 @@ by pid at the end of the session.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -22,6 +23,9 @@ os.environ.update({
     # Tests trigger every run they check; scheduled runs would race them for the same tables.
     "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
 })
+
+# py4j logs from __del__ at interpreter exit, after pytest closed the stream it captured.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 from deploy import airflow_server, kafka_server, settings as stack_settings  # noqa: E402
 
