@@ -107,6 +107,11 @@ def start(settings: StackSettings) -> None:
         args = [component]
         if component == "api-server":
             args += ["--host", settings.host, "--port", str(settings.airflow_port)]
+        elif component in ("scheduler", "triggerer"):
+            # Their log servers bind every interface on fixed ports (8793/8794), so a second
+            # stack on the machine cannot start one; the API server reads task logs from the
+            # shared local folder anyway.
+            args += ["--skip-serve-logs"]
         process(settings, component).start([str(VENV_BIN / "airflow"), *args], env=env, cwd=settings.airflow_home)
 
 

@@ -49,6 +49,27 @@ def _processes_mentioning(path: str) -> list[str]:
     return found
 
 
+def _listening_addresses(pids) -> set[tuple[str, int]]:
+    """Where the given processes and all their descendants listen (IPv4-mapped addresses unmapped)."""
+    import psutil
+
+    found = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in family:
+            try:
+                conns = proc.net_connections(kind="inet")
+            except psutil.NoSuchProcess:
+                continue
+            found |= {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns
+                      if c.status == psutil.CONN_LISTEN}
+    return found
+
+
 def test_up_status_down_leaves_nothing_running(own_stack_env):
     before = _cli(own_stack_env, "stack", "status", check=False)
     assert before.returncode != 0
@@ -60,13 +81,16 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
 
     status = _cli(own_stack_env, "stack", "status")
     assert status.stdout.splitlines() == ["kafka 127.0.0.1:27092 up", "airflow http://127.0.0.1:27080 up"]
+    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]))
+    listening = _listening_addresses(stack.running_pids(cfg).values())
+    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080)} <= listening
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
     started = time.monotonic()
     _cli(own_stack_env, "stack", "down")
     assert time.monotonic() - started < 30
     state_dir = own_stack_env["STATETABLE_STACK_DIR"]
     assert _processes_mentioning(state_dir) == []
-    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(state_dir))
     assert stack.running_pids(cfg) == {}
     after = _cli(own_stack_env, "stack", "status", check=False)
     assert after.stdout.splitlines() == ["kafka 127.0.0.1:27092 down", "airflow http://127.0.0.1:27080 down"]
