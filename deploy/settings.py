@@ -6,6 +6,7 @@ ports (9092, 8080) that other local services tend to hold.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ def _port(name: str, default: int) -> int:
     return port
 
 
+@functools.cache
 def ephemeral_port_range() -> tuple[int, int]:
     """The ports the kernel hands to outgoing connections. A listener inside that range
     can find its port taken by some client socket (a CI run once lost a broker to it)."""

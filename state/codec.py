@@ -174,6 +174,17 @@ _pack_2int = _INT_TUPLE[2].pack
 _UINT64 = 1 << 64
 
 
+def _biased_int_fields(data: bytes) -> tuple | None:
+    """The stored (biased) fields of a value in the one- or two-int fast layout, else None."""
+    size = len(data)
+    if size == 12 and data[2] == _INT and data[11] == _END and data[1] == _TUPLE and data[0] == FORMAT_VERSION:
+        return _unpack_q(data, 3)
+    if size == 21 and data[2] == _INT and data[11] == _INT and data[20] == _END and data[1] == _TUPLE \
+            and data[0] == FORMAT_VERSION:
+        return _unpack_qq(data, 3)
+    return None
+
+
 def add_ints(data: bytes, partial) -> bytes | None:
     """`data` with `partial` added element-wise, straight on the bytes, for a value of one or
     two 64-bit ints (COUNT and integer SUM columns, the commonest tables); None when either
@@ -181,33 +192,27 @@ def add_ints(data: bytes, partial) -> bytes | None:
 
     It skips building the tuples that decode, merge and encode would, which is most of a
     commit's per-key cost for count tables. Same bytes as the generic path by construction."""
-    size = len(data)
-    if size == 12 and type(partial) is tuple and len(partial) == 1:
-        p = partial[0]
-        if type(p) is int and data[0] == FORMAT_VERSION and data[1] == _TUPLE and data[2] == _INT \
-                and data[11] == _END:
-            n = _unpack_q(data, 3)[0] + p
-            if 0 <= n < _UINT64:
-                return _pack_1int(FORMAT_VERSION, _TUPLE, _INT, n, _END)
-    elif size == 21 and type(partial) is tuple and len(partial) == 2:
-        p, q = partial
-        if type(p) is int and type(q) is int and data[0] == FORMAT_VERSION and data[1] == _TUPLE \
-                and data[2] == _INT and data[11] == _INT and data[20] == _END:
-            a, b = _unpack_qq(data, 3)
-            a, b = a + p, b + q
-            if 0 <= a < _UINT64 and 0 <= b < _UINT64:
-                return _pack_2int(FORMAT_VERSION, _TUPLE, _INT, a, _INT, b, _END)
+    fields = _biased_int_fields(data)
+    if fields is None or type(partial) is not tuple or len(partial) != len(fields):
+        return None
+    if len(fields) == 1:
+        n = partial[0]
+        if type(n) is int and 0 <= (n := fields[0] + n) < _UINT64:
+            return _pack_1int(FORMAT_VERSION, _TUPLE, _INT, n, _END)
+        return None
+    a, b = partial
+    if type(a) is int and type(b) is int and 0 <= (a := fields[0] + a) < _UINT64 \
+            and 0 <= (b := fields[1] + b) < _UINT64:
+        return _pack_2int(FORMAT_VERSION, _TUPLE, _INT, a, _INT, b, _END)
     return None
 
 
 def decode_value(data: bytes):
-    size = len(data)
-    if size == 12 and data[2] == _INT and data[11] == _END and data[1] == _TUPLE and data[0] == FORMAT_VERSION:
-        return (_unpack_q(data, 3)[0] - _INT_BIAS,)
-    if size == 21 and data[2] == _INT and data[11] == _INT and data[20] == _END and data[1] == _TUPLE \
-            and data[0] == FORMAT_VERSION:
-        a, b = _unpack_qq(data, 3)
-        return (a - _INT_BIAS, b - _INT_BIAS)
+    fields = _biased_int_fields(data)
+    if fields is not None:
+        if len(fields) == 1:
+            return (fields[0] - _INT_BIAS,)
+        return (fields[0] - _INT_BIAS, fields[1] - _INT_BIAS)
     if not data:
         raise CodecError("empty value")
     if data[0] != FORMAT_VERSION:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -75,5 +76,4 @@ def topic_name():
 def pytest_sessionfinish(session, exitstatus):
     """Keep the stack folder (broker and Airflow logs) only when something failed."""
     if exitstatus == 0:
-        import shutil
         shutil.rmtree(_TEST_ROOT, ignore_errors=True)
