@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+import threading
 import time
 
 import pytest
@@ -63,3 +65,22 @@ def test_backfill_three_dates_creates_three_successful_runs(airflow, smoke_topic
         time.sleep(3)
     assert sorted(r["logical_date"][:10] for r in backfill_runs) == ["2026-03-01", "2026-03-02", "2026-03-03"]
     assert [r["state"] for r in backfill_runs] == ["success"] * 3
+
+
+def test_cli_write_waits_out_a_long_sqlite_write_lock(airflow):
+    """The CI failure "database is locked" came from a CLI write that gave up after SQLite's
+    default 5 s while the scheduler held the lock. Hold the lock 15 s: the write must wait."""
+    holder = sqlite3.connect(airflow.airflow_home / "airflow.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(15, holder.execute, args=("COMMIT",))
+    release.start()
+    try:
+        written = airflow_server.airflow_cli(
+            airflow, "variables", "set", "statetable_lock_probe", "waited", capture=True, check=False,
+        )
+    finally:
+        release.join()
+        holder.close()
+    assert written.returncode == 0, written.stdout[-2000:] + written.stderr[-2000:]
+    read = airflow_server.airflow_cli(airflow, "variables", "get", "statetable_lock_probe", capture=True)
+    assert read.stdout.strip().splitlines()[-1] == "waited"
