@@ -26,7 +26,8 @@ VENV_BIN = Path(sys.executable).parent
 # SQLite waits 5 s for a lock by default. On two busy cores the scheduler can hold the write
 # lock longer, and a concurrent `airflow backfill create` then died with "database is locked"
 # (seen in CI). Every Airflow process of the stack waits up to a minute instead; Airflow reads
-# these dicts by import path (see airflow_env).
+# these dicts by import path (see airflow_env). Two objects, because Airflow adds
+# check_same_thread to the sync engine's dict in place.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 SQLITE_ASYNC_CONNECT_ARGS = {"timeout": 60}
 
