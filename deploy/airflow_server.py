@@ -23,14 +23,6 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
 VENV_BIN = Path(sys.executable).parent
 
-# SQLite waits 5 s for a lock by default. On two busy cores the scheduler can hold the write
-# lock longer, and a concurrent `airflow backfill create` then died with "database is locked"
-# (seen in CI). Every Airflow process of the stack waits up to a minute instead; Airflow reads
-# these dicts by import path (see airflow_env). Two objects, because Airflow adds
-# check_same_thread to the sync engine's dict in place.
-SQLITE_CONNECT_ARGS = {"timeout": 60}
-SQLITE_ASYNC_CONNECT_ARGS = {"timeout": 60}
-
 
 def _secret(settings: StackSettings, name: str) -> str:
     """A per-stack random secret kept under the git-ignored state folder."""
@@ -73,8 +65,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "deploy.airflow_server.SQLITE_CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "deploy.airflow_server.SQLITE_ASYNC_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "deploy.airflow_sqlite.CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "deploy.airflow_sqlite.ASYNC_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER": "deploy.airflow_sqlite.session_maker",
         "AIRFLOW__API__HOST": settings.host,
         "AIRFLOW__API__PORT": str(settings.airflow_port),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,

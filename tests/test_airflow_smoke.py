@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -84,3 +85,45 @@ def test_cli_write_waits_out_a_long_sqlite_write_lock(airflow):
     assert written.returncode == 0, written.stdout[-2000:] + written.stderr[-2000:]
     read = airflow_server.airflow_cli(airflow, "variables", "get", "statetable_lock_probe", capture=True)
     assert read.stdout.strip().splitlines()[-1] == "waited"
+
+
+# Runs inside an Airflow process of the stack, through Airflow's own session factory.
+_SAVEPOINT_RACE = """
+import sqlite3, sys
+from sqlalchemy import text
+from airflow import settings
+
+with settings.Session() as session:
+    session.execute(text("SELECT 1"))
+    with session.begin_nested():
+        session.execute(text("SELECT count(*) FROM statetable_savepoint_probe")).scalar()
+        other = sqlite3.connect(sys.argv[1], timeout=0.5)
+        try:
+            other.execute("INSERT INTO statetable_savepoint_probe VALUES ('other')")
+            other.commit()
+            print("other-committed-in-between")
+        except sqlite3.OperationalError:
+            print("other-waited")
+        other.close()
+        session.execute(text("INSERT INTO statetable_savepoint_probe VALUES ('savepoint')"))
+    session.commit()
+"""
+
+
+def test_savepoint_write_survives_a_commit_between_its_read_and_its_write(airflow):
+    """CI lost `backfill create` to SQLITE_BUSY_SNAPSHOT: Airflow opens a savepoint, reads, and
+    inserts; a scheduler commit in between fails the insert at once, whatever the busy timeout.
+    Commit from another connection at exactly that moment: the savepoint's write must land."""
+    database = airflow.airflow_home / "airflow.db"
+    with sqlite3.connect(database, timeout=60) as setup:
+        setup.execute("CREATE TABLE IF NOT EXISTS statetable_savepoint_probe (writer TEXT)")
+        setup.execute("DELETE FROM statetable_savepoint_probe")
+    race = subprocess.run(
+        [str(airflow_server.VENV_BIN / "python"), "-c", _SAVEPOINT_RACE, str(database)],
+        env=airflow_server.airflow_env(airflow), capture_output=True, text=True, timeout=300,
+    )
+    assert race.returncode == 0, race.stdout[-2000:] + race.stderr[-3000:]
+    assert race.stdout.strip().splitlines()[-1] == "other-waited"
+    with sqlite3.connect(database, timeout=60) as check:
+        writers = [row[0] for row in check.execute("SELECT writer FROM statetable_savepoint_probe")]
+    assert writers == ["savepoint"]
