@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 TOKEN = "bench-token-" + "y" * 24
+SLOW_SECONDS = 0.010   # the target p99
 SQL = """-- topic: bench_kv_events
 -- schema: k STRING, v DOUBLE
 -- partitions: {partitions}
@@ -113,7 +114,8 @@ class _Connection:
 
 async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: float | None) -> dict:
     host, port = base.removeprefix("http://").split(":")
-    latencies, errors, batches = [], 0, set()
+    latencies, errors, batches, slow = [], 0, set(), []
+    begun = time.perf_counter()
     interval = None if rate is None else concurrency / rate
     deadline = time.perf_counter() + seconds
 
@@ -130,12 +132,14 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
             started = time.perf_counter()
             status, headers = await conn.get(f"/tables/bench_kv/rows/{_key(rng.randrange(keys))}")
             latencies.append(time.perf_counter() - started)
+            if latencies[-1] > SLOW_SECONDS:
+                slow.append((started - begun, latencies[-1]))
             if status != 200:
                 errors += 1
             else:
                 batches.add(headers["x-statetable-batch"])
 
-    started = time.perf_counter()
+    started = begun = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
     latencies.sort()
@@ -144,7 +148,18 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
 
     return {"requests": len(latencies), "errors": errors, "requests_per_s": round(len(latencies) / elapsed, 1),
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0), "batches_seen": len(batches)}
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0), "batches_seen": len(batches),
+            "over_10ms": len(slow), "stalls": _stalls(slow)}
+
+
+def _stalls(slow: list[tuple[float, float]], top: int = 5) -> list[dict]:
+    """Where the slow requests cluster: the 100 ms windows holding most of them (a stall shows as a
+    few crowded windows, CPU contention as many thin ones)."""
+    windows: dict[int, list[float]] = {}
+    for at, latency in slow:
+        windows.setdefault(int(at * 10), []).append(latency)
+    crowded = sorted(windows.items(), key=lambda item: -len(item[1]))[:top]
+    return [{"at_s": w / 10, "requests": len(ls), "max_ms": round(max(ls) * 1000, 1)} for w, ls in crowded]
 
 
 def _load_in_process(args_tuple, queue) -> None:

@@ -5,7 +5,10 @@ the writer (tens of milliseconds after a large batch), and in one process that
 stalls every request in flight. Here each reader process holds its own
 `QueryService` (its own secondaries) and catches up only when told to. The
 readers take turns: one is drained of requests and refreshed while the others
-answer, so some reader is always free.
+answer, so some reader is always free. A reader is drained only when the state
+files changed since its last catch-up (state_signature), so an idle table keeps
+every reader serving, and after one reader lands on a new batch the next is
+caught up at once: until then that reader serves the table alone.
 
 Reads stay monotonic: a request goes to a serving reader whose batch for the
 table is the newest known, so a client never sees a batch older than one it
@@ -20,6 +23,7 @@ import multiprocessing
 import os
 import threading
 import time
+from pathlib import Path
 
 from spark_jobs.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
 from spark_jobs.runtime import Runtime
@@ -29,6 +33,29 @@ log = logging.getLogger("statetable.query")
 FLOOR_PATIENCE_SECONDS = 2.0   # how long a read waits for a reader at the newest batch before accepting an older one
 MAX_SKIPS = 10   # turns a reader may skip for being the only one at the newest batch; then reads wait for it
 _ERRORS = {cls.__name__: cls for cls in (BadQuery, NoSuchTable)}
+
+
+def state_signature(state_dir: Path, tables) -> tuple:
+    """Everything a secondary's catch-up could read, as cheap metadata: each table folder's
+    entries (a restore swaps a partition folder), and in each partition the size and time of
+    its WAL and MANIFEST files. Every commit appends to a WAL and every flush writes a
+    MANIFEST, so while this is unchanged a catch-up would find nothing new, and draining a
+    reader for one only takes it from the requests."""
+    signature = []
+    for table in sorted(tables):
+        try:
+            partitions = sorted(os.scandir(state_dir / table), key=lambda e: e.name)
+        except FileNotFoundError:
+            signature.append((table, None))
+            continue
+        for partition in partitions:
+            try:
+                files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in os.scandir(partition.path)
+                               if f.name.endswith(".log") or f.name.startswith(("MANIFEST", "CURRENT")))
+                signature.append((table, partition.name, partition.inode(), tuple(files)))
+            except (FileNotFoundError, NotADirectoryError):
+                signature.append((table, partition.name, None))
+    return tuple(signature)
 
 
 def _idle_priority(work):
@@ -58,6 +85,8 @@ def _reader_main(env: dict, conn) -> None:
             try:
                 if method == "refresh":
                     conn.send(("ok", _idle_priority(lambda: service.refresh_all(*args))))
+                elif method == "open_all":
+                    conn.send(("ok", service.refresh_all(sorted(service.definitions))))
                 else:
                     conn.send(("ok", getattr(service, method)(*args)))
             except StateUnavailable as exc:
@@ -83,6 +112,8 @@ class _Reader:
         self.batches: dict[str, int | None] = {}
         self.in_flight = 0
         self.draining = False
+        self.refreshes = 0
+        self.refreshed_at: tuple | None = None    # the state_signature its last catch-up started from
 
     def batch_of(self, table: str) -> int:
         """The batch this reader answers `table` from; -1 before it has opened the table."""
@@ -118,12 +149,29 @@ class ProcessQueryService:
             float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
         env = {**{k: v for k, v in os.environ.items() if k.startswith("STATETABLE_")}, **self.rt.as_env()}
         self.readers = [_Reader(i, env) for i in range(readers)]
+        self._open_every_table()
         self.cond = threading.Condition()
         self.floor: dict[str, int] = {}
         self.turn = itertools.count()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
         self.thread.start()
+
+    def _open_every_table(self) -> None:
+        """Open every table in every reader, all readers at once, before the first request: opening
+        replays the writer's WAL into each secondary (seconds for a large table), and done lazily it
+        would fall on the first requests, then on every reader's first turn under load."""
+        for reader in self.readers:
+            reader.conn.send(("open_all", ()))
+        for reader in self.readers:
+            try:
+                status, payload = reader.conn.recv()
+            except EOFError:
+                raise RuntimeError(f"query reader {reader.index} died while opening the tables") from None
+            if status == "ok":
+                reader.batches = payload     # its first turn still catches up, then records what it saw
+            else:
+                log.warning("query reader %d: opening the tables: %s", reader.index, payload)
 
     # -- routing -------------------------------------------------------------------
     def _acquire(self, table: str | None, deadline: float) -> _Reader:
@@ -197,13 +245,26 @@ class ProcessQueryService:
                 return True
         return False
 
+    def _up_to_date(self, reader: _Reader, tables: list[str], signature: tuple) -> bool:
+        """Nothing a catch-up could bring it: no write since its last one started, and it has
+        every table some reader has opened, none of them being restored."""
+        return (reader.refreshed_at == signature and set(tables) <= set(reader.batches)
+                and not any(self._unavailable(t) for t in tables))
+
     def _refresh_loop(self) -> None:
         skipped = [0] * len(self.readers)
+        hurry = False
         for index in itertools.cycle(range(len(self.readers))):
-            if self.stopped.wait(self.refresh_interval / len(self.readers)):
+            if self.stopped.wait(0 if hurry else self.refresh_interval / len(self.readers)):
                 return
+            hurry = False
             reader = self.readers[index]
             with self.cond:
+                tables = sorted({t for r in self.readers for t in r.batches})
+            signature = state_signature(self.rt.state_dir, tables)
+            with self.cond:
+                if self._up_to_date(reader, tables, signature):
+                    continue
                 if self._sole_newest(reader) and skipped[index] < MAX_SKIPS:
                     skipped[index] += 1
                     continue       # draining it would send readers back in time; refresh the others first
@@ -213,11 +274,16 @@ class ProcessQueryService:
                     self.cond.wait(0.05)
                 reader.in_flight += 1          # the refresh owns the pipe now
             try:
-                with self.cond:
-                    tables = sorted({t for r in self.readers for t in r.batches})
                 batches = reader.call("refresh", (tables,))
                 with self.cond:
                     reader.batches = batches
+                    reader.refreshes += 1
+                    # The catch-up read the files after this was taken, so it saw all of it; a batch it
+                    # found half-committed will change the files again when the rest commits.
+                    reader.refreshed_at = signature
+                    # Alone at a newer batch, it now serves that table by itself: catch the next
+                    # reader up at once instead of after the usual pause.
+                    hurry = self._sole_newest(reader) and not os.environ.get("NOHURRY")
             except Exception:    # noqa: BLE001 - a broken table must not stop the others' refreshes
                 log.exception("query reader %d: refresh failed", reader.index)
             finally:

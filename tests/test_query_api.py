@@ -19,6 +19,7 @@ from deploy.processes import wait_until
 from spark_jobs import jobs, samples
 from spark_jobs.compile import state_spec
 from spark_jobs.definitions import parse as parse_definition
+from spark_jobs.query_processes import ProcessQueryService, state_signature
 from state.table import StateTable
 from tests.table_env import isolated_runtime
 
@@ -149,6 +150,18 @@ def test_every_route_needs_a_valid_token(server):
         assert _get(server, route).status_code in (200, 404, 422), route
 
 
+def _commit_one_each(writer: StateTable, table, keys: list[tuple], batch_id: int) -> None:
+    """Count 1 more for every key, partition by partition, as Spark's merge tasks do."""
+    for p in range(table.partitions):
+        part = writer.open(p)
+        tx = part.begin(batch_id)
+        for key in keys:
+            if writer.partition_of(key) == p:
+                tx.merge(key, (1,))
+        tx.commit()
+        time.sleep(0.01)
+
+
 def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     table = parse_definition(env.tables_dir / "inv.sql")
     spec = state_spec(table, env.namespace)
@@ -158,14 +171,7 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     stop = threading.Event()
 
     def commit(batch_id: int) -> None:
-        for p in range(table.partitions):       # partition by partition, as Spark's merge tasks do
-            part = writer.open(p)
-            tx = part.begin(batch_id)
-            for key in keys:
-                if writer.partition_of(key) == p:
-                    tx.merge(key, (1,))
-            tx.commit()
-            time.sleep(0.01)
+        _commit_one_each(writer, table, keys, batch_id)
 
     commit(0)
 
@@ -241,3 +247,62 @@ def test_inside_airflow_the_api_takes_airflows_token_and_nothing_else(airflow):
     assert _get(base, "/tables", token=None).status_code == 401
     assert _get(base, "/tables", token=TOKEN).status_code == 401
     assert _get(base, "/leaderboard", token="not.a.jwt").status_code == 401
+
+
+def test_idle_readers_stay_serving_and_a_commit_reaches_every_reader(env):
+    """A catch-up takes a reader from the requests; with nothing written since its last one it
+    would find nothing, so it must not happen. The next commit must still reach every reader."""
+    table = parse_definition(env.tables_dir / "inv.sql")
+    writer = StateTable(state_spec(table, env.namespace), env.state_dir, bootstrap=env.bootstrap)
+    keys = [(f"k{i:04d}",) for i in range(KEYS)]
+    service = ProcessQueryService(env, readers=3, refresh_interval=0.05)
+    try:
+        # Every table is open in every reader before the first request (opening replays the WAL).
+        assert all({"inv", "leaderboard", "movie_tickets_sold"} <= set(r.batches) for r in service.readers)
+        _commit_one_each(writer, table, keys, 1000)
+        wait_until(lambda: all(r.batch_of("inv") == 1000 for r in service.readers), 30, interval=0.05,
+                   what="every reader at batch 1000")
+        first, row = service.get("inv", "k0000")
+        assert first == 1000
+        time.sleep(0.5)
+        idle_before = [r.refreshes for r in service.readers]
+        time.sleep(1.5)           # ~30 refresh turns at this interval
+        assert [r.refreshes for r in service.readers] == idle_before
+
+        _commit_one_each(writer, table, keys, 1001)
+        wait_until(lambda: all(r.batch_of("inv") == 1001 for r in service.readers), 30, interval=0.05,
+                   what="every reader at batch 1001")
+        assert all(r.refreshes > before for r, before in zip(service.readers, idle_before))
+        assert service.get("inv", "k0000") == (1001, {**row, "n": row["n"] + 1})
+    finally:
+        service.close()
+        writer.close()
+
+
+def test_state_signature_changes_with_each_write_flush_and_restore(tmp_path):
+    partition = tmp_path / "t" / "p0000"
+    partition.mkdir(parents=True)
+    (partition / "000004.log").write_bytes(b"a")
+    (partition / "MANIFEST-000005").write_bytes(b"m")
+    (partition / "CURRENT").write_text("MANIFEST-000005\n")
+    (partition / "000003.sst").write_bytes(b"s")
+    first = state_signature(tmp_path, ["t"])
+    assert state_signature(tmp_path, ["t"]) == first
+
+    (partition / "000009.sst").write_bytes(b"s")          # an SST alone comes with a MANIFEST write
+    assert state_signature(tmp_path, ["t"]) == first
+    with open(partition / "000004.log", "ab") as wal:     # a commit appends to the WAL
+        wal.write(b"b")
+    appended = state_signature(tmp_path, ["t"])
+    assert appended != first
+    (partition / "000010.log").write_bytes(b"")            # a flush starts a new WAL
+    new_wal = state_signature(tmp_path, ["t"])
+    assert new_wal != appended
+
+    partition.rename(partition.with_name("p0000.old"))    # a restore swaps the folder in
+    partition.mkdir()
+    for entry in partition.with_name("p0000.old").iterdir():
+        (partition / entry.name).write_bytes(entry.read_bytes())
+    swapped = state_signature(tmp_path, ["t"])
+    assert swapped != new_wal
+    assert state_signature(tmp_path, ["u", "t"]) == swapped + (("u", None),)   # a table with no state yet
