@@ -50,12 +50,17 @@ def state_signature(state_dir: Path, tables) -> tuple:
             continue
         for partition in partitions:
             try:
-                files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in os.scandir(partition.path)
+                files = sorted((f.name, *_size_and_time(f)) for f in os.scandir(partition.path)
                                if f.name.endswith(".log") or f.name.startswith(("MANIFEST", "CURRENT")))
                 signature.append((table, partition.name, partition.inode(), tuple(files)))
             except (FileNotFoundError, NotADirectoryError):
                 signature.append((table, partition.name, None))
     return tuple(signature)
+
+
+def _size_and_time(entry: os.DirEntry) -> tuple[int, int]:
+    stat = entry.stat()
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _idle_priority(work):
@@ -122,6 +127,10 @@ class _Reader:
 
     def call(self, method: str, args: tuple):
         self.conn.send((method, args))
+        return self.receive()
+
+    def receive(self):
+        """The answer to the call sent last, or its error raised here."""
         status, payload = self.conn.recv()
         if status == "ok":
             return payload
@@ -165,13 +174,11 @@ class ProcessQueryService:
             reader.conn.send(("open_all", ()))
         for reader in self.readers:
             try:
-                status, payload = reader.conn.recv()
+                reader.batches = reader.receive()   # its first turn still catches up, then records what it saw
             except EOFError:
                 raise RuntimeError(f"query reader {reader.index} died while opening the tables") from None
-            if status == "ok":
-                reader.batches = payload     # its first turn still catches up, then records what it saw
-            else:
-                log.warning("query reader %d: opening the tables: %s", reader.index, payload)
+            except (StateUnavailable, RuntimeError, LookupError, ValueError) as exc:
+                log.warning("query reader %d: opening the tables: %s", reader.index, exc)
 
     # -- routing -------------------------------------------------------------------
     def _acquire(self, table: str | None, deadline: float) -> _Reader:
@@ -283,7 +290,7 @@ class ProcessQueryService:
                     reader.refreshed_at = signature
                     # Alone at a newer batch, it now serves that table by itself: catch the next
                     # reader up at once instead of after the usual pause.
-                    hurry = self._sole_newest(reader) and not os.environ.get("NOHURRY")
+                    hurry = self._sole_newest(reader)
             except Exception:    # noqa: BLE001 - a broken table must not stop the others' refreshes
                 log.exception("query reader %d: refresh failed", reader.index)
             finally:
