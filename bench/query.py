@@ -10,13 +10,21 @@ it from a separate load process at a fixed concurrency:
 
 Prints one JSON object. Target: p99 <= 10 ms at 500 requests/s.
 
+The writer runs at the batch path's CPU priority (spark_jobs.priority), as
+the pipeline's merge tasks do; --batch-nice 0 makes it compete as an equal.
+Each phase also reports the host's steal (CPU time the hypervisor gave to
+other guests) and which slow requests were in flight while it happened: on a
+shared VM those wait whatever the server does.
+
     .venv/bin/python -m bench.query [--keys 1000000] [--rate 500] [--seconds 20] [--concurrency 16]
-                                    [--readers 3] [--partitions 16] [--warmup 10]
+                                    [--readers 3] [--partitions 16] [--warmup 10] [--batch-nice N]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import gc
 import json
 import multiprocessing
 import os
@@ -24,6 +32,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,14 +73,16 @@ def build_table(rt, keys: int) -> float:
 
 def commit_batches(rt_env: dict, keys: int, stop_at: float, every: float, result) -> None:
     """Another process, as Spark merge tasks would be: a batch of 50k key updates every `every` seconds
-    (back to back when a batch takes longer) until `stop_at`."""
+    (back to back when a batch takes longer) until `stop_at`, at the batch path's CPU priority."""
     os.environ.update(rt_env)
     from spark_jobs.compile import state_spec
     from spark_jobs.definitions import parse
+    from spark_jobs.priority import yield_cpu_to_queries
     from spark_jobs.runtime import Runtime
     from state import codec
     from state.table import StateTable
 
+    yield_cpu_to_queries()
     rt = Runtime.from_env()
     table = parse(rt.tables_dir / "bench_kv.sql")
     st = StateTable(state_spec(table), rt.state_dir, bootstrap=rt.bootstrap)
@@ -112,10 +123,45 @@ class _Connection:
         return int(head[0].split(" ")[1]), headers
 
 
+class _StealClock(threading.Thread):
+    """When the hypervisor ran other guests on this VM's CPUs (the steal column of /proc/stat,
+    read every 10 ms): a request in flight then can only wait, whatever the server does, so each
+    slow request is checked against these moments."""
+
+    def __init__(self, begun: float) -> None:
+        super().__init__(daemon=True)
+        self.begun, self.stolen_at, self.ticks = begun, [], 0
+        self.done = threading.Event()
+
+    @staticmethod
+    def _steal_ticks() -> int:
+        with open("/proc/stat") as stat:
+            return int(stat.readline().split()[8])
+
+    def run(self) -> None:
+        try:
+            last = self._steal_ticks()
+        except (OSError, ValueError, IndexError):
+            return
+        while not self.done.wait(0.01):
+            now = self._steal_ticks()
+            if now > last:
+                self.stolen_at.extend([time.perf_counter() - self.begun] * (now - last))
+                self.ticks += now - last
+            last = now
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Whether a steal tick was seen within [start, end], widened by the 10 ms a tick and a
+        sample can each lag."""
+        i = bisect.bisect_left(self.stolen_at, start)
+        return i < len(self.stolen_at) and self.stolen_at[i] <= end + 0.02
+
+
 async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: float | None) -> dict:
     host, port = base.removeprefix("http://").split(":")
-    latencies, errors, batches, slow = [], 0, set(), []
+    latencies, errors, batches, slow, spans = [], 0, set(), [], []
     begun = time.perf_counter()
+    steal = _StealClock(begun)
     interval = None if rate is None else concurrency / rate
     deadline = time.perf_counter() + seconds
 
@@ -132,6 +178,7 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
             started = time.perf_counter()
             status, headers = await conn.get(f"/tables/bench_kv/rows/{_key(rng.randrange(keys))}")
             latencies.append(time.perf_counter() - started)
+            spans.append((started - begun, latencies[-1]))
             if latencies[-1] > SLOW_SECONDS:
                 slow.append((started - begun, latencies[-1]))
             if status != 200:
@@ -139,30 +186,41 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
             else:
                 batches.add(headers["x-statetable-batch"])
 
-    started = begun = time.perf_counter()
+    started = begun = steal.begun = time.perf_counter()
+    steal.start()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
+    steal.done.set()
+    steal.join()
     latencies.sort()
+    unstolen = sorted(latency for at, latency in spans if not steal.overlaps(at - 0.01, at + latency))
 
-    def pct(q: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
+    def pct(values: list[float], q: float) -> float | None:
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else None
 
     return {"requests": len(latencies), "errors": errors, "requests_per_s": round(len(latencies) / elapsed, 1),
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": pct(1.0), "batches_seen": len(batches),
-            "over_10ms": len(slow), "stalls": _stalls(slow)}
+            "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99), "max_ms": pct(latencies, 1.0),
+            "batches_seen": len(batches), "over_10ms": len(slow),
+            "over_10ms_during_steal": sum(steal.overlaps(at - 0.01, at + latency) for at, latency in slow),
+            "steal_ms": steal.ticks * 10,
+            "p99_ms_of_requests_without_steal": pct(unstolen, 0.99), "requests_without_steal": len(unstolen),
+            "stalls": _stalls(slow, steal)}
 
 
-def _stalls(slow: list[tuple[float, float]], top: int = 5) -> list[dict]:
+def _stalls(slow: list[tuple[float, float]], steal: _StealClock, top: int = 5) -> list[dict]:
     """Where the slow requests cluster: the 100 ms windows holding most of them (a stall shows as a
-    few crowded windows, CPU contention as many thin ones)."""
+    few crowded windows, CPU contention as many thin ones), and the host's steal in each."""
     windows: dict[int, list[float]] = {}
     for at, latency in slow:
         windows.setdefault(int(at * 10), []).append(latency)
     crowded = sorted(windows.items(), key=lambda item: -len(item[1]))[:top]
-    return [{"at_s": w / 10, "requests": len(ls), "max_ms": round(max(ls) * 1000, 1)} for w, ls in crowded]
+    return [{"at_s": w / 10, "requests": len(ls), "max_ms": round(max(ls) * 1000, 1),
+             "steal_ms": 10 * sum(w / 10 - 0.05 <= t < w / 10 + 0.15 for t in steal.stolen_at)} for w, ls in crowded]
 
 
 def _load_in_process(args_tuple, queue) -> None:
+    gc.collect()
+    gc.disable()    # the client's own collection pauses would be charged to the server's latency
     queue.put(asyncio.run(_load(*args_tuple)))
 
 
@@ -170,11 +228,33 @@ def load(base: str, keys: int, seconds: float, concurrency: int, rate: float | N
     """Run the load generator in its own process, so the client never shares a GIL with anything measured."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
+    before = _cpu_times()
     proc = ctx.Process(target=_load_in_process, args=((base, keys, seconds, concurrency, rate), queue))
     proc.start()
     result = queue.get()
     proc.join()
-    return result
+    return {**result, **_cpu_shares(before, _cpu_times())}
+
+
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU time so far by kind (/proc/stat): user nice system idle iowait irq softirq steal."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_shares(before: list[int] | None, after: list[int] | None) -> dict:
+    """Busy and stolen shares of the machine's CPU time over a phase. Steal is time the hypervisor gave
+    this VM's CPUs to other guests: a request in flight then waits, whatever the server does, so a
+    phase's tail latency is read beside it."""
+    if not before or not after:
+        return {}
+    spent = [b - a for a, b in zip(before, after)]
+    total = sum(spent) or 1
+    return {"cpu_busy_pct": round(100 * (total - spent[3] - spent[4] - spent[7]) / total, 1),
+            "cpu_steal_pct": round(100 * spent[7] / total, 1)}
 
 
 def main() -> None:
@@ -189,6 +269,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=3, help="statetable serve --readers (0: in the server process); "
                         "with 3, two still answer while one catches up")
     parser.add_argument("--broker-port", type=int, default=25492)
+    parser.add_argument("--batch-nice", type=int, default=None,
+                        help="the writer's CPU niceness (STATETABLE_BATCH_NICE; default the product's, 10); "
+                             "0 lets the batch compete with the queries for the cores")
     parser.add_argument("--partitions", type=int, default=16,
                         help="state partitions of the table: a catch-up after a batch holds the GIL per partition, "
                              "so more partitions cut the longest stall")
@@ -196,6 +279,7 @@ def main() -> None:
 
     from bench.broker import private_broker
     from deploy.processes import wait_until
+    from spark_jobs.priority import batch_niceness
     from spark_jobs.runtime import Runtime
 
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-query-"))
@@ -223,8 +307,10 @@ def main() -> None:
             ctx = multiprocessing.get_context("spawn")
             committed = ctx.Value("i", 0)
             writer_seconds = args.seconds + 2      # it starts 1 s before the load and stops 1 s after
+            writer_env = {**rt.as_env(), **({} if args.batch_nice is None else
+                                            {"STATETABLE_BATCH_NICE": str(args.batch_nice)})}
             writer = ctx.Process(target=commit_batches,
-                                 args=(rt.as_env(), args.keys, time.time() + writer_seconds, args.commit_every,
+                                 args=(writer_env, args.keys, time.time() + writer_seconds, args.commit_every,
                                        committed))
             writer.start()
             time.sleep(1)
@@ -240,7 +326,9 @@ def main() -> None:
         "paced": paced, "max_throughput": flat_out,
         "paced_while_committing": {**during, "batches_committed": committed.value, "writer_seconds": writer_seconds,
                                    "batch": f"50000 key updates every {args.commit_every}s, back to back when a "
-                                            f"batch takes longer"},
+                                            f"batch takes longer",
+                                   "writer_nice": args.batch_nice if args.batch_nice is not None else
+                                   batch_niceness()},
         "target_met": paced["p99_ms"] <= 10 and during["p99_ms"] <= 10 and paced["requests_per_s"] >= args.rate * 0.95,
     }, indent=1))
 

@@ -148,6 +148,10 @@ def _serve(args) -> int:
         app = create_app(auth, service_factory=partial(ProcessQueryService, readers=args.readers))
     else:
         app = create_app(auth)
+    import gc
+
+    gc.collect()
+    gc.freeze()    # modules and the app live as long as the server: a full collection need not walk them
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

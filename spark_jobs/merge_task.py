@@ -15,6 +15,7 @@ from state.table import StateTable
 from state.windows import purge
 from spark_jobs.compile import state_spec
 from spark_jobs.definitions import TableDefinition
+from spark_jobs.priority import yield_cpu_to_queries
 
 PUT, DELETE, MERGE = "put", "delete", "merge"
 
@@ -32,6 +33,7 @@ class MergeContext:
 
 def merge_partition(ctx: MergeContext, partition: int, rows):
     """rows: (partition, (op, key, payload)) pairs; yields ("summary", ...) then ("row", key, value)."""
+    yield_cpu_to_queries()     # on a cluster the executor's workers did not inherit it from a local JVM
     # The driver created the changelog topic; tasks only use it.
     table = StateTable(state_spec(ctx.table, ctx.namespace), ctx.state_dir, bootstrap=ctx.bootstrap,
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)

@@ -14,14 +14,20 @@ Reads stay monotonic: a request goes to a serving reader whose batch for the
 table is the newest known, so a client never sees a batch older than one it
 has already been shown. Within a reader, every answer still comes from one
 committed batch (see spark_jobs.query).
+
+The routing runs on the server's event loop: a call awaits its reader's pipe
+instead of blocking on it, so the loop parses the next requests while readers
+answer, each reader on whatever core is free, and one slow answer holds up
+only its own request.
 """
 from __future__ import annotations
 
+import asyncio
+import gc
 import itertools
 import logging
 import multiprocessing
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -85,19 +91,23 @@ def _reader_main(env: dict, conn) -> None:
         while True:
             try:
                 method, args = conn.recv()
-            except EOFError:
-                return
+            except (EOFError, OSError):
+                return      # the server closed the pipe: it is shutting down
             try:
                 if method == "refresh":
                     conn.send(("ok", _idle_priority(lambda: service.refresh_all(*args))))
                 elif method == "open_all":
-                    conn.send(("ok", service.refresh_all(sorted(service.definitions))))
+                    opened = service.refresh_all(sorted(service.definitions))
+                    gc.freeze()    # what a reader holds from here on is long-lived: keep it out of collections
+                    conn.send(("ok", opened))
                 else:
                     conn.send(("ok", getattr(service, method)(*args)))
             except StateUnavailable as exc:
                 conn.send(("unavailable", (str(exc), exc.retry_after)))
             except (BadQuery, NoSuchTable) as exc:
                 conn.send(("error", (type(exc).__name__, str(exc))))
+            except (BrokenPipeError, EOFError):
+                return      # the server closed the pipe mid-call (shutting down): nobody waits for the answer
             except Exception as exc:   # noqa: BLE001 - reported to the caller, the reader lives on
                 log.exception("query reader: %s failed", method)
                 conn.send(("error", ("RuntimeError", f"{type(exc).__name__}: {exc}")))
@@ -125,8 +135,17 @@ class _Reader:
         batch = self.batches.get(table)
         return batch if isinstance(batch, int) else -1
 
-    def call(self, method: str, args: tuple):
+    async def call(self, method: str, args: tuple):
+        """Send one call and await its answer without holding the event loop."""
         self.conn.send((method, args))
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        fd = self.conn.fileno()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
         return self.receive()
 
     def receive(self):
@@ -148,7 +167,8 @@ class _Reader:
 
 
 class ProcessQueryService:
-    """The `QueryService` interface (get, scan, windows, tables) answered by reader processes."""
+    """The `QueryService` interface (get, scan, windows, tables) answered by reader processes,
+    as coroutines of the event loop that serves the requests."""
 
     def __init__(self, rt: Runtime | None = None, readers: int = 2, refresh_interval: float | None = None) -> None:
         if readers < 2:
@@ -159,12 +179,10 @@ class ProcessQueryService:
         env = {**{k: v for k, v in os.environ.items() if k.startswith("STATETABLE_")}, **self.rt.as_env()}
         self.readers = [_Reader(i, env) for i in range(readers)]
         self._open_every_table()
-        self.cond = threading.Condition()
         self.floor: dict[str, int] = {}
         self.turn = itertools.count()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
-        self.thread.start()
+        self.changed: asyncio.Condition | None = None     # made on the serving loop, at the first call
+        self.refresher: asyncio.Task | None = None
 
     def _open_every_table(self) -> None:
         """Open every table in every reader, all readers at once, before the first request: opening
@@ -180,66 +198,82 @@ class ProcessQueryService:
             except (StateUnavailable, RuntimeError, LookupError, ValueError) as exc:
                 log.warning("query reader %d: opening the tables: %s", reader.index, exc)
 
+    def _start(self) -> asyncio.Condition:
+        """Bind to the running loop: the refresh task runs beside the requests it must not stall."""
+        if self.changed is None:
+            self.changed = asyncio.Condition()
+            self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop(),
+                                                                    name="statetable-query-refresh")
+        return self.changed
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
     # -- routing -------------------------------------------------------------------
-    def _acquire(self, table: str | None, deadline: float) -> _Reader:
+    async def _acquire(self, table: str | None, deadline: float) -> _Reader:
         """A free, serving reader at or past the table's floor (the newest batch any answer named)."""
-        with self.cond:
-            while True:
-                if table is not None and time.monotonic() > deadline:
-                    self.floor.pop(table, None)     # the table really went back (a restore to an older batch)
-                if table is not None and self._unavailable(table):
-                    self.floor.pop(table, None)
-                floor = self.floor.get(table, -1) if table is not None else -1
-                serving = [r for r in self.readers if not r.draining and not r.in_flight
-                           and (table is None or r.batch_of(table) >= floor or table not in r.batches)]
-                if serving:
-                    break
-                self.cond.wait(0.05)
+        changed = self._start()
+        while True:
+            if table is not None and time.monotonic() > deadline:
+                self.floor.pop(table, None)     # the table really went back (a restore to an older batch)
             if table is not None and self._unavailable(table):
-                # Being restored or missing: ask a reader that has seen it so (it re-checks, and answers
-                # 503 or, once the state is back, from the restored batch), never one with stale rows.
-                serving = [r for r in serving if r.batches.get(table) == UNAVAILABLE] or serving
-            elif table is not None:
-                newest = max(r.batch_of(table) for r in serving)
-                serving = [r for r in serving if r.batch_of(table) == newest]
-            reader = serving[next(self.turn) % len(serving)]
-            reader.in_flight += 1
-            return reader
+                self.floor.pop(table, None)
+            floor = self.floor.get(table, -1) if table is not None else -1
+            serving = [r for r in self.readers if not r.draining and not r.in_flight
+                       and (table is None or r.batch_of(table) >= floor or table not in r.batches)]
+            if serving:
+                break
+            async with changed:
+                try:
+                    await asyncio.wait_for(changed.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
+        if table is not None and self._unavailable(table):
+            # Being restored or missing: ask a reader that has seen it so (it re-checks, and answers
+            # 503 or, once the state is back, from the restored batch), never one with stale rows.
+            serving = [r for r in serving if r.batches.get(table) == UNAVAILABLE] or serving
+        elif table is not None:
+            newest = max(r.batch_of(table) for r in serving)
+            serving = [r for r in serving if r.batch_of(table) == newest]
+        reader = serving[next(self.turn) % len(serving)]
+        reader.in_flight += 1
+        return reader
 
     def _unavailable(self, table: str) -> bool:
         return any(r.batches.get(table) == UNAVAILABLE for r in self.readers)
 
-    def _release(self, reader: _Reader) -> None:
-        with self.cond:
+    async def _ask(self, reader: _Reader, method: str, args: tuple):
+        """One call on an acquired reader, released when its answer is in, even if the request
+        that asked has gone: the answer must leave the pipe before the reader's next call."""
+        try:
+            return await reader.call(method, args)
+        finally:
             reader.in_flight -= 1
-            self.cond.notify_all()
+            await self._notify()
 
-    def _call(self, table: str | None, method: str, *args):
+    async def _call(self, table: str | None, method: str, *args):
         """Answer from one reader; an answer older than one already given is never returned (monotonic
         reads): it tells the router where that reader really stands, and the call goes elsewhere."""
         deadline = time.monotonic() + FLOOR_PATIENCE_SECONDS
         while True:
-            reader = self._acquire(table, deadline)
+            reader = await self._acquire(table, deadline)
             try:
-                result = reader.call(method, args)
+                result = await asyncio.shield(self._ask(reader, method, args))
             except StateUnavailable as exc:
                 if exc.retry_after > 1 or table is None or time.monotonic() > deadline:
                     raise
-                with self.cond:      # it opened the table mid-commit: ask another reader, or this one later
-                    reader.batches[table] = None
-                time.sleep(0.01)
+                reader.batches[table] = None    # it opened the table mid-commit: ask another reader, or this one later
+                await asyncio.sleep(0.01)
                 continue
-            finally:
-                self._release(reader)
             batch = result[0] if method == "get" else getattr(result, "batch", None)
             if table is None or batch is None:
                 return result
-            with self.cond:
-                reader.batches[table] = batch
-                if batch >= self.floor.get(table, -1) or time.monotonic() > deadline:
-                    self.floor[table] = batch
-                    return result
-                self.cond.notify_all()
+            reader.batches[table] = batch
+            if batch >= self.floor.get(table, -1) or time.monotonic() > deadline:
+                self.floor[table] = batch
+                return result
+            await self._notify()
 
     # -- refresh -------------------------------------------------------------------
     def _sole_newest(self, reader: _Reader) -> bool:
@@ -258,63 +292,67 @@ class ProcessQueryService:
         return (reader.refreshed_at == signature and set(tables) <= set(reader.batches)
                 and not any(self._unavailable(t) for t in tables))
 
-    def _refresh_loop(self) -> None:
+    async def _refresh_loop(self) -> None:
         skipped = [0] * len(self.readers)
         hurry = False
         for index in itertools.cycle(range(len(self.readers))):
-            if self.stopped.wait(0 if hurry else self.refresh_interval / len(self.readers)):
-                return
-            hurry = False
-            reader = self.readers[index]
-            with self.cond:
-                tables = sorted({t for r in self.readers for t in r.batches})
-            signature = state_signature(self.rt.state_dir, tables)
-            with self.cond:
-                if self._up_to_date(reader, tables, signature):
-                    continue
-                if self._sole_newest(reader) and skipped[index] < MAX_SKIPS:
-                    skipped[index] += 1
-                    continue       # draining it would send readers back in time; refresh the others first
-                skipped[index] = 0
-                reader.draining = True
-                while reader.in_flight:
-                    self.cond.wait(0.05)
-                reader.in_flight += 1          # the refresh owns the pipe now
+            await asyncio.sleep(0 if hurry else self.refresh_interval / len(self.readers))
             try:
-                batches = reader.call("refresh", (tables,))
-                with self.cond:
-                    reader.batches = batches
-                    reader.refreshes += 1
-                    # The catch-up read the files after this was taken, so it saw all of it; a batch it
-                    # found half-committed will change the files again when the rest commits.
-                    reader.refreshed_at = signature
-                    # Alone at a newer batch, it now serves that table by itself: catch the next
-                    # reader up at once instead of after the usual pause.
-                    hurry = self._sole_newest(reader)
+                hurry = await self._refresh_turn(self.readers[index], index, skipped)
+            except Exception:    # noqa: BLE001 - the refresher must outlive any one failure, or reads go stale
+                log.exception("query reader %d: refresh turn failed", index)
+                hurry = False
+
+    async def _refresh_turn(self, reader: _Reader, index: int, skipped: list[int]) -> bool:
+        """Catch `reader` up if anything changed; True when the next reader should follow at once."""
+        tables = sorted({t for r in self.readers for t in r.batches})
+        # A scandir and a stat per file: off the loop, which is answering meanwhile.
+        signature = await asyncio.get_running_loop().run_in_executor(
+            None, state_signature, self.rt.state_dir, tables)
+        if self._up_to_date(reader, tables, signature):
+            return False
+        if self._sole_newest(reader) and skipped[index] < MAX_SKIPS:
+            skipped[index] += 1
+            return False       # draining it would send readers back in time; refresh the others first
+        skipped[index] = 0
+        reader.draining = True
+        try:
+            async with self.changed:
+                await self.changed.wait_for(lambda: not reader.in_flight)
+            reader.in_flight += 1          # the refresh owns the pipe now
+            try:
+                reader.batches = await reader.call("refresh", (tables,))
             except Exception:    # noqa: BLE001 - a broken table must not stop the others' refreshes
                 log.exception("query reader %d: refresh failed", reader.index)
+                return False
             finally:
-                with self.cond:
-                    reader.in_flight -= 1
-                    reader.draining = False
-                    self.cond.notify_all()
+                reader.in_flight -= 1
+            reader.refreshes += 1
+            # The catch-up read the files after this was taken, so it saw all of it; a batch it
+            # found half-committed will change the files again when the rest commits.
+            reader.refreshed_at = signature
+            # Alone at a newer batch, it now serves that table by itself: catch the next
+            # reader up at once instead of after the usual pause.
+            return self._sole_newest(reader)
+        finally:
+            reader.draining = False
+            await self._notify()
 
-    # -- the QueryService interface ---------------------------------------------------
-    def get(self, name: str, raw_key: str):
-        return self._call(name, "get", name, raw_key)
+    # -- the QueryService interface, as coroutines ---------------------------------------
+    async def get(self, name: str, raw_key: str):
+        return await self._call(name, "get", name, raw_key)
 
-    def scan(self, name: str, prefix=None, start=None, end=None, limit=None, cursor=None):
-        return self._call(name, "scan", name, prefix, start, end, limit, cursor)
+    async def scan(self, name: str, prefix=None, start=None, end=None, limit=None, cursor=None):
+        return await self._call(name, "scan", name, prefix, start, end, limit, cursor)
 
-    def windows(self, name: str, raw_key: str, start_ms=None, end_ms=None, limit=None):
-        return self._call(name, "windows", name, raw_key, start_ms, end_ms, limit)
+    async def windows(self, name: str, raw_key: str, start_ms=None, end_ms=None, limit=None):
+        return await self._call(name, "windows", name, raw_key, start_ms, end_ms, limit)
 
-    def tables(self) -> list[dict]:
-        return self._call(None, "tables")
+    async def tables(self) -> list[dict]:
+        return await self._call(None, "tables")
 
     def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=10)
+        if self.refresher is not None:
+            self.refresher.cancel()
         for reader in self.readers:
             reader.close()
-

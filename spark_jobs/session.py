@@ -10,6 +10,7 @@ import os
 import sys
 
 from deploy import jars
+from spark_jobs.priority import batch_niceness, yield_cpu_to_queries
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -62,6 +63,10 @@ def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the venv's interpreter (state/, confluent-kafka, rocksdict live there).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    batch_niceness()      # a bad STATETABLE_BATCH_NICE fails here, before a JVM starts
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("STATETABLE_SPARK_LOG_LEVEL", "WARN"))
+    gateway = getattr(spark.sparkContext._gateway, "proc", None)
+    if gateway is not None:     # the JVM this process started (local mode); its Python workers inherit
+        yield_cpu_to_queries(gateway.pid)
     return spark

@@ -63,3 +63,41 @@ def test_bad_options_name_the_option_and_fix(tmp_path):
     path.write_text("-- colour: red\nCREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k")
     with pytest.raises(DefinitionError, match="unknown option 'colour'"):
         parse(path)
+
+
+@pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])
+def test_a_bad_batch_niceness_fails_fast_naming_the_setting_and_the_fix(monkeypatch, raw):
+    from spark_jobs.priority import batch_niceness
+
+    monkeypatch.setenv("STATETABLE_BATCH_NICE", raw)
+    with pytest.raises(ValueError, match=r"STATETABLE_BATCH_NICE=.*integer from 0 .* to 19"):
+        batch_niceness()
+
+
+def test_yielding_the_cpu_lowers_every_thread_and_never_raises_one_back():
+    """In a child process (a niceness cannot be raised back without privilege)."""
+    import subprocess
+    import sys
+
+    script = """
+import os, threading
+from spark_jobs.priority import yield_cpu_to_queries
+started = threading.Event(); stop = threading.Event(); tids = []
+def spin():
+    tids.append(threading.get_native_id()); started.set(); stop.wait()
+threading.Thread(target=spin).start(); started.wait()
+os.environ["STATETABLE_BATCH_NICE"] = "7"
+first = yield_cpu_to_queries()
+late = []
+t = threading.Thread(target=lambda: late.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+t.start(); t.join()
+os.environ["STATETABLE_BATCH_NICE"] = "3"
+again = yield_cpu_to_queries()
+print(first, os.getpriority(os.PRIO_PROCESS, tids[0]), late[0], again)
+stop.set()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    # main thread, an existing thread, a thread started afterwards; a lower setting later changes nothing
+    assert done.stdout.split() == ["7", "7", "7", "7"]

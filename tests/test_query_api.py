@@ -3,6 +3,7 @@ restores, and schemathesis against its OpenAPI spec. Standalone
 (`statetable serve` as a real process) and inside Airflow's api-server."""
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -44,16 +45,16 @@ def env(kafka, spark, tmp_path_factory):
     return rt
 
 
-@pytest.fixture(scope="module")
-def server(env):
+def _serve(env, port: int, *args: str):
     env_vars = {**os.environ, **env.as_env(), "STATETABLE_API_TOKEN": TOKEN}
-    log = open(env.data_dir / "serve.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(PORT)],
+    log_path = env.data_dir / f"serve-{port}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port", str(port), *args],
                             env=env_vars, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{PORT}"
+    base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
-        assert proc.poll() is None, (env.data_dir / "serve.log").read_text()
+        assert proc.poll() is None, log_path.read_text()
         try:
             return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 200
         except httpx.TransportError:
@@ -68,6 +69,21 @@ def server(env):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def server(env):
+    """Reads in the server process, as the Airflow-mounted app does."""
+    yield from _serve(env, PORT)
+
+
+@pytest.fixture(scope="module")
+def reader_server(env):
+    """Reads in reader processes that take turns catching up (`serve --readers 2`)."""
+    yield from _serve(env, PORT + 1, "--readers", "2")
+
+
+BOTH_SERVERS = pytest.mark.parametrize("served", ["server", "reader_server"])
+
+
 def _get(base: str, path: str, token: str | None = TOKEN, **params) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.get(base + path, headers=headers, params=params, timeout=30)
@@ -80,7 +96,9 @@ SEED_GAME_1 = [
 ]
 
 
-def test_leaderboard_answers_like_the_seed(server, env):
+@BOTH_SERVERS
+def test_leaderboard_answers_like_the_seed(served, request):
+    server = request.getfixturevalue(served)
     one = _get(server, "/leaderboard/1")
     assert one.status_code == 200 and one.json() == SEED_GAME_1
     assert int(one.headers["X-Statetable-Batch"]) >= 0
@@ -91,7 +109,9 @@ def test_leaderboard_answers_like_the_seed(server, env):
     assert _get(server, "/leaderboard/999").status_code == 404
 
 
-def test_point_and_scan_answers_equal_the_state_and_name_their_batch(server, env):
+@BOTH_SERVERS
+def test_point_and_scan_answers_equal_the_state_and_name_their_batch(served, request, env):
+    server = request.getfixturevalue(served)
     state = {k[0]: v[0] for k, v in jobs.state_rows("movie_tickets_sold", env).items()}
     title = sorted(state)[0]
     point = _get(server, f"/tables/movie_tickets_sold/rows/{urllib.parse.quote(title, safe='')}")
@@ -122,7 +142,9 @@ def test_point_and_scan_answers_equal_the_state_and_name_their_batch(server, env
     assert movies["partitions"] == 4 and movies["last_batch"]["batch_id"] == 0 and movies["lag"] == 0
 
 
-def test_errors_are_404_422_and_limits_are_capped(server):
+@BOTH_SERVERS
+def test_errors_are_404_422_and_limits_are_capped(served, request):
+    server = request.getfixturevalue(served)
     missing = _get(server, "/tables/movie_tickets_sold/rows/no-such-film")
     assert missing.status_code == 404 and "no row" in missing.json()["detail"]
     assert _get(server, "/tables/nope/rows/1").status_code == 404
@@ -162,7 +184,9 @@ def _commit_one_each(writer: StateTable, table, keys: list[tuple], batch_id: int
         time.sleep(0.01)
 
 
-def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
+@BOTH_SERVERS
+def test_readers_never_see_two_batches_mixed_while_batches_commit(served, request, env):
+    server = request.getfixturevalue(served)
     table = parse_definition(env.tables_dir / "inv.sql")
     spec = state_spec(table, env.namespace)
     writer = StateTable(spec, env.state_dir, bootstrap=env.bootstrap)
@@ -173,7 +197,10 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     def commit(batch_id: int) -> None:
         _commit_one_each(writer, table, keys, batch_id)
 
-    commit(0)
+    # Batches stay numbered from 0 across both servers' runs, so after batch b every key counts b + 1.
+    applied = writer.open(0).meta.applied_batch
+    first = 0 if applied is None else applied + 1
+    commit(first)
 
     def hammer() -> None:
         mine: list[int] = []
@@ -192,28 +219,30 @@ def test_readers_never_see_two_batches_mixed_while_batches_commit(server, env):
     for r in readers:
         r.start()
     try:
-        for b in range(1, batches):
+        for b in range(first + 1, first + batches):
             commit(b)
             time.sleep(0.05)            # let the server's refresher land on some of the batches
-        wait_until(lambda: any(b == batches - 1 for b, _, _ in seen), 20, interval=0.1,
+        wait_until(lambda: any(b == first + batches - 1 for b, _, _ in seen), 20, interval=0.1,
                    what="readers to see the last batch")
     finally:
         stop.set()
         for r in readers:
             r.join()
         writer.close()
-    assert not errors, (errors[:3], (env.data_dir / "serve.log").read_text()[-3000:])
+    assert not errors, (errors[:3], (env.data_dir / f"serve-{server.rsplit(':', 1)[1]}.log").read_text()[-3000:])
     torn = [(b, total) for b, total, n in seen if total != (b + 1) * KEYS or n != KEYS]
     assert not torn, torn[:5]
     assert len({b for b, _, _ in seen}) >= 3          # readers really ran across several batches
-    assert max(b for b, _, _ in seen) == batches - 1
+    assert max(b for b, _, _ in seen) == first + batches - 1
     # Monotonic reads: the reader processes take turns catching up, and no client is ever sent back
     # to a batch older than one it has already been shown.
     backwards = [(a, b) for mine in sequences for a, b in zip(mine, mine[1:]) if b < a]
     assert not backwards, backwards[:5]
 
 
-def test_a_table_being_restored_answers_503_with_retry_after(server, env):
+@BOTH_SERVERS
+def test_a_table_being_restored_answers_503_with_retry_after(served, request, env):
+    server = request.getfixturevalue(served)
     part = env.state_dir / "inv" / "p0001"
     aside = part.with_name("p0001.restoring")
     part.rename(aside)
@@ -255,25 +284,33 @@ def test_idle_readers_stay_serving_and_a_commit_reaches_every_reader(env):
     table = parse_definition(env.tables_dir / "inv.sql")
     writer = StateTable(state_spec(table, env.namespace), env.state_dir, bootstrap=env.bootstrap)
     keys = [(f"k{i:04d}",) for i in range(KEYS)]
-    service = ProcessQueryService(env, readers=3, refresh_interval=0.05)
-    try:
+    async def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario(service: ProcessQueryService) -> None:
         # Every table is open in every reader before the first request (opening replays the WAL).
         assert all({"inv", "leaderboard", "movie_tickets_sold"} <= set(r.batches) for r in service.readers)
+        await service.get("inv", "k0000")      # the first call starts the refresher on this loop
         _commit_one_each(writer, table, keys, 1000)
-        wait_until(lambda: all(r.batch_of("inv") == 1000 for r in service.readers), 30, interval=0.05,
-                   what="every reader at batch 1000")
-        first, row = service.get("inv", "k0000")
+        await until(lambda: all(r.batch_of("inv") == 1000 for r in service.readers), "every reader at batch 1000")
+        first, row = await service.get("inv", "k0000")
         assert first == 1000
-        time.sleep(0.5)
+        await asyncio.sleep(0.5)
         idle_before = [r.refreshes for r in service.readers]
-        time.sleep(1.5)           # ~30 refresh turns at this interval
+        await asyncio.sleep(1.5)           # ~30 refresh turns at this interval
         assert [r.refreshes for r in service.readers] == idle_before
 
         _commit_one_each(writer, table, keys, 1001)
-        wait_until(lambda: all(r.batch_of("inv") == 1001 for r in service.readers), 30, interval=0.05,
-                   what="every reader at batch 1001")
+        await until(lambda: all(r.batch_of("inv") == 1001 for r in service.readers), "every reader at batch 1001")
         assert all(r.refreshes > before for r, before in zip(service.readers, idle_before))
-        assert service.get("inv", "k0000") == (1001, {**row, "n": row["n"] + 1})
+        assert await service.get("inv", "k0000") == (1001, {**row, "n": row["n"] + 1})
+
+    service = ProcessQueryService(env, readers=3, refresh_interval=0.05)
+    try:
+        asyncio.run(scenario(service))
     finally:
         service.close()
         writer.close()

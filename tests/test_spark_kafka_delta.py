@@ -65,3 +65,14 @@ def test_exact_offset_range_delta_roundtrip_and_restart(kafka, spark, stack_sett
     assert after.ranges == everything.ranges
     reread = smoke.read_range(spark, kafka, after).selectExpr("partition", "offset").collect()
     assert {(r["partition"], r["offset"]) for r in reread} == set(acked)
+
+
+def test_the_batch_jvm_and_its_python_workers_yield_the_cpu_to_queries(spark):
+    """Queries share the host with local[*] batches: every JVM thread and every Python worker runs
+    at the batch niceness (10 by default), so a committing batch cannot take the readers' cores."""
+    import os
+
+    jvm = spark.sparkContext._gateway.proc.pid
+    assert {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{jvm}/task")} == {10}
+    workers = spark.sparkContext.parallelize(range(4), 2).map(lambda _: os.getpriority(os.PRIO_PROCESS, 0))
+    assert set(workers.collect()) == {10}

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hmac
 import html
+import inspect
 import threading
 import time
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from spark_jobs.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
 
@@ -74,6 +76,17 @@ class _Service:
                 self.service = self.factory()
             return self.service
 
+    async def ask(self, method: str, *args, blocking: bool = False):
+        """Answer on the event loop: a reader process service is awaited; in-process reads are
+        microseconds on secondaries that never block, so they run inline, and only what waits on
+        other systems (`blocking`: /tables asks Kafka for lag) goes to a thread. Making the service
+        (reader processes open every table) happens on a thread too."""
+        service = self.service or await run_in_threadpool(self.get)
+        call = getattr(service, method)
+        if inspect.iscoroutinefunction(call):
+            return await call(*args)
+        return await run_in_threadpool(call, *args) if blocking else call(*args)
+
     def close(self) -> None:
         with self.lock:
             if self.service is not None:
@@ -122,14 +135,12 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     key_path = Path(..., description="the key: a single value, or a JSON array for composite keys", max_length=4096)
 
     @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
-    def tables():
-        return {"tables": holder.get().tables()}
+    async def tables():
+        return {"tables": await holder.ask("tables", blocking=True)}
 
-    # Reads are microseconds of RocksDB work on secondaries that never block, so
-    # they run on the event loop; /tables asks Kafka for lag and stays on a thread.
     @app.get("/tables/{table}/rows/{key}", summary="one row")
     async def row(table: str = table_path, key: str = key_path):
-        batch, found = holder.get().get(table, key)
+        batch, found = await holder.ask("get", table, key)
         if found is None:
             return _answer({"detail": f"table {table!r} has no row for key {key!r}", "table": table,
                             "batch": batch}, batch, 404)
@@ -142,7 +153,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
              to: str | None = Query(None, max_length=4096, description="last key (exclusive)"),
              limit: int | None = Query(None, description="page size; capped at 1000"),
              cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page")):
-        page = holder.get().scan(table, prefix, from_, to, limit, cursor)
+        page = await holder.ask("scan", table, prefix, from_, to, limit, cursor)
         return _answer({"table": table, "batch": page.batch, "rows": page.rows, "next_cursor": page.next_cursor},
                        page.batch)
 
@@ -153,16 +164,16 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
                 limit: int | None = Query(None, description="at most this many windows; capped at 1000")):
         if limit is not None and limit < 1:
             raise BadQuery(f"limit must be at least 1, not {limit}")
-        page = holder.get().windows(table, key, from_, to, limit)
+        page = await holder.ask("windows", table, key, from_, to, limit)
         return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
 
     @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
     async def leaderboard():
         from spark_jobs.samples import leaderboard_entries
 
-        service, boards, batch, cursor = holder.get(), {}, None, None
+        boards, batch, cursor = {}, None, None
         while True:
-            page = service.scan(LEADERBOARD_TABLE, limit=1000, cursor=cursor)
+            page = await holder.ask("scan", LEADERBOARD_TABLE, None, None, None, 1000, cursor)
             if batch is not None and page.batch != batch:   # a batch landed between pages: start over
                 boards, cursor, batch = {}, None, None
                 continue
@@ -177,14 +188,14 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     async def leaderboard_of(productId: str = Path(..., max_length=40)):
         from spark_jobs.samples import leaderboard_entries
 
-        batch, found = holder.get().get(LEADERBOARD_TABLE, productId)
+        batch, found = await holder.ask("get", LEADERBOARD_TABLE, productId)
         if found is None:
             return _answer({"detail": f"no leaderboard for product {productId!r}"}, batch, 404)
         return _answer(leaderboard_entries(found), batch)
 
     @app.get("/ui", response_class=HTMLResponse, include_in_schema=False)
-    def ui():
-        return HTMLResponse(status_page(holder.get().tables()))
+    async def ui():
+        return HTMLResponse(status_page(await holder.ask("tables", blocking=True)))
 
     return app
 
