@@ -130,38 +130,29 @@ class _StealClock(threading.Thread):
 
     def __init__(self, begun: float) -> None:
         super().__init__(daemon=True)
-        self.begun, self.stolen_at, self.ticks = begun, [], 0
+        self.begun, self.stolen_at = begun, []     # one entry per 10 ms tick stolen, seconds after `begun`
         self.done = threading.Event()
 
-    @staticmethod
-    def _steal_ticks() -> int:
-        with open("/proc/stat") as stat:
-            return int(stat.readline().split()[8])
-
     def run(self) -> None:
-        try:
-            last = self._steal_ticks()
-        except (OSError, ValueError, IndexError):
+        times = _cpu_times()
+        if times is None:
             return
+        last = times[7]
         while not self.done.wait(0.01):
-            now = self._steal_ticks()
-            if now > last:
-                self.stolen_at.extend([time.perf_counter() - self.begun] * (now - last))
-                self.ticks += now - last
+            now = _cpu_times()[7]
+            self.stolen_at.extend([time.perf_counter() - self.begun] * (now - last))
             last = now
 
-    def overlaps(self, start: float, end: float) -> bool:
-        """Whether a steal tick was seen within [start, end], widened by the 10 ms a tick and a
-        sample can each lag."""
-        i = bisect.bisect_left(self.stolen_at, start)
-        return i < len(self.stolen_at) and self.stolen_at[i] <= end + 0.02
+    def met(self, at: float, latency: float) -> bool:
+        """Whether a request started `at` and lasting `latency` was in flight during a steal tick,
+        widened by the 10 ms a tick and a sample can each lag."""
+        i = bisect.bisect_left(self.stolen_at, at - 0.01)
+        return i < len(self.stolen_at) and self.stolen_at[i] <= at + latency + 0.02
 
 
 async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: float | None) -> dict:
     host, port = base.removeprefix("http://").split(":")
-    latencies, errors, batches, slow, spans = [], 0, set(), [], []
-    begun = time.perf_counter()
-    steal = _StealClock(begun)
+    spans, errors, batches = [], 0, set()      # spans: (start, latency) of each request, s after begun
     interval = None if rate is None else concurrency / rate
     deadline = time.perf_counter() + seconds
 
@@ -177,23 +168,22 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
                 return
             started = time.perf_counter()
             status, headers = await conn.get(f"/tables/bench_kv/rows/{_key(rng.randrange(keys))}")
-            latencies.append(time.perf_counter() - started)
-            spans.append((started - begun, latencies[-1]))
-            if latencies[-1] > SLOW_SECONDS:
-                slow.append((started - begun, latencies[-1]))
+            spans.append((started - begun, time.perf_counter() - started))
             if status != 200:
                 errors += 1
             else:
                 batches.add(headers["x-statetable-batch"])
 
-    started = begun = steal.begun = time.perf_counter()
+    begun = time.perf_counter()
+    steal = _StealClock(begun)
     steal.start()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - begun
     steal.done.set()
     steal.join()
-    latencies.sort()
-    unstolen = sorted(latency for at, latency in spans if not steal.overlaps(at - 0.01, at + latency))
+    latencies = sorted(latency for _, latency in spans)
+    slow = [span for span in spans if span[1] > SLOW_SECONDS]
+    unstolen = sorted(latency for at, latency in spans if not steal.met(at, latency))
 
     def pct(values: list[float], q: float) -> float | None:
         return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else None
@@ -201,8 +191,8 @@ async def _load(base: str, keys: int, seconds: float, concurrency: int, rate: fl
     return {"requests": len(latencies), "errors": errors, "requests_per_s": round(len(latencies) / elapsed, 1),
             "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99), "max_ms": pct(latencies, 1.0),
             "batches_seen": len(batches), "over_10ms": len(slow),
-            "over_10ms_during_steal": sum(steal.overlaps(at - 0.01, at + latency) for at, latency in slow),
-            "steal_ms": steal.ticks * 10,
+            "over_10ms_during_steal": sum(steal.met(*span) for span in slow),
+            "steal_ms": len(steal.stolen_at) * 10,
             "p99_ms_of_requests_without_steal": pct(unstolen, 0.99), "requests_without_steal": len(unstolen),
             "stalls": _stalls(slow, steal)}
 
