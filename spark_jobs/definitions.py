@@ -13,6 +13,9 @@ construct, and what is supported.
 """
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +33,13 @@ SUPPORTED = (
 )
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
-    "key_field", "snapshot_keep", "max_batches_per_run",
+    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew",
 }
+DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
+TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
+TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
+MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
 
 
 class DefinitionError(ValueError):
@@ -77,127 +84,289 @@ class TableDefinition:
     window: WindowSpec | None = None
     stream_alias: str | None = None
     value_columns: list[str] = field(default_factory=list)   # source tables
+    event_time_skew_ms: int = DEFAULT_EVENT_TIME_SKEW_MS      # how far ahead of the clock an event time may be
+    joined_refs: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
 
+    def meaning(self) -> dict:
+        """What the table's rows mean, normalised: two definitions with the same meaning serve the
+        same rows from the same state. Operational options (schedule, batch sizes, snapshots) and
+        formatting are left out, so changing them never invalidates state."""
+        return {
+            "kind": self.kind, "topic": self.topic, "schema": [list(c) for c in self.schema],
+            "key": list(self.key_columns), "partitions": self.partitions,
+            "aggregates": [[a.name, a.function, list(a.args), a.n] for a in self.aggregates],
+            "where": self.where, "joins": [[j.table, j.alias, j.kind, j.stream_column, j.table_column]
+                                           for j in self.joins],
+            "window": None if self.window is None else [self.window.size_ms, self.window.advance,
+                                                        self.window.grace_ms],
+            "event_time": self.event_time, "value_columns": list(self.value_columns),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return definition_fingerprint(self.meaning())
+
+
+def definition_fingerprint(meaning: dict) -> str:
+    return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def meaning_changes(old: dict, new: dict) -> list[str]:
+    """Human-readable differences between two `meaning()` records."""
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]
+
+
+def _position(node: exp.Expression | None) -> str:
+    """line:col of a node, from the first of its parts that the tokenizer placed."""
+    if node is None:
+        return "?:?"
+    for child in node.walk():
+        meta = getattr(child, "meta", None) or {}
+        if "line" in meta:
+            return f"{meta['line']}:{meta.get('col', '?')}"
+    return "?:?"
 
 
 def _fail(path: Path, node: exp.Expression | None, construct: str, hint: str = SUPPORTED) -> DefinitionError:
-    meta = {}
-    if node is not None:
-        meta = node.meta or (node.this.meta if isinstance(node.this, exp.Expression) else {}) or {}
-        if not meta:
-            for child in node.walk():
-                if getattr(child, "meta", None):
-                    meta = child.meta
-                    break
-    where = f"{path}:{meta.get('line', '?')}:{meta.get('col', '?')}"
-    return DefinitionError(f"{where}: {construct} is not supported. Supported: {hint}")
+    return DefinitionError(f"{path}:{_position(node)}: {construct} is not supported. Supported: {hint}")
 
 
-def _parse_header(path: Path, text: str) -> tuple[dict[str, str], int]:
-    header: dict[str, str] = {}
+def _invalid(path: Path, node: exp.Expression | None, problem: str) -> DefinitionError:
+    return DefinitionError(f"{path}:{_position(node)}: {problem}")
+
+
+class _Header(dict):
+    """Options by name, remembering the line each came from for error messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, int] = {}
+
+    def where(self, path: Path, key: str) -> str:
+        return f"{path}:{self.lines.get(key, '?')}:1"
+
+
+def _parse_header(path: Path, text: str) -> _Header:
+    header = _Header()
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped:
             continue
         if not stripped.startswith("--"):
             break
-        match = re.match(r"--\s*([a-z_]+)\s*:\s*(.+)$", stripped)
+        # `-- word: value` is an option; prose comments have spaces before their colon.
+        match = re.match(r"--\s*([A-Za-z_][\w-]*)\s*:(.*)$", stripped)
         if not match:
             continue
         key, value = match.group(1), match.group(2).strip()
         if key not in HEADER_KEYS:
-            raise DefinitionError(f"{path}:{number}: unknown option {key!r}; use one of {sorted(HEADER_KEYS)}")
+            close = difflib.get_close_matches(key.lower().replace("-", "_"), sorted(HEADER_KEYS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise DefinitionError(f"{path}:{number}:1: unknown option {key!r}; {hint}options are lower case, "
+                                  f"one of {sorted(HEADER_KEYS)}")
+        if not value:
+            raise DefinitionError(f"{path}:{number}:1: option {key!r} has no value")
+        if key in header:
+            raise DefinitionError(f"{path}:{number}:1: option {key!r} is given twice")
         header[key] = value
-    return header, 0
+        header.lines[key] = number
+    return header
 
 
-def _int_option(path: Path, header: dict, key: str, default: int, low: int = 1) -> int:
+def _int_option(path: Path, header: _Header, key: str, default: int, low: int = 1, high: int | None = None) -> int:
     raw = header.get(key)
     if raw is None:
         return default
     try:
         value = int(raw.replace("_", ""))
     except ValueError:
-        raise DefinitionError(f"{path}: option {key}={raw!r} must be an integer, e.g. {default}") from None
-    if value < low:
-        raise DefinitionError(f"{path}: option {key}={value} must be at least {low}")
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be an integer, "
+                              f"e.g. {default}") from None
+    if value < low or high is not None and value > high:
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={value} must be {bound}")
     return value
+
+
+DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """'90s', '15m', '1h', '30d' as milliseconds; ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 1h or 7d")
+    return int(match.group(1)) * DURATION_UNITS[match.group(2)]
+
+
+def _duration_option(path: Path, header: _Header, key: str, default: int) -> int:
+    raw = header.get(key)
+    if raw is None:
+        return default
+    try:
+        value = duration_ms(raw)
+    except ValueError as exc:
+        raise DefinitionError(f"{header.where(path, key)}: option {key}: {exc}") from None
+    if value <= 0:
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be positive, e.g. 1h")
+    return value
+
+
+SCHEDULE_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly"}
+
+
+def _schedule(path: Path, header: _Header) -> str:
+    raw = header.get("schedule")
+    if raw is None:
+        return "*/5 * * * *"
+    from croniter import croniter
+
+    if raw in SCHEDULE_PRESETS or (len(raw.split()) == 5 and croniter.is_valid(raw)):
+        return raw
+    raise DefinitionError(f"{header.where(path, 'schedule')}: option schedule={raw!r} is not a 5-field cron expression (e.g. '*/5 * * * *') "
+                          f"or one of {sorted(SCHEDULE_PRESETS)}")
 
 
 def _parse_schema(path: Path, raw: str) -> list[tuple[str, str]]:
     columns = []
     for part in raw.split(","):
         bits = part.split()
-        if len(bits) != 2 or bits[1].upper().split("(")[0] not in SPARK_TYPES:
+        if len(bits) != 2 or bits[1].upper().split("(")[0] not in SPARK_TYPES \
+                or not re.fullmatch(r"[A-Za-z_]\w*", bits[0]):
             raise DefinitionError(
                 f"{path}: schema entry {part.strip()!r} must be 'name TYPE' with TYPE one of {sorted(SPARK_TYPES)}")
+        if any(bits[0] == name for name, _ in columns):
+            raise DefinitionError(f"{path}: schema declares field {bits[0]!r} twice")
         columns.append((bits[0], bits[1].upper()))
     return columns
 
 
+def _check_name(path: Path, name: str, node: exp.Expression | None = None) -> str:
+    if not TABLE_NAME.match(name or ""):
+        raise _invalid(path, node, f"table name {name!r} must match [a-z][a-z0-9_]* (it names folders, locks "
+                                   f"and topics); rename the table")
+    return name
+
+
+def _check_nesting(path: Path, text: str) -> None:
+    """Reject deep nesting before the parser recurses into it, pointing at where it gets too deep."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("--"):
+            continue
+        for col, char in enumerate(line, start=1):
+            depth += (char == "(") - (char == ")")
+            if depth > MAX_NESTING:
+                raise DefinitionError(f"{path}:{number}:{col}: parentheses nest deeper than {MAX_NESTING} levels; "
+                                      f"simplify the expression")
+
+
 def _interval_ms(path: Path, node: exp.Expression) -> int:
     if isinstance(node, exp.Interval):
-        amount = float(node.this.name)
+        try:
+            amount = float(node.this.name)
+        except ValueError:
+            amount = None
         unit = (node.unit.name if node.unit else "SECOND").upper().rstrip("S")
         factor = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}.get(unit)
-        if factor:
+        if factor and amount is not None:
+            if amount <= 0:
+                raise _invalid(path, node, f"window length {node.sql()} must be positive")
             return int(amount * factor)
     raise _fail(path, node, f"window length {node.sql()}", "INTERVAL 'n' SECOND|MINUTE|HOUR|DAY")
 
 
-def _column_name(path: Path, node: exp.Expression, aliases: dict[str, str]) -> str:
-    if not isinstance(node, exp.Column):
-        raise _fail(path, node, f"expression {node.sql()} as an aggregate input", "a plain column")
-    table = node.table
-    if table and table not in aliases:
-        raise _fail(path, node, f"unknown table alias {table!r}", f"one of {sorted(aliases)}")
-    return f"{table}.{node.name}" if table else node.name
+class _Scope:
+    """The names a SELECT can see: the stream's fields under its alias (or bare), and each
+    joined table's columns under its alias. Joined tables' columns are only known once every
+    file is read, so their references are kept and checked by `load_all`."""
+
+    def __init__(self, path: Path, stream_alias: str, stream_schema: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.stream_alias = stream_alias
+        self.stream_fields = dict(stream_schema)
+        self.aliases: dict[str, str] = {stream_alias: ""}
+        self.joined_refs: list[tuple[str, str, str]] = []    # (qualified name, joined table, "line:col")
+
+    def column(self, node: exp.Expression, what: str = "an aggregate input") -> str:
+        if not isinstance(node, exp.Column):
+            raise _fail(self.path, node, f"expression {node.sql()} as {what}", "a plain column")
+        table = node.table
+        if table and table not in self.aliases:
+            raise _fail(self.path, node, f"unknown table alias {table!r}", f"one of {sorted(self.aliases)}")
+        if not table or table == self.stream_alias:
+            if node.name not in self.stream_fields:
+                raise _invalid(self.path, node, f"unknown column {node.sql()}: the stream's fields are "
+                                                f"{sorted(self.stream_fields)}; declare it in '-- schema:'")
+        else:
+            self.joined_refs.append((f"{table}.{node.name}", self.aliases[table], _position(node)))
+        return f"{table}.{node.name}" if table else node.name
+
+    def check_expression(self, node: exp.Expression) -> None:
+        """Every column an expression reads exists."""
+        for column in node.find_all(exp.Column):
+            self.column(column)
 
 
-def _aggregate(path: Path, alias: str, func: exp.Expression, aliases: dict[str, str]) -> AggregateColumn:
+def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColumn:
+    path = scope.path
     if isinstance(func, exp.Count):
         inner = func.this
         if isinstance(inner, exp.Distinct):
-            (col,) = inner.expressions
-            return AggregateColumn(alias, "count_distinct", (_column_name(path, col, aliases),))
+            if len(inner.expressions) != 1:
+                raise _fail(path, func, f"aggregate {func.sql()} over several columns", "COUNT(DISTINCT col)")
+            return AggregateColumn(alias, "count_distinct", (scope.column(inner.expressions[0]),))
         if isinstance(inner, exp.Star):
             return AggregateColumn(alias, "count", ())
-        return AggregateColumn(alias, "count", (_column_name(path, inner, aliases),))
+        return AggregateColumn(alias, "count", (scope.column(inner),))
     simple = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
     for cls, name in simple.items():
         if isinstance(func, cls):
-            return AggregateColumn(alias, name, (_column_name(path, func.this, aliases),))
+            return AggregateColumn(alias, name, (scope.column(func.this),))
     if isinstance(func, exp.Anonymous):
         name = func.name.upper()
         args = func.expressions
         if name == "LATEST_BY_OFFSET" and len(args) == 1:
-            return AggregateColumn(alias, "latest_by_offset", (_column_name(path, args[0], aliases),))
-        if name == "TOPK" and len(args) >= 2 and isinstance(args[0], exp.Literal) and args[0].is_int:
-            return AggregateColumn(alias, "topk", tuple(_column_name(path, a, aliases) for a in args[1:]),
-                                   n=int(args[0].name))
+            return AggregateColumn(alias, "latest_by_offset", (scope.column(args[0]),))
+        if name == "TOPK" and len(args) >= 2:
+            n = args[0]
+            if not (isinstance(n, exp.Literal) and not n.is_string and re.fullmatch(r"\d+", n.name)
+                    and 1 <= int(n.name) <= TOPK_MAX):
+                raise _invalid(path, n, f"TOPK's first argument {n.sql()} must be a whole number from 1 to "
+                                        f"{TOPK_MAX}, the entries kept per key")
+            return AggregateColumn(alias, "topk", tuple(scope.column(a) for a in args[1:]), n=int(n.name))
     raise _fail(path, func, f"aggregate {func.sql()}")
 
 
-def _window(path: Path, node: exp.Anonymous) -> tuple[str, WindowSpec]:
+def _window(scope: _Scope, node: exp.Anonymous) -> tuple[str, WindowSpec]:
+    path = scope.path
     name, args = node.name.upper(), node.expressions
     if name == "TUMBLE" and len(args) in (2, 3):
         size = _interval_ms(path, args[1])
         grace = _interval_ms(path, args[2]) if len(args) == 3 else 0
-        return args[0].name, WindowSpec(size_ms=size, grace_ms=grace, retention_ms=size)
-    if name == "HOP" and len(args) in (3, 4):
+        spec = dict(size_ms=size, grace_ms=grace, retention_ms=size)
+    elif name == "HOP" and len(args) in (3, 4):
         size, advance = _interval_ms(path, args[1]), _interval_ms(path, args[2])
         grace = _interval_ms(path, args[3]) if len(args) == 4 else 0
-        try:
-            return args[0].name, WindowSpec(size_ms=size, advance_ms=advance, grace_ms=grace, retention_ms=size)
-        except ValueError as exc:
-            raise _fail(path, node, f"window {node.sql()} ({exc})") from None
-    raise _fail(path, node, f"GROUP BY {node.sql()}")
+        spec = dict(size_ms=size, advance_ms=advance, grace_ms=grace, retention_ms=size)
+    else:
+        raise _fail(path, node, f"GROUP BY {node.sql()}")
+    ts = scope.column(args[0], "a window's event time")
+    if scope.stream_fields.get(ts.split(".")[-1]) != "TIMESTAMP" or "." in ts and not ts.startswith(
+            scope.stream_alias + "."):
+        raise _invalid(path, args[0], f"window event time {args[0].sql()} must be a TIMESTAMP field of the stream")
+    try:
+        return ts.split(".")[-1], WindowSpec(**spec)
+    except ValueError as exc:
+        raise _fail(path, node, f"window {node.sql()} ({exc})") from None
 
 
 def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     path = Path(path)
     text = path.read_text() if text is None else text
-    header, _ = _parse_header(path, text)
+    header = _parse_header(path, text)
+    _check_nesting(path, text)
     try:
         statements = [s for s in sqlglot.parse(text, dialect="spark") if s is not None]
     except sqlglot.errors.ParseError as exc:
@@ -208,13 +377,14 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
         raise DefinitionError(f"{path}: expected exactly one CREATE TABLE statement. Supported: {SUPPORTED}")
     create = statements[0]
     common = dict(
-        partitions=_int_option(path, header, "partitions", 4),
+        partitions=_int_option(path, header, "partitions", 4, high=1024),
         max_records_per_batch=_int_option(path, header, "max_records_per_batch", 1_000_000),
         max_batches_per_run=_int_option(path, header, "max_batches_per_run", 10),
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
-        schedule=header.get("schedule", "*/5 * * * *"),
+        schedule=_schedule(path, header),
         event_time=header.get("event_time"),
+        event_time_skew_ms=_duration_option(path, header, "event_time_skew", DEFAULT_EVENT_TIME_SKEW_MS),
     )
     if isinstance(create.this, exp.Schema):
         return _source_table(path, create, header, common)
@@ -223,11 +393,13 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
 
 def _source_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
     schema_node = create.this
-    name = schema_node.this.name
+    name = _check_name(path, schema_node.this.name, schema_node)
     columns, keys = [], []
     for col in schema_node.expressions:
         if not isinstance(col, exp.ColumnDef):
             raise _fail(path, col, f"table element {col.sql()}", "column definitions with one PRIMARY KEY")
+        if any(col.name == c for c, _ in columns):
+            raise _invalid(path, col, f"column {col.name!r} is declared twice")
         columns.append((col.name, col.args["kind"].sql(dialect="spark").upper()))
         if any(isinstance(c.args.get("kind"), exp.PrimaryKeyColumnConstraint) for c in col.constraints or []):
             keys.append(col.name)
@@ -238,6 +410,8 @@ def _source_table(path, create: exp.Create, header: dict, common: dict) -> Table
     for prop in props.expressions if props else []:
         if prop.name.lower() == "topic":
             topic = prop.args["value"].name
+        else:
+            raise _fail(path, prop, f"table property {prop.sql()}", "WITH (topic='...')")
     if not topic:
         raise DefinitionError(f"{path}: source table {name!r} needs a topic: WITH (topic='...') or '-- topic: ...'")
     return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=columns, key_columns=keys,
@@ -245,7 +419,7 @@ def _source_table(path, create: exp.Create, header: dict, common: dict) -> Table
 
 
 def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
-    name = create.this.name
+    name = _check_name(path, create.this.name, create.this)
     select = create.expression
     if not isinstance(select, exp.Select):
         raise _fail(path, select, "a CREATE TABLE without AS SELECT or a column list")
@@ -256,8 +430,13 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     if source is None or not isinstance(source.this, exp.Table):
         raise _fail(path, select, "a SELECT without FROM <stream>")
     stream = source.this
+    schema_raw = header.get("schema")
+    if not schema_raw:
+        raise DefinitionError(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
+                              f"with '-- schema: field TYPE, ...'")
+    schema = _parse_schema(header.where(path, "schema"), schema_raw)
     stream_alias = stream.alias or stream.name
-    aliases = {stream_alias: stream.name}
+    scope = _Scope(path, stream_alias, schema)
     joins = []
     for join in select.args.get("joins") or []:
         table = join.this
@@ -267,14 +446,19 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
             raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
         alias = table.alias or table.name
-        aliases[alias] = table.name
+        if alias in scope.aliases:
+            raise _invalid(path, table, f"alias {alias!r} is used twice; give each joined table its own alias")
+        scope.aliases[alias] = table.name
         on = join.args.get("on")
         if not isinstance(on, exp.EQ) or not all(isinstance(s, exp.Column) for s in (on.left, on.right)):
             raise _fail(path, on or join, f"join condition {on.sql() if on else '(none)'}", "ON stream.col = table.key")
         left, right = on.left, on.right
         if left.table == alias:
             left, right = right, left
-        joins.append(JoinSpec(table.name, alias, kind, _column_name(path, left, aliases), right.name))
+        if right.table != alias:
+            raise _fail(path, on, f"join condition {on.sql()}", f"ON stream.col = {alias}.key")
+        joins.append(JoinSpec(table.name, alias, kind, scope.column(left, "a join column"),
+                              scope.column(right, "a join column").split(".")[-1]))
 
     group = select.args.get("group")
     if group is None:
@@ -283,52 +467,95 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     event_time = common.get("event_time")
     for item in group.expressions:
         if isinstance(item, exp.Column):
-            keys.append(_column_name(path, item, aliases))
+            key = scope.column(item, "a GROUP BY key")
+            if key in keys:
+                raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
+            keys.append(key)
         elif isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP"):
-            event_time, window = _window(path, item)
+            if window is not None:
+                raise _invalid(path, item, "a table has at most one window in GROUP BY")
+            event_time, window = _window(scope, item)
         else:
             raise _fail(path, item, f"GROUP BY {item.sql()}")
-    aggregates = []
+    key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set())
+    if len(key_names) != len(keys) + (window is not None):
+        raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
+    aggregates, seen = [], {}
     for projection in select.expressions:
         target = projection.this if isinstance(projection, exp.Alias) else projection
         if isinstance(target, exp.Column):
-            if _column_name(path, target, aliases) not in keys:
+            if scope.column(target, "a selected column") not in keys:
                 raise _fail(path, target, f"column {target.sql()} outside GROUP BY and outside an aggregate")
+            if isinstance(projection, exp.Alias) and projection.alias != target.name:
+                raise _fail(path, projection, f"renaming the key column {target.sql()}", "the key's own name")
             continue
         if not isinstance(projection, exp.Alias):
             raise _fail(path, projection, f"aggregate {projection.sql()} without an alias", "AGG(...) AS name")
-        aggregates.append(_aggregate(path, projection.alias, target, aliases))
+        alias = projection.alias
+        if alias in key_names:
+            raise _invalid(path, projection, f"aggregate alias {alias!r} is also a key column; rows would show "
+                                             f"only one of them. Rename the aggregate")
+        if alias in seen:
+            raise _invalid(path, projection, f"aggregate alias {alias!r} is used twice; rows would show only one "
+                                             f"of them. Give each aggregate its own name")
+        seen[alias] = projection
+        aggregates.append(_aggregate(scope, alias, target))
     if not aggregates:
         raise _fail(path, select, "a GROUP BY without aggregates")
     where = select.args.get("where")
-    topic = header.get("topic", stream.name)
-    schema_raw = header.get("schema")
-    if not schema_raw:
-        raise DefinitionError(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
-                              f"with '-- schema: field TYPE, ...'")
+    if where is not None:
+        scope.check_expression(where.this)
+        if where.find(exp.AggFunc):
+            raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
     return TableDefinition(
-        name=name, path=path, kind="aggregate", topic=topic, schema=_parse_schema(path, schema_raw),
+        name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
-        where=where.this.sql(dialect="spark") if where else None, **common,
+        where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, **common,
     )
 
 
-def load_all(folder: Path | str) -> dict[str, TableDefinition]:
-    """Every *.sql definition in `folder`, by table name; joined tables must exist."""
-    tables = {}
+def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
+    for join in table.joins:
+        other = tables.get(join.table)
+        if other is None or other.kind != "source":
+            raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
+                                  f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
+        if join.table_column not in other.key_columns:
+            raise DefinitionError(f"{table.path}: JOIN {join.table} ON ...{join.table_column}: "
+                                  f"a table joins on its key {other.key_columns}")
+    for qualified, joined, where in table.joined_refs:
+        column = qualified.split(".")[-1]
+        other = tables[joined]
+        if column not in other.value_columns:
+            raise DefinitionError(f"{table.path}:{where}: unknown column {qualified}: table {joined!r} has columns "
+                                  f"{other.value_columns}")
+
+
+def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[str, TableDefinition]:
+    """Every *.sql definition in `folder`, by table name; joined tables must exist.
+
+    Without `broken`, the first bad definition raises. With it, a bad definition costs only
+    its own table (and the tables that join it): each goes into `broken` as name -> reason,
+    named by its file's stem when it does not parse far enough to have a name."""
+    tables: dict[str, TableDefinition] = {}
     for path in sorted(Path(folder).glob("*.sql")):
-        table = parse(path)
-        if table.name in tables:
-            raise DefinitionError(f"{path}: table {table.name!r} is also defined in {tables[table.name].path}")
+        try:
+            table = parse(path)
+            if table.name in tables:
+                raise DefinitionError(f"{path}: table {table.name!r} is also defined in {tables[table.name].path}")
+        except DefinitionError as exc:
+            if broken is None:
+                raise
+            broken[path.stem] = str(exc)
+            continue
         tables[table.name] = table
-    for table in tables.values():
-        for join in table.joins:
-            other = tables.get(join.table)
-            if other is None or other.kind != "source":
-                raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
-                                      f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
-            if join.table_column not in other.key_columns:
-                raise DefinitionError(f"{table.path}: JOIN {join.table} ON ...{join.table_column}: "
-                                      f"a table joins on its key {other.key_columns}")
+    for table in list(tables.values()):
+        try:
+            _check_joins(table, tables)
+        except DefinitionError as exc:
+            if broken is None:
+                raise
+            broken[table.name] = str(exc)
+            del tables[table.name]
     return tables

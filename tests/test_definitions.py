@@ -101,3 +101,86 @@ stop.set()
     assert done.returncode == 0, done.stderr
     # main thread, an existing thread, a thread started afterwards; a lower setting later changes nothing
     assert done.stdout.split() == ["7", "7", "7", "7"]
+
+
+STREAM = "-- schema: k STRING, v DOUBLE, n BIGINT, ts TIMESTAMP\n"
+
+
+@pytest.mark.parametrize("header, sql, problem, position", [
+    ("", "CREATE TABLE t AS SELECT k,\n  SUM(nope) AS s FROM s GROUP BY k", "unknown column nope", "3:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s\nWHERE colour = 'red' GROUP BY k",
+     "unknown column colour", "3:"),
+    ("", "CREATE TABLE t AS SELECT missing, COUNT(*) AS c FROM s GROUP BY missing", "unknown column missing", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, SUM(v) AS x,\n COUNT(*) AS x FROM s GROUP BY k", "alias 'x' is used twice",
+     "3:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS k FROM s GROUP BY k", "alias 'k' is also a key column", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, TOPK(0, v, k) AS top FROM s GROUP BY k", "TOPK's first argument 0", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, TOPK(1e9, v, k) AS top FROM s GROUP BY k", "TOPK's first argument 1e9", "2:"),
+    ("-- schedule: -5\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k", "schedule='-5'", "1:1"),
+    ("-- schedule: every tuesday\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "schedule='every tuesday'", "1:1"),
+    ("", "CREATE TABLE `../../x` AS SELECT k, COUNT(*) AS c FROM s GROUP BY k", "table name '../../x'", "2:"),
+    ("", "CREATE TABLE Caps AS SELECT k, COUNT(*) AS c FROM s GROUP BY k", "table name 'Caps'", "2:"),
+    ("-- Partitions: 2\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "unknown option 'Partitions'; did you mean 'partitions'", "1:1"),
+    ("-- partition: 2\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "did you mean 'partitions'", "1:1"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, TUMBLE(ts, INTERVAL '0' SECOND)",
+     "window length INTERVAL '0' SECOND must be positive", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, TUMBLE(v, INTERVAL '1' HOUR)",
+     "must be a TIMESTAMP field", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(DISTINCT v, n) AS d FROM s GROUP BY k", "over several columns", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s WHERE " + "(" * 500 + "v > 0" + ")" * 500
+     + " GROUP BY k", "nest deeper than 64", "2:"),
+])
+def test_bad_definitions_fail_with_file_line_column_and_what_to_do(tmp_path, header, sql, problem, position):
+    path = tmp_path / "bad.sql"
+    path.write_text(header + STREAM + sql)
+    with pytest.raises(DefinitionError) as err:
+        parse(path)
+    message = str(err.value)
+    assert problem in message, message
+    assert message.startswith(f"{path}:{position}"), message
+
+
+def test_a_joined_tables_unknown_column_names_the_file_position_and_the_columns(tmp_path):
+    (tmp_path / "players.sql").write_text(
+        "CREATE TABLE players (id BIGINT PRIMARY KEY, name STRING) WITH (topic='players');")
+    (tmp_path / "board.sql").write_text(
+        STREAM + "CREATE TABLE board AS SELECT s.k, TOPK(3, s.v, p.nickname) AS top FROM s\n"
+                 "JOIN players p ON s.n = p.id GROUP BY s.k")
+    with pytest.raises(DefinitionError, match=r"board.sql:2:\d+: unknown column p.nickname: table 'players' "
+                                              r"has columns \['id', 'name'\]"):
+        load_all(tmp_path)
+
+
+def test_one_bad_definition_costs_only_its_own_table_and_the_tables_that_join_it(tmp_path):
+    for name in ("movie_tickets_sold", "players", "leaderboard", "products"):
+        (tmp_path / f"{name}.sql").write_text((TABLES / f"{name}.sql").read_text())
+    (tmp_path / "players.sql").write_text("CREATE TABLE players (id BIGINT PRIMARY KEY, name STRING);")  # no topic
+    (tmp_path / "broken.sql").write_text("this is not SQL")
+    broken: dict[str, str] = {}
+    tables = load_all(tmp_path, broken=broken)
+    assert set(tables) == {"movie_tickets_sold", "products"}
+    assert set(broken) == {"players", "leaderboard", "broken"}
+    assert "needs a topic" in broken["players"] and "JOIN 'players'" in broken["leaderboard"]
+    with pytest.raises(DefinitionError):
+        load_all(tmp_path)
+
+
+def test_the_fingerprint_changes_with_meaning_and_not_with_operations(tmp_path):
+    from spark_jobs.definitions import meaning_changes
+
+    base = STREAM + "CREATE TABLE t AS SELECT k, COUNT(v) AS c FROM s GROUP BY k"
+    path = tmp_path / "t.sql"
+    first = parse(path, base)
+    assert parse(path, "-- schedule: @hourly\n-- snapshot_every: 3\n" + base).fingerprint == first.fingerprint
+    assert parse(path, base.replace("COUNT(v) AS c", "COUNT(v)  AS  c")).fingerprint == first.fingerprint
+    for changed in (base.replace("COUNT(v)", "COUNT(n)"), base.replace("GROUP BY", "WHERE v > 0 GROUP BY"),
+                    "-- partitions: 2\n" + base, "-- topic: other\n" + base,
+                    base.replace("v DOUBLE", "v DOUBLE, extra STRING")):
+        other = parse(path, changed)
+        assert other.fingerprint != first.fingerprint
+        assert meaning_changes(first.meaning(), other.meaning())
+    assert meaning_changes(first.meaning(), parse(path, "-- partitions: 2\n" + base).meaning()) == \
+        ["partitions: 4 -> 2"]
