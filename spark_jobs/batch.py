@@ -65,7 +65,8 @@ def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[
     if not DeltaTable.isDeltaTable(spark, path):
         return {}
     bronze = spark.read.format("delta").load(path)
-    return {key: partial for _, (_, key, partial) in runner._aggregate_deltas(runner._joined(bronze)).collect()}
+    deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)))
+    return {key: partial for _, (_, key, partial) in deltas.collect()}
 
 
 def _same(a, b) -> bool:

@@ -1,6 +1,8 @@
 """From a table definition to the state library's table spec and back to rows."""
 from __future__ import annotations
 
+import math
+
 from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
 from state.table import TableSpec
 from spark_jobs.definitions import AggregateColumn, TableDefinition
@@ -27,6 +29,16 @@ def key_names(table: TableDefinition) -> list[str]:
     return names + (["window_start"] if table.window else [])
 
 
+def _finite(value):
+    """NaN and infinities as None: JSON has no such numbers, and state written before they
+    were dead-lettered may still hold them."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, (tuple, list)):
+        return type(value)(_finite(v) for v in value)
+    return value
+
+
 def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator | None = None) -> dict:
     """One table row as users see it: key columns and final aggregate values.
 
@@ -36,6 +48,9 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         return row
     if table.kind == "source":
         row.update(zip(table.value_columns, value))
-        return row
-    row.update((aggregator or state_spec(table).aggregator).result(value))
+    else:
+        row.update((aggregator or state_spec(table).aggregator).result(value))
+    for name, item in row.items():
+        if type(item) is float or isinstance(item, (tuple, list)):
+            row[name] = _finite(item)
     return row

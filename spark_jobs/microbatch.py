@@ -48,6 +48,26 @@ def _q(table: TableDefinition, name: str) -> str:
     return f"{alias or table.stream_alias or table.name}__{col}"
 
 
+def where_condition(table: TableDefinition):
+    """The table's WHERE as a Spark column over the flattened event frame, or None.
+
+    SQL semantics: an event passes only when the predicate is true, not when it is null."""
+    if not table.where:
+        return None
+    import sqlglot
+    from pyspark.sql import functions as F
+    from sqlglot import exp
+
+    def rename(node):
+        if isinstance(node, exp.Column):
+            name = f"{node.table}.{node.name}" if node.table else node.name
+            return exp.column(_q(table, name), quoted=True)
+        return node
+
+    tree = sqlglot.parse_one(table.where, dialect="spark").transform(rename)
+    return F.coalesce(F.expr(tree.sql(dialect="spark")), F.lit(False))
+
+
 class MicroBatchRunner:
     def __init__(self, spark, table: TableDefinition, tables: dict[str, TableDefinition], runtime: Runtime,
                  snapshots: bool = True) -> None:
@@ -123,7 +143,9 @@ class MicroBatchRunner:
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges))
         key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
             else self.table.key_columns
-        classified = parse.classify(raw, self.table, key_fields).persist(StorageLevel.MEMORY_AND_DISK)
+        # The plan's creation time is the batch's clock: a re-run judges future event times alike.
+        classified = parse.classify(raw, self.table, key_fields, now_ms=int(plan.created_at * 1000)) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
         events = parse.good_events(classified, self.table)
         late_count = 0
         watermark = plan.watermark_ms
@@ -302,7 +324,19 @@ class MicroBatchRunner:
         """An RDD of (state partition, (op, key, payload)) for this batch."""
         if self.table.kind == "source":
             return self._source_deltas(classified)
-        return self._aggregate_deltas(self._joined(events, counts))
+        return self._aggregate_deltas(self._selected(self._joined(events, counts), counts))
+
+    def _selected(self, frame, counts: dict | None = None):
+        """The events the table's WHERE keeps; `counts["filtered"]` says how many it did not."""
+        from pyspark.sql import functions as F
+
+        condition = where_condition(self.table)
+        if condition is None:
+            return frame
+        frame = frame.withColumn("_selected", condition)
+        if counts is not None:
+            counts["filtered"] = frame.where(~F.col("_selected")).count()
+        return frame.where(F.col("_selected")).drop("_selected")
 
     def _aggregate_deltas(self, frame):
         from pyspark.sql import Window, functions as F
@@ -373,7 +407,7 @@ class MicroBatchRunner:
 
         table = self.table
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
-        key_expr = F.when(F.col("reason") == "null_value", F.col("_key").cast("string").cast(pk_type)) \
+        key_expr = F.when(F.col("reason") == "null_value", F.col("_key").cast("string").try_cast(pk_type)) \
             .otherwise(F.col(f"_parsed.`{pk}`"))
         frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
             key_expr.alias("_pk"), (F.col("reason") == "null_value").alias("_tomb"), F.col("_offset"),

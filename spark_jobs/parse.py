@@ -3,11 +3,26 @@
 Every record ends up in exactly one of two places: the parsed events, or the
 dead letters with a reason. Nothing is dropped silently:
 
-  too_large      value over the size limit (not parsed at all)
-  malformed_json value is not a JSON object
-  wrong_type     a declared field is present but does not have its type
-  missing_key    a key column is null or absent
-  late           (windowed tables) every window of the event had closed
+  too_large          value over the size limit (not parsed at all)
+  malformed_json     value is not a JSON object
+  wrong_type         a declared field is present but does not have its type; NaN and
+                     infinities are not numbers here (they break MAX, TOPK and JSON answers)
+  missing_key        a key column is null or absent
+  missing_event_time (windowed tables) the event-time field is null or absent
+  future_event_time  (windowed tables) the event time is past the batch's clock plus the
+                     table's event_time_skew: one such record would move the watermark
+                     and make every later event late
+  late               (windowed tables) every window of the event had closed
+  key_mismatch       (source tables) the Kafka key is not the JSON primary key: puts and
+                     deletes must address the same row
+  tombstone_without_key / bad_tombstone_key
+                     (source tables) a null value whose Kafka key is absent or is not of
+                     the primary key's type: a delete of nothing in particular
+
+A TIMESTAMP field accepts an ISO-8601 string (no offset means UTC) or whole epoch
+milliseconds, as a JSON number or a string of digits. Spark's own JSON reader takes a
+number as epoch *seconds*, which puts millisecond times in the year ~58,700.
+The batch's clock is its plan's creation time, so a re-run classifies alike.
 """
 from __future__ import annotations
 
@@ -21,13 +36,25 @@ def schema_ddl(table: TableDefinition) -> str:
     return ", ".join(f"`{name}` {dtype}" for name, dtype in table.schema)
 
 
-def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES):
+def _timestamp(text):
+    """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither form."""
+    from pyspark.sql import functions as F
+
+    return F.when(text.rlike(r"^-?[0-9]{1,18}$"), F.timestamp_millis(text.cast("bigint"))) \
+        .otherwise(F.try_to_timestamp(text))
+
+
+def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES,
+             now_ms: int | None = None):
     """`raw` is Spark's Kafka source frame; returns a frame with the parsed
-    fields, the source coordinates and a `reason` column (null for good rows)."""
+    fields, the source coordinates and a `reason` column (null for good rows).
+    `now_ms` is the batch's clock for future event times (None: no such check)."""
     from pyspark.sql import functions as F
 
     text = F.col("value").cast("string")
-    schema = schema_ddl(table) + f", `{CORRUPT}` STRING"
+    timestamps = [name for name, dtype in table.schema if dtype == "TIMESTAMP"]
+    schema = ", ".join(f"`{name}` {'STRING' if dtype == 'TIMESTAMP' else dtype}" for name, dtype in table.schema) \
+        + f", `{CORRUPT}` STRING"
     parsed = raw.select(
         F.col("partition").alias("_partition"), F.col("offset").alias("_offset"),
         F.col("timestamp").alias("_timestamp"), F.col("key").alias("_key"), F.col("value").alias("_value"),
@@ -46,6 +73,20 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     wrong_type = F.lit(False)
     for name, _ in table.schema:
         wrong_type = wrong_type | (F.col(f"_present.`{name}`").isNotNull() & F.col(f"_parsed.`{name}`").isNull())
+    if timestamps:
+        # Judge each timestamp's text, then put the timestamp in its place.
+        stamps = {name: _timestamp(F.col(f"_parsed.`{name}`")) for name in timestamps}
+        bad = F.lit(False)
+        for name, stamp in stamps.items():
+            bad = bad | F.coalesce(F.col(f"_parsed.`{name}`").isNotNull() & stamp.isNull(), F.lit(False))
+        parsed = parsed.withColumn("_bad_time", bad)
+        for name, stamp in stamps.items():
+            parsed = parsed.withColumn("_parsed", F.col("_parsed").withField(f"`{name}`", stamp))
+        wrong_type = wrong_type | F.col("_bad_time")
+    for name, dtype in table.schema:
+        if dtype in ("DOUBLE", "FLOAT"):
+            value = F.col(f"_parsed.`{name}`")
+            wrong_type = wrong_type | F.coalesce(F.isnan(value) | (F.abs(value) == float("inf")), F.lit(False))
     missing_key = F.lit(False)
     for name in key_fields:
         missing_key = missing_key | F.col(f"_parsed.`{name}`").isNull()
@@ -58,8 +99,24 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         .when(wrong_type, F.lit("wrong_type"))
         .when(missing_key, F.lit("missing_key"))
     )
-    # A null value is a tombstone, not an oversize record.
-    reason = F.when(F.col("_value").isNull(), F.lit("null_value")).otherwise(reason)
+    if table.window is not None:
+        event_time = F.col(f"_parsed.`{table.event_time}`")
+        reason = reason.when(event_time.isNull(), F.lit("missing_event_time"))
+        if now_ms is not None:
+            reason = reason.when(F.unix_millis(event_time) > F.lit(now_ms + table.event_time_skew_ms),
+                                 F.lit("future_event_time"))
+    if table.kind == "source":
+        pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
+        kafka_key = F.col("_key").cast("string")
+        reason = reason.when(kafka_key.isNotNull() & ~F.coalesce(
+            kafka_key.try_cast(pk_type) == F.col(f"_parsed.`{pk}`"), F.lit(False)), F.lit("key_mismatch"))
+        tombstone = (F.when(kafka_key.isNull(), F.lit("tombstone_without_key"))
+                     .when(kafka_key.try_cast(pk_type).isNull(), F.lit("bad_tombstone_key"))
+                     .otherwise(F.lit("null_value")))
+    else:
+        tombstone = F.lit("null_value")
+    # A null value is a tombstone (a delete in source tables), not an oversize record.
+    reason = F.when(F.col("_value").isNull(), tombstone).otherwise(reason)
     # Keep what later steps need: the raw bytes only of rejected records.
     return parsed.withColumn("reason", reason).select(
         "_partition", "_offset", "_timestamp", "_key", "_size", "_parsed", "reason",

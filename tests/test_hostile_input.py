@@ -1,0 +1,154 @@
+"""Input that used to be counted wrongly, wedge a table or vanish: WHERE, non-finite numbers,
+event times, source-table keys. Each table is checked against pandas over the records read
+back from the topic, and every rejected record must be in the dead letters with its reason."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pandas as pd
+import pytest
+from confluent_kafka import Producer
+
+from spark_jobs import jobs, samples
+from spark_jobs.batch_log import BatchLog
+from state.kafka_admin import ensure_topic
+from tests.table_env import isolated_runtime, read_topic
+
+
+@pytest.fixture
+def env(kafka, tmp_path):
+    return isolated_runtime(kafka, tmp_path)
+
+
+def _define(rt, name: str, text: str) -> None:
+    (rt.tables_dir / f"{name}.sql").write_text(text)
+
+
+def _produce(rt, topic: str, values, keys=None, partitions: int = 1) -> None:
+    ensure_topic(rt.bootstrap, topic, partitions)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    for i, value in enumerate(values):
+        key = None if keys is None else keys[i]
+        producer.produce(topic, value if value is None or isinstance(value, bytes) else json.dumps(value).encode(),
+                         key=key, partition=0)
+    assert producer.flush(30) == 0
+
+
+def _dead_letters(rt, table: str) -> dict[int, str]:
+    """source offset -> reason, from the dead-letter topic."""
+    out = {}
+    for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
+        headers = {k: None if v is None else v.decode() for k, v in message.headers()}
+        out[int(headers["source_offset"])] = headers["reason"]
+    return out
+
+
+def test_where_filters_in_the_batch_path_and_the_recomputation(env, spark):
+    from spark_jobs import batch
+
+    rt, suffix = env
+    topic = "movie_ticket_sales" + suffix
+    _define(rt, "big_sales", f"-- topic: {topic}\n-- schema: title STRING, ticket_total_value DOUBLE\n"
+                             "-- partitions: 2\n"
+                             "CREATE TABLE big_sales AS SELECT title, COUNT(*) AS n, SUM(ticket_total_value) AS total\n"
+                             "FROM sales WHERE ticket_total_value >= 12 AND title <> 'Up' GROUP BY title")
+    samples.produce("movie_tickets_sold", rt.bootstrap, 3000, suffix=suffix)
+    commits = jobs.run("big_sales", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=2000)
+
+    frame = pd.DataFrame([json.loads(m.value()) for m in read_topic(rt.bootstrap, topic)])
+    kept = frame[(frame.ticket_total_value >= 12) & (frame.title != "Up")]
+    assert 0 < len(kept) < len(frame)
+    expected = kept.groupby("title")["ticket_total_value"].agg(["count", "sum"])
+    state = jobs.state_rows("big_sales", rt)
+    assert {k[0]: v[0] for k, v in state.items()} == expected["count"].to_dict()
+    assert all(math.isclose(state[(t,)][1], total) for t, total in expected["sum"].items())
+    assert sum(c.counts["filtered"] for c in commits) == len(frame) - len(kept)
+    assert batch.verify("big_sales", spark=spark, rt=rt).ok
+
+
+def test_nan_infinity_and_overflowing_doubles_are_wrong_type_and_never_reach_max(env, spark):
+    rt, suffix = env
+    topic = "scores" + suffix
+    _define(rt, "best", f"-- topic: {topic}\n-- schema: game BIGINT, score DOUBLE\n-- partitions: 1\n"
+                        "CREATE TABLE best AS SELECT game, MAX(score) AS top, SUM(score) AS total, "
+                        "TOPK(2, score, game) AS podium FROM scores GROUP BY game")
+    good = [{"game": 1, "score": 10.0}, {"game": 1, "score": 30.0}, {"game": 2, "score": 5.5}]
+    hostile = [b'{"game": 1, "score": "NaN"}', b'{"game": 1, "score": NaN}', b'{"game": 2, "score": "Infinity"}',
+               b'{"game": 2, "score": -Infinity}', b'{"game": 1, "score": 1e400}']
+    _produce(rt, topic, [good[0], *hostile[:3], good[1], *hostile[3:], good[2]])
+    (commit,) = jobs.run("best", until_caught_up=True, spark=spark, rt=rt)
+    assert commit.counts["dead_wrong_type"] == 5 and commit.counts["parsed"] == 3
+    assert sorted(_dead_letters(rt, "best").items()) == [(o, "wrong_type") for o in (1, 2, 3, 5, 6)]
+    frame = pd.DataFrame(good)
+    expected = frame.groupby("game")["score"].agg(["max", "sum"])
+    state = jobs.state_rows("best", rt)
+    assert {k[0]: (v[0], v[1]) for k, v in state.items()} == {g: (r["max"], r["sum"]) for g, r in expected.iterrows()}
+    assert jobs.query("best", ("1",), rt=rt)["podium"] == [(30.0, 1), (10.0, 1)]
+
+
+def test_stored_nan_is_served_as_null_not_as_an_error():
+    from spark_jobs.compile import row_of
+    from spark_jobs.definitions import load_all
+    from tests.table_env import SHIPPED
+
+    tables = load_all(SHIPPED)
+    row = row_of(tables["payments_per_customer"], ("c1",), (2, float("nan"), float("inf")))
+    assert row == {"customer_id": "c1", "payments": 2, "total": None, "largest": None}
+    json.dumps(row, allow_nan=False)
+    board = row_of(tables["leaderboard"], (1,), (((float("nan"), 3, (7, 1, "Ann", "Pong")),),))
+    assert board["top3"] == [(None, 7, 1, "Ann", "Pong")]
+
+
+def test_event_times_take_epoch_millis_and_iso_and_missing_or_future_ones_are_dead_lettered(env, spark):
+    rt, suffix = env
+    topic = "clicks" + suffix
+    _define(rt, "hourly_clicks", f"-- topic: {topic}\n-- schema: page STRING, ts TIMESTAMP\n-- partitions: 2\n"
+                                 "-- event_time_skew: 1h\n"
+                                 "CREATE TABLE hourly_clicks AS SELECT page, COUNT(*) AS n FROM clicks "
+                                 "GROUP BY page, TUMBLE(ts, INTERVAL '1' HOUR)")
+    hour = 1_793_491_200_000                                  # 2026-11-01T00:00Z
+    now = int(time.time() * 1000)
+    values = [
+        {"page": "a", "ts": hour + 60_000},                   # epoch milliseconds, a JSON number
+        {"page": "a", "ts": "2026-11-01T00:30:00Z"},          # ISO-8601
+        {"page": "b", "ts": str(hour + 3_600_000)},           # epoch milliseconds as digits
+        {"page": "a"},                                        # no event time
+        {"page": "a", "ts": None},                            # null event time
+        {"page": "a", "ts": now + 2 * 3_600_000},             # two hours ahead of the clock
+        {"page": "a", "ts": "yesterday"},                     # not a time
+        {"page": "b", "ts": hour + 3_600_000 + 5},
+    ]
+    _produce(rt, topic, values)
+    (commit,) = jobs.run("hourly_clicks", until_caught_up=True, spark=spark, rt=rt)
+    assert _dead_letters(rt, "hourly_clicks") == {3: "missing_event_time", 4: "missing_event_time",
+                                                  5: "future_event_time", 6: "wrong_type"}
+    assert commit.counts["parsed"] == 4 and commit.counts["dead_lettered"] == 4
+    # The watermark is the newest accepted event, not the year 58,700 or the future record.
+    assert commit.watermark_ms == hour + 3_600_000 + 5
+    accepted = pd.DataFrame([{"page": "a", "ms": hour + 60_000}, {"page": "a", "ms": hour + 1_800_000},
+                             {"page": "b", "ms": hour + 3_600_000}, {"page": "b", "ms": hour + 3_600_005}])
+    accepted["start"] = accepted.ms // 3_600_000 * 3_600_000
+    expected = {(p, s): n for (p, s), n in accepted.groupby(["page", "start"]).size().items()}
+    assert {k: v[0] for k, v in jobs.state_rows("hourly_clicks", rt).items()} == expected
+
+
+def test_source_table_deletes_and_puts_must_name_the_same_key(env, spark):
+    rt, suffix = env
+    topic = "players" + suffix
+    values = [{"id": 1, "name": "Elyse"}, {"id": 2, "name": "Mitch"}, {"id": 3, "name": "Isabelle"},
+              {"id": 4, "name": "Wrong"},      # Kafka key 5: which row is this?
+              None,                            # tombstone without a key
+              None,                            # tombstone whose key is not a BIGINT
+              None,                            # deletes player 2
+              {"id": 6, "name": "Keyless"}]    # no Kafka key: the JSON key rules
+    keys = [b"1", b"2", b"3", b"5", None, b"abc", b"2", None]
+    _produce(rt, topic, values, keys)
+    (commit,) = jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
+    assert _dead_letters(rt, "players") == {3: "key_mismatch", 4: "tombstone_without_key",
+                                            5: "bad_tombstone_key"}
+    assert commit.counts["dead_lettered"] == 3
+    assert {k[0]: v[1] for k, v in jobs.state_rows("players", rt).items()} == {1: "Elyse", 3: "Isabelle",
+                                                                                6: "Keyless"}
+    assert BatchLog(rt.batch_dir("players")).last_commit().counts["dead_key_mismatch"] == 1
