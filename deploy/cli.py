@@ -186,6 +186,15 @@ def _rebuild(args) -> int:
     return 0
 
 
+def _accept_offsets(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    entry = jobs.accept_offsets(args.table, note=args.note)
+    print(json.dumps(entry, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statetable", description="Fault-tolerant, queryable state tables.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rebuild", help="replace a table's state with a batch recomputation")
     p.add_argument("table")
     p.set_defaults(func=_rebuild)
+
+    p = sub.add_parser("accept-offsets", help="after a topic was recreated, truncated or replaced, go on from "
+                                              "the offsets it holds now (recorded in the batch log)")
+    p.add_argument("table")
+    p.add_argument("--note", default="", help="why, for the batch log")
+    p.set_defaults(func=_accept_offsets)
 
     p = sub.add_parser("airflow", help="run the airflow CLI against the local stack (e.g. backfill create ...)")
     p.add_argument("airflow_args", nargs=argparse.REMAINDER)

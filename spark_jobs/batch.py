@@ -204,8 +204,9 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     # Write-ahead like any batch, with an empty input range: if the rebuild dies
     # part-way, finishing this plan reads nothing and leaves every partition at
     # a state equal to the recomputation or to its value before, never a double count.
-    no_input = {p: (end, end) for p, (_, end) in last.ranges.items()}
-    batch_log.write_plan(BatchPlan(batch_id, last.topic, no_input, last.watermark_ms))
+    topic, incarnation, ends, _ = batch_log.read_position()    # an accepted reset stays accepted
+    no_input = {p: (end, end) for p, end in ends.items()}
+    batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation))
     st = jobs.state_table(table, rt)
     summaries = {}
     try:
@@ -225,7 +226,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     finally:
         st.close()
     commit = BatchCommit(
-        batch_id=batch_id, topic=last.topic, ranges=no_input,
+        batch_id=batch_id, topic=topic, topic_id=incarnation, ranges=no_input,
         changelog_offsets={p: s[1] for p, s in summaries.items()}, digests={p: s[2] for p, s in summaries.items()},
         key_counts={p: s[3] for p, s in summaries.items()},
         counts={"rebuild": 1, "read": 0, "keys_changed": sum(s[0] for s in summaries.values()),

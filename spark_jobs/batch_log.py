@@ -24,6 +24,8 @@ class BatchPlan:
     ranges: dict[int, tuple[int, int]]     # source partition -> [start, end)
     watermark_ms: int | None               # event-time watermark before this batch
     created_at: float = field(default_factory=time.time)
+    topic_id: str | None = None            # the topic's incarnation (Kafka's topic id)
+    accepted: dict | None = None           # an operator's acceptance of a reset or gap before this batch
 
     @property
     def record_count(self) -> int:
@@ -42,6 +44,8 @@ class BatchCommit:
     watermark_ms: int | None
     seconds: float
     committed_at: float = field(default_factory=time.time)
+    topic_id: str | None = None
+    accepted: dict | None = None
 
 
 def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:
@@ -60,6 +64,12 @@ class BatchLog:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.folder / name)
+        # The rename is durable only once the folder's entry is on disk.
+        folder = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
     def _ids(self, suffix: str) -> list[int]:
         return sorted(int(p.name.split(".")[0]) for p in self.folder.glob(f"*.{suffix}.json"))
@@ -103,3 +113,24 @@ class BatchLog:
 
     def commits(self) -> list[BatchCommit]:
         return [self.commit(i) for i in self._ids("commit")]
+
+    # -- where reading stopped -------------------------------------------------
+    def write_acceptance(self, after_batch: int, entry: dict) -> None:
+        """An operator's acceptance of a topic reset or gap: the next batch starts at `entry["starts"]`."""
+        self._write(f"{after_batch:012d}.accept.json", entry)
+
+    def acceptance(self, after_batch: int) -> dict | None:
+        path = self.folder / f"{after_batch:012d}.accept.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def read_position(self) -> tuple[str, str | None, dict[int, int], dict | None] | None:
+        """(topic, topic id, end offset per partition, acceptance) where the next batch
+        continues; None before the first commit. An acceptance after the last commit wins."""
+        last = self.last_commit()
+        if last is None:
+            return None
+        accepted = self.acceptance(last.batch_id)
+        if accepted is not None:
+            return (accepted["topic"], accepted.get("topic_id"), {int(p): s for p, s in accepted["starts"].items()},
+                    accepted)
+        return last.topic, last.topic_id, {p: end for p, (_, end) in last.ranges.items()}, None

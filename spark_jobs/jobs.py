@@ -153,6 +153,47 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None, miss
             st.close()
 
 
+def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict:
+    """An operator's explicit acceptance of a topic discontinuity (see offsets.next_starts): the next
+    batch starts at the earliest offsets the topic holds now, and the batch log keeps the entry
+    (problem, old and new positions, time, note) beside the last commit, and in the next batch."""
+    import getpass
+
+    from spark_jobs.batch_log import BatchLog
+    from spark_jobs.offsets import OffsetDiscontinuity, next_starts, topic_id, watermarks
+
+    rt = rt or Runtime.from_env()
+    table, _ = load_table(name, rt)
+    with table_lock(name, rt):
+        batch_log = BatchLog(rt.batch_dir(name))
+        if batch_log.pending_plan() is not None:
+            raise ValueError(f"table {name!r} has an unfinished batch; `statetable run {name}` finishes it first")
+        position = batch_log.read_position()
+        if position is None:
+            raise ValueError(f"table {name!r} has no committed batch: its first batch starts at the topic's "
+                             f"earliest offsets anyway")
+        marks = watermarks(rt.bootstrap, table.topic)
+        incarnation = topic_id(rt.bootstrap, table.topic)
+        try:
+            next_starts(name, table.topic, marks, incarnation, *position[:3])
+        except OffsetDiscontinuity as exc:
+            problem = str(exc)
+        else:
+            raise ValueError(f"table {name!r}: topic {table.topic!r} continues where the table stopped reading; "
+                             f"there is nothing to accept")
+        entry = {
+            "problem": problem, "topic": table.topic, "topic_id": incarnation,
+            "starts": {str(p): low for p, (low, _) in marks.items()},
+            "previous": {"topic": position[0], "topic_id": position[1],
+                         "ends": {str(p): end for p, end in position[2].items()}},
+            "accepted_at": time.time(), "by": getpass.getuser(), "note": note,
+        }
+        last = batch_log.last_commit()
+        batch_log.write_acceptance(last.batch_id, entry)
+        log.warning("%s: accepted after batch %d: %s", name, last.batch_id, problem)
+        return entry
+
+
 def due_snapshots(table: TableDefinition, rt: Runtime, batch_id: int) -> list[int]:
     """Partitions whose newest snapshot is `snapshot_every` or more batches behind `batch_id`."""
     from state.snapshots import SnapshotStore

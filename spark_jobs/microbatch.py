@@ -36,7 +36,7 @@ from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.compile import row_of, state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
-from spark_jobs.offsets import OffsetRange, spark_reader, watermarks
+from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
 from spark_jobs.runtime import Runtime
 
 log = logging.getLogger("statetable.microbatch")
@@ -92,8 +92,11 @@ class MicroBatchRunner:
             return pending
         last = self.log.last_commit()
         marks = watermarks(self.rt.bootstrap, self.table.topic)
-        starts = {p: (last.ranges[p][1] if last and p in last.ranges else low) for p, (low, _) in marks.items()}
-        available = {p: max(0, high - starts[p]) for p, (_, high) in marks.items()}
+        incarnation = topic_id(self.rt.bootstrap, self.table.topic)
+        position = self.log.read_position()
+        read_topic, read_id, read_ends, accepted = position or (None, None, None, None)
+        starts = next_starts(self.table.name, self.table.topic, marks, incarnation, read_topic, read_id, read_ends)
+        available = {p: high - starts[p] for p, (_, high) in marks.items()}
         if sum(available.values()) == 0:
             return None
         budget = self.table.max_records_per_batch
@@ -103,8 +106,11 @@ class MicroBatchRunner:
             ranges[p] = (starts[p], starts[p] + share)
         plan = BatchPlan(
             batch_id=(last.batch_id + 1) if last else 0, topic=self.table.topic, ranges=ranges,
-            watermark_ms=last.watermark_ms if last else None,
+            watermark_ms=last.watermark_ms if last else None, topic_id=incarnation, accepted=accepted,
         )
+        if accepted:
+            log.warning("%s batch %d starts where an operator accepted a discontinuity: %s", self.table.name,
+                        plan.batch_id, accepted.get("problem"))
         self.log.write_plan(plan)
         return plan
 
@@ -204,6 +210,7 @@ class MicroBatchRunner:
             digests={p: s["digest"] for p, s in summaries.items()},
             key_counts={p: s["key_count"] for p, s in summaries.items()},
             counts=counts, watermark_ms=watermark, seconds=round(time.monotonic() - started, 3),
+            topic_id=plan.topic_id, accepted=plan.accepted,
         )
         self.log.write_commit(commit)
         faults.point("batch.after_commit")

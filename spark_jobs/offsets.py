@@ -73,3 +73,60 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
 def full_range(bootstrap: str, topic: str) -> OffsetRange:
     """Everything currently retained in `topic`."""
     return OffsetRange(topic, watermarks(bootstrap, topic))
+
+
+class OffsetDiscontinuity(ValueError):
+    """The topic no longer continues where the table stopped reading: it was recreated,
+    truncated or replaced, or retention deleted records nobody read."""
+
+
+def topic_id(bootstrap: str, topic: str, timeout: float = 10.0) -> str | None:
+    """Kafka's id of the topic's current incarnation: a deleted and recreated topic gets a new one,
+    which offsets alone cannot show when the new topic has grown past the old end."""
+    from confluent_kafka import TopicCollection
+
+    from state.kafka_admin import admin
+
+    client = admin(bootstrap)
+    try:
+        (future,) = client.describe_topics(TopicCollection([topic]), request_timeout=timeout).values()
+        return str(future.result(timeout).topic_id)
+    except Exception:       # an old broker without topic ids: offsets still catch most resets
+        return None
+
+
+def next_starts(table: str, topic: str, marks: dict[int, tuple[int, int]], current_id: str | None,
+                read_topic: str | None, read_id: str | None, read_ends: dict[int, int] | None) -> dict[int, int]:
+    """Where the next batch starts in each partition, given where reading stopped
+    (`read_topic`/`read_id`/`read_ends`, None before the first batch).
+
+    Raises OffsetDiscontinuity naming the table, topic, partitions and offsets when the topic
+    does not continue from there; nothing is ever skipped or re-read silently."""
+    if read_ends is None:
+        return {p: low for p, (low, _) in marks.items()}
+    problems = []
+    if read_topic != topic:
+        problems.append(f"its topic changed from {read_topic!r} to {topic!r}")
+    elif read_id and current_id and read_id != current_id:
+        problems.append(f"the topic was deleted and recreated (topic id {read_id} is now {current_id})")
+    else:
+        for p, end in sorted(read_ends.items()):
+            if p not in marks:
+                problems.append(f"partition {p} is gone (read up to offset {end})")
+                continue
+            low, high = marks[p]
+            if high < end:
+                problems.append(f"partition {p} ends at offset {high}, before offset {end} where reading stopped "
+                                f"(recreated or truncated)")
+            elif low > end:
+                problems.append(f"partition {p}: offsets {end}..{low - 1} were deleted before they were read "
+                                f"(retention)")
+        for p, (low, _) in sorted(marks.items()):
+            if p not in read_ends and low > 0:
+                problems.append(f"new partition {p}: offsets 0..{low - 1} were deleted before they were read")
+    if problems:
+        raise OffsetDiscontinuity(
+            f"table {table!r}, topic {topic!r}: " + "; ".join(problems) + ". Nothing was read. To go on from the "
+            f"earliest offsets the topic holds now, adding its records to the current state, run "
+            f"`statetable accept-offsets {table}`; the batch log records the acceptance.")
+    return {p: read_ends.get(p, 0) for p in marks}

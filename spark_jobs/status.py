@@ -15,22 +15,30 @@ from pathlib import Path
 
 from spark_jobs.batch_log import BatchLog
 from spark_jobs.definitions import TableDefinition
+from spark_jobs.offsets import OffsetDiscontinuity
 from spark_jobs.runtime import Runtime
 
 
 def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
-    """Records in the table's topic after its last committed batch (the pending plan's too)."""
+    """Records in the table's topic after its last committed batch (the pending plan's too).
+
+    Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
+    a reset is never shown as "nothing to read"."""
     from spark_jobs import jobs
-    from spark_jobs.offsets import watermarks
+    from spark_jobs.offsets import next_starts, topic_id, watermarks
 
     topic = topic or jobs.load_table(name, rt)[0].topic
-    last = BatchLog(rt.batch_dir(name)).last_commit()
+    position = BatchLog(rt.batch_dir(name)).read_position()
     try:
         marks = watermarks(rt.bootstrap, topic)
     except LookupError:
-        return 0
-    done = last.ranges if last else {}
-    return sum(max(0, high - (done[p][1] if p in done else low)) for p, (low, high) in marks.items())
+        if position is None:
+            return 0        # not produced to yet
+        raise
+    read_topic, read_id, read_ends, _ = position or (None, None, None, None)
+    starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
+                         read_id, read_ends)
+    return sum(high - starts[p] for p, (_, high) in marks.items())
 
 
 def _verify_file(rt: Runtime, name: str) -> Path:
@@ -76,6 +84,8 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
     last = commits[-1] if commits else None
     try:
         current_lag = lag(table.name, rt, table.topic)
+    except OffsetDiscontinuity as exc:
+        current_lag = f"discontinuity: {exc}"
     except Exception as exc:        # the page must render even with the broker down
         current_lag = f"unknown ({type(exc).__name__})"
     history = verify_history(rt, table.name, limit=1)

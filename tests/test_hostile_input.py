@@ -152,3 +152,74 @@ def test_source_table_deletes_and_puts_must_name_the_same_key(env, spark):
     assert {k[0]: v[1] for k, v in jobs.state_rows("players", rt).items()} == {1: "Elyse", 3: "Isabelle",
                                                                                 6: "Keyless"}
     assert BatchLog(rt.batch_dir("players")).last_commit().counts["dead_key_mismatch"] == 1
+
+
+def _recreate(rt, topic: str, partitions: int) -> None:
+    from state.kafka_admin import admin, delete_topic
+
+    delete_topic(rt.bootstrap, topic)
+    deadline = time.monotonic() + 60
+    while topic in admin(rt.bootstrap).list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(50):
+        try:
+            ensure_topic(rt.bootstrap, topic, partitions)
+            return
+        except Exception:       # still being deleted
+            time.sleep(0.2)
+    ensure_topic(rt.bootstrap, topic, partitions)
+
+
+def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accepts_it(env, spark):
+    from confluent_kafka import TopicPartition
+
+    from spark_jobs import status
+    from spark_jobs.offsets import OffsetDiscontinuity
+    from state.kafka_admin import admin
+
+    rt, suffix = env
+    name, topic = "movie_tickets_sold", "movie_ticket_sales" + suffix
+    samples.produce(name, rt.bootstrap, 1000, suffix=suffix)
+    jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    history = [json.loads(m.value()) for m in read_topic(rt.bootstrap, topic)]
+
+    def counts() -> dict:
+        return {k[0]: v[0] for k, v in jobs.state_rows(name, rt).items()}
+
+    before = counts()
+    _recreate(rt, topic, 4)
+    samples.produce(name, rt.bootstrap, 300, suffix=suffix)
+    with pytest.raises(OffsetDiscontinuity) as err:
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    message = str(err.value)
+    assert f"table '{name}', topic '{topic}'" in message and "accept-offsets" in message
+    assert "deleted and recreated" in message or "before offset" in message
+    with pytest.raises(OffsetDiscontinuity):
+        status.lag(name, rt)                    # a reset is never "nothing to read"
+    assert counts() == before
+
+    entry = jobs.accept_offsets(name, rt=rt, note="topic recreated by the test")
+    assert entry["starts"] == {str(p): 0 for p in range(4)} and entry["previous"]["ends"]
+    (commit,) = jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    assert commit.counts["read"] == 300 and commit.accepted["note"] == "topic recreated by the test"
+    history += [json.loads(m.value()) for m in read_topic(rt.bootstrap, topic)]
+    assert counts() == pd.DataFrame(history).groupby("title")["ticket_total_value"].count().to_dict()
+    assert status.lag(name, rt) == 0
+
+    # Recreated again and grown past the old end: only the topic id can tell.
+    _recreate(rt, topic, 4)
+    samples.produce(name, rt.bootstrap, 1500, suffix=suffix)
+    with pytest.raises(OffsetDiscontinuity, match="deleted and recreated"):
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    jobs.accept_offsets(name, rt=rt)
+    jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+
+    # Retention deleted records nobody read: a gap, named with its offsets.
+    samples.produce(name, rt.bootstrap, 200, suffix=suffix)
+    ends = {p: high for p, (_, high) in __import__("spark_jobs.offsets", fromlist=["x"]).watermarks(
+        rt.bootstrap, topic).items()}
+    client = admin(rt.bootstrap)
+    for future in client.delete_records([TopicPartition(topic, 0, ends[0])]).values():
+        future.result(30)
+    with pytest.raises(OffsetDiscontinuity, match=r"partition 0: offsets \d+\.\.\d+ were deleted before they were read"):
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
