@@ -259,21 +259,34 @@ def query(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
     return query_once(name, raw, rt)[1]
 
 
+_INT_RANGES = {"BIGINT": 64, "LONG": 64, "INT": 32}
+
+
 def coerce_key(table: TableDefinition, key: tuple) -> tuple:
-    """CLI/HTTP keys arrive as strings; give each component its declared type."""
+    """CLI/HTTP keys arrive as strings; give each component its declared type, or raise
+    ValueError (never a codec error) for a value no key of that type can have."""
     types = dict(table.schema)
     out = []
     for name, value in zip(table.key_columns, key):
         dtype = types.get(name.split(".")[-1], "STRING")
-        if isinstance(value, str) and dtype in ("BIGINT", "INT", "LONG"):
+        if isinstance(value, str) and dtype in _INT_RANGES:
             try:
                 value = int(value)
             except ValueError:
-                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value!r}") from None
+                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
         elif isinstance(value, str) and dtype in ("DOUBLE", "FLOAT"):
-            value = float(value)
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
+        bits = _INT_RANGES.get(dtype, 64)
+        if type(value) is int and not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise ValueError(f"table {table.name}: key {name} is {dtype}; {value} is outside its range")
         out.append(value)
-    return tuple(out) + tuple(key[len(out):])
+    rest = tuple(key[len(out):])
+    if any(type(v) is int and not -(1 << 63) <= v < 1 << 63 for v in rest):
+        raise ValueError(f"table {table.name}: a key part is outside the 64-bit integer range")
+    return tuple(out) + rest
 
 
 def _write_result(path: str | None, result: dict) -> None:

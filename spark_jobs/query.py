@@ -381,6 +381,8 @@ def _json_list(raw: str, what: str) -> list:
         parts = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise BadQuery(f"{what} {raw!r} is not a JSON array ({exc.msg})") from None
+    except (RecursionError, ValueError):    # nesting past the parser's stack; integers past int's digit limit
+        raise BadQuery(f"{what} {raw[:40]!r}... must be a flat JSON array of strings and numbers") from None
     if not isinstance(parts, list) or not parts or not all(isinstance(p, (str, int, float, bool)) for p in parts):
         raise BadQuery(f"{what} {raw!r} must be a non-empty JSON array of strings and numbers")
     return parts

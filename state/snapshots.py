@@ -58,6 +58,11 @@ def _filesystem(uri: str):
     return fs.FileSystem.from_uri(uri)
 
 
+def _plain_name(name) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name \
+        and "\x00" not in name and not name.startswith("~")
+
+
 class SnapshotStore:
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -111,31 +116,52 @@ class SnapshotStore:
                 continue
             try:
                 with self.fs.open_input_stream(f"{info.path}/{MANIFEST}") as src:
-                    manifests.append(Manifest.from_json(src.read().decode()))
+                    manifest = Manifest.from_json(src.read().decode())
             except (FileNotFoundError, OSError, ValueError, TypeError):
                 continue  # no manifest: an unfinished upload
+            if manifest.path != info.path or (manifest.table, manifest.partition) != (table, partition):
+                # A manifest speaks only for its own folder: one naming another place is not trusted.
+                log.error("snapshot %s: its manifest names %s (table %r, partition %r); ignored", info.path,
+                          manifest.path, manifest.table, manifest.partition)
+                continue
+            manifests.append(manifest)
         return sorted(manifests, key=lambda m: (m.batch_id, m.created_at), reverse=True)
 
     def download(self, manifest: Manifest, target: Path) -> None:
-        """Copy a snapshot into `target`, verifying every checksum; raises SnapshotCorrupt."""
+        """Copy a snapshot into `target`, verifying every checksum; raises SnapshotCorrupt.
+
+        A manifest is data from a bucket that others may write to: its file names are plain
+        names, never paths, and the files land in a fresh side folder that becomes `target`
+        only once every checksum holds, so a bad snapshot leaves nothing behind."""
+        for name, expected in manifest.files.items():
+            if not _plain_name(name) or not isinstance(expected, dict):
+                raise SnapshotCorrupt(f"snapshot {manifest.path}: file name {name!r} is not a plain file name")
         if target.exists():
             shutil.rmtree(target)
-        target.mkdir(parents=True)
-        for name, expected in manifest.files.items():
-            sha, size = hashlib.sha256(), 0
-            try:
-                with self.fs.open_input_stream(f"{manifest.path}/{name}") as src, open(target / name, "wb") as out:
-                    while chunk := src.read(CHUNK):
-                        sha.update(chunk)
-                        out.write(chunk)
-                        size += len(chunk)
-            except FileNotFoundError:
-                raise SnapshotCorrupt(f"snapshot {manifest.path}: file {name} is missing") from None
-            if sha.hexdigest() != expected["sha256"] or size != expected["size"]:
-                raise SnapshotCorrupt(
-                    f"snapshot {manifest.path}: file {name} has sha256 {sha.hexdigest()[:16]}… size {size}, "
-                    f"manifest says {expected['sha256'][:16]}… size {expected['size']}"
-                )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        side = Path(tempfile.mkdtemp(prefix=f".{target.name}.download-", dir=target.parent))
+        try:
+            for name, expected in manifest.files.items():
+                self._download_file(manifest, name, expected, side / name)
+            side.rename(target)
+        finally:
+            shutil.rmtree(side, ignore_errors=True)
+
+    def _download_file(self, manifest: Manifest, name: str, expected: dict, dest: Path) -> None:
+        sha, size = hashlib.sha256(), 0
+        try:
+            with self.fs.open_input_stream(f"{manifest.path}/{name}") as src, open(dest, "xb") as out:
+                while chunk := src.read(CHUNK):
+                    sha.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except FileNotFoundError:
+            raise SnapshotCorrupt(f"snapshot {manifest.path}: file {name} is missing") from None
+        if sha.hexdigest() != expected.get("sha256") or size != expected.get("size"):
+            raise SnapshotCorrupt(
+                f"snapshot {manifest.path}: file {name} has sha256 {sha.hexdigest()[:16]}… size {size}, "
+                f"manifest says {str(expected.get('sha256'))[:16]}… size {expected.get('size')}"
+            )
 
     # -- retention ---------------------------------------------------------------
     def retain(self, table: str, partition: int, keep: int) -> list[str]:

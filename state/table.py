@@ -97,8 +97,16 @@ class StateTable:
         else:
             # Several tasks may create the table at once: publish the file whole or not at all.
             tmp = path.with_name(f".table.json.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(wanted, indent=1))
+            with open(tmp, "w") as out:
+                out.write(json.dumps(wanted, indent=1))
+                out.flush()
+                os.fsync(out.fileno())
             os.replace(tmp, path)
+            folder = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(folder)          # the rename is durable only once the folder's entry is
+            finally:
+                os.close(folder)
 
     def partition_of(self, key: tuple) -> int:
         return partition_of(codec.encode_key(key), self.spec.partitions)

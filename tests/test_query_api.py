@@ -152,6 +152,11 @@ def test_errors_are_404_422_and_limits_are_capped(served, request):
     bad_key = _get(server, "/tables/leaderboard/rows/not-a-number")
     assert bad_key.status_code == 422 and "BIGINT" in bad_key.json()["detail"]
     assert _get(server, "/tables/leaderboard/rows/[1,2,3]").status_code == 422
+    for hostile in ("9223372036854775808", "-9223372036854775809", "[9223372036854775808]", "9" * 5000,
+                    "[" * 3000 + "]" * 3000, "[" + "1" * 5000 + "]"):
+        answer = _get(server, "/tables/leaderboard/rows/" + hostile)
+        assert answer.status_code == 422, (hostile[:30], answer.status_code, answer.text[:200])
+    assert _get(server, "/tables/leaderboard/rows", prefix="[" * 3000 + "]" * 3000).status_code == 422
     assert _get(server, "/tables/movie_tickets_sold/rows", limit=0).status_code == 422
     assert _get(server, "/tables/movie_tickets_sold/rows", limit="many").status_code == 422
     assert _get(server, "/tables/movie_tickets_sold/rows", cursor="!!").status_code == 422
