@@ -3,6 +3,7 @@ tables and unit tests. Both write data and metadata in one atomic step.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -82,6 +83,22 @@ class MemoryBackend:
         pass
 
 
+def _open_existing(rdict, primary: Path, options, cfs, access):
+    """Opens a database that must already exist. rocksdict writes its config file into the
+    primary's folder even for a read-only or secondary open, so a reader racing a restore's
+    folder swap would leave a folder behind that blocks the swap; a failed open removes it."""
+    if not (primary / "CURRENT").exists():
+        raise FileNotFoundError(f"no RocksDB database at {primary}")
+    try:
+        return rdict(str(primary), options=options, column_families=cfs, access_type=access)
+    except Exception:
+        if not (primary / "CURRENT").exists():
+            with contextlib.suppress(OSError):
+                (primary / "rocksdict-config.json").unlink()
+                primary.rmdir()
+        raise
+
+
 class RocksBackend:
     """One RocksDB database in raw bytes mode: data in `default`, metadata in `meta`.
 
@@ -99,11 +116,10 @@ class RocksBackend:
         options.set_max_background_jobs(2)
         options.increase_parallelism(2)
         cfs = {"meta": Options(raw_mode=True)}
-        if secondary_of is not None:
-            access = AccessType.secondary(str(self.path))
-            self.db = Rdict(str(secondary_of), options=options, column_families=cfs, access_type=access)
-        elif read_only:
-            self.db = Rdict(str(self.path), options=options, column_families=cfs, access_type=AccessType.read_only())
+        if secondary_of is not None or read_only:
+            primary = Path(secondary_of) if secondary_of is not None else self.path
+            access = AccessType.secondary(str(self.path)) if secondary_of is not None else AccessType.read_only()
+            self.db = _open_existing(Rdict, primary, options, cfs, access)
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             self.db = Rdict(str(self.path), options=options, column_families=cfs)

@@ -224,3 +224,20 @@ def test_commit_takes_the_additive_path_only_for_count_and_sum():
     assert part.get(("a",)) == (3, 12)
     assert part.get(("b",)) == (2, 3)
     assert part.get(("c",)) == (1, 2.5)
+
+
+def test_a_reader_of_a_missing_partition_leaves_no_folder_that_blocks_a_restore(tmp_path):
+    """rocksdict writes its config into the primary's folder even for a secondary open; a reader
+    that races a restore's folder swap must not leave that folder behind (the swap would fail)."""
+    from state.backends import RocksBackend
+    primary = tmp_path / "t" / "p0000"
+    with pytest.raises(OSError):
+        RocksBackend(tmp_path / "secondary", secondary_of=primary)
+    with pytest.raises(OSError):
+        RocksBackend(primary, read_only=True)
+    assert not primary.exists()
+    writer = RocksBackend(primary)
+    writer.close()
+    reader = RocksBackend(tmp_path / "secondary", secondary_of=primary)
+    assert reader.read_meta().applied_batch == -1
+    reader.close()
