@@ -29,19 +29,23 @@ class ManagedProcess:
         return self.run_dir / f"{self.name}.log"
 
     def pid(self) -> int | None:
-        """The recorded pid if that process is still alive, else None."""
+        """The recorded pid if that same process is still alive, else None.
+
+        The pid file holds the pid and the process's start time: after a reboot or a crash the
+        pid may belong to a stranger, whose process group `stop` must never signal."""
         try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+            fields = self.pid_file.read_text().split()
+            pid = int(fields[0])
+            started = int(fields[1]) if len(fields) > 1 else None
+        except (FileNotFoundError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        stat = _stat(pid)
+        if stat is None or stat["state"] == "Z":
             return None
-        except PermissionError:
-            return pid
-        if _is_zombie(pid):
-            return None
+        if started is not None and stat["started"] != started:
+            return None         # the pid was reused by another process
+        if started is None and stat["pgrp"] != pid:
+            return None         # an old pid file: ours led its own process group
         return pid
 
     def is_running(self) -> bool:
@@ -57,7 +61,8 @@ class ManagedProcess:
                 cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        self.pid_file.write_text(str(proc.pid))
+        stat = _stat(proc.pid)
+        self.pid_file.write_text(f"{proc.pid} {stat['started'] if stat else ''}".strip())
         return proc.pid
 
     def stop(self, timeout: float = 20.0) -> bool:
@@ -106,11 +111,13 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _is_zombie(pid: int) -> bool:
+def _stat(pid: int) -> dict | None:
+    """State, process group and start time (clock ticks since boot) from /proc, or None if gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return {"state": fields[0], "pgrp": int(fields[2]), "started": int(fields[19])}
 
 
 def port_in_use(host: str, port: int) -> bool:
