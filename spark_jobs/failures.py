@@ -5,6 +5,12 @@ then compares the table with a batch recomputation (spark_jobs.batch.verify).
 Each failure is what happens in production, not a simulation of it: a job
 SIGKILLed with its whole process tree mid-merge, a lost disk, a snapshot
 with a flipped byte, a snapshot store emptied, the broker restarted.
+
+The drills that destroy snapshots never touch the table's own snapshot store:
+they copy it to a scratch store (`<snapshot uri>/_drills/<table>`), damage
+the copy, and `recover` restores from that copy, then deletes it. Anyone who
+may trigger the DAG can run them on a production table, so only the local
+store, a cache rebuilt from the changelog, is ever lost for real.
 """
 from __future__ import annotations
 
@@ -26,11 +32,14 @@ FAILURES = {
     "none": "nothing: verify the table as it is",
     "kill_mid_batch": "SIGKILL a micro-batch's process tree after partition 0 committed, others maybe not",
     "wipe_local_store": "delete every local RocksDB partition (a lost disk or a new machine)",
-    "corrupt_latest_snapshot": "flip a byte in the newest snapshot of every partition, then lose the local store",
-    "lose_all_snapshots": "delete every snapshot, then lose the local store (restore from the changelog alone)",
+    "corrupt_latest_snapshot": "flip a byte in the newest snapshot of every partition (in a scratch copy of the "
+                               "snapshot store), then lose the local store",
+    "lose_all_snapshots": "delete every snapshot (in a scratch copy of the snapshot store), then lose the local "
+                          "store (restore from the changelog alone)",
     "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
 }
 KILL_POINT = "batch.mid_merge"
+SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 
 
 class NothingToInject(Exception):
@@ -66,10 +75,10 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
         detail = _kill_mid_batch(name, rt, facts)
     elif failure == "wipe_local_store":
         detail = _wipe(name, table, rt)
-    elif failure == "corrupt_latest_snapshot":
-        detail = _corrupt_latest_snapshots(name, table, rt, facts) + "; " + _wipe(name, table, rt)
-    elif failure == "lose_all_snapshots":
-        detail = _lose_snapshots(name, table, rt) + "; " + _wipe(name, table, rt)
+    elif failure in SNAPSHOT_DRILLS:
+        scratch = _scratch_copy(name, table, rt, facts)
+        damage = _corrupt_latest_snapshots if failure == "corrupt_latest_snapshot" else _lose_snapshots
+        detail = damage(name, table, scratch, facts) + "; " + _wipe(name, table, rt)
     else:
         detail = _restart_broker(facts) + "; " + _wipe(name, table, rt)
     injected = Injection(name, failure, detail, round(time.monotonic() - started, 3), facts)
@@ -106,12 +115,25 @@ def _wipe(name: str, table, rt: Runtime) -> str:
     return f"local store of {table.partitions} partitions deleted"
 
 
-def _corrupt_latest_snapshots(name: str, table, rt: Runtime, facts: dict) -> str:
+def scratch_uri(rt: Runtime) -> str:
+    """Where snapshot drills keep their copy: beside the tables, under a name no table can have."""
+    return rt.snapshot_uri.rstrip("/") + "/_drills"
+
+
+def _scratch_copy(name: str, table, rt: Runtime, facts: dict):
     from state.snapshots import SnapshotStore
 
-    if any(not SnapshotStore(rt.snapshot_uri).list(name, p) for p in range(table.partitions)):
-        jobs.snapshot_if_due(name, rt)   # a partition without snapshots gets one, so there is one to corrupt
-    store = SnapshotStore(rt.snapshot_uri)
+    live = SnapshotStore(rt.snapshot_uri)
+    if any(not live.list(name, p) for p in range(table.partitions)):
+        jobs.snapshot_if_due(name, rt)   # a partition without snapshots gets one, so there is one to damage
+    scratch = SnapshotStore(scratch_uri(rt))
+    scratch.delete_table(name)
+    copied = sum(live.copy_to(scratch, name, p) for p in range(table.partitions))
+    facts["snapshot_uri"], facts["snapshots_copied"] = scratch.uri, copied
+    return scratch
+
+
+def _corrupt_latest_snapshots(name: str, table, store, facts: dict) -> str:
     flipped = []
     for p in range(table.partitions):
         newest = store.list(name, p)[0]
@@ -124,17 +146,14 @@ def _corrupt_latest_snapshots(name: str, table, rt: Runtime, facts: dict) -> str
             out.write(bytes(data))
         flipped.append(f"p{p}@{newest.batch_id}:{victim}")
     facts["corrupted"] = flipped
-    return f"flipped a byte in {', '.join(flipped)}"
+    return f"flipped a byte in {', '.join(flipped)} (scratch copy {store.uri})"
 
 
-def _lose_snapshots(name: str, table, rt: Runtime) -> str:
-    from state.snapshots import SnapshotStore
-
-    store = SnapshotStore(rt.snapshot_uri)
+def _lose_snapshots(name: str, table, store, facts: dict) -> str:
     lost = sum(len(store.list(name, p)) for p in range(table.partitions))
     for p in range(table.partitions):
         store.delete_all(name, p)
-    return f"{lost} snapshots deleted"
+    return f"{lost} snapshots deleted (scratch copy {store.uri})"
 
 
 def _restart_broker(facts: dict) -> str:
@@ -162,12 +181,27 @@ class Recovery:
     restore_seconds: float
 
 
-def recover(name: str, rt: Runtime | None = None) -> Recovery:
+def recover(name: str, rt: Runtime | None = None, snapshot_uri: str | None = None) -> Recovery:
     """Restore every partition that lost its local store. An interrupted batch is
-    finished afterwards by the verify job (it needs Spark), from its plan."""
+    finished afterwards by the verify job (it needs Spark), from its plan.
+
+    `snapshot_uri`: a snapshot drill's scratch copy (its injection's facts), restored from and
+    then deleted; any other store is refused, so a drill's input can never redirect a restore."""
+    from dataclasses import replace
+
+    from state.snapshots import SnapshotStore
+
     rt = rt or Runtime.from_env()
+    if snapshot_uri is not None and snapshot_uri != scratch_uri(rt):
+        raise ValueError(f"table {name!r}: a drill restores only from its scratch store {scratch_uri(rt)!r}, "
+                         f"not {snapshot_uri!r}")
     started = time.monotonic()
-    reports = jobs.restore(name, rt=rt, missing_only=True)
+    try:
+        reports = jobs.restore(name, rt=replace(rt, snapshot_uri=snapshot_uri) if snapshot_uri else rt,
+                               missing_only=True)
+    finally:
+        if snapshot_uri:
+            SnapshotStore(snapshot_uri).delete_table(name)
     recovery = Recovery(
         name, [r.partition for r in reports], sum(r.replayed_records for r in reports),
         [c for r in reports for c in r.corrupt_snapshots], round(time.monotonic() - started, 3),

@@ -185,5 +185,29 @@ class SnapshotStore:
                 deleted.append(info.path)
         return deleted
 
+    def copy_to(self, other: "SnapshotStore", table: str, partition: int) -> int:
+        """Copies every complete snapshot into `other` (a drill's scratch store); manifests are
+        rewritten to name their new folder, which is the only place a manifest may speak for."""
+        from dataclasses import replace
+
+        copied = 0
+        for manifest in self.list(table, partition):
+            folder = f"{other._partition_dir(table, partition)}/{manifest.path.rsplit('/', 1)[-1]}"
+            other.fs.create_dir(folder, recursive=True)
+            for name in manifest.files:
+                if not _plain_name(name):
+                    continue        # download() refuses such a manifest anyway
+                with self.fs.open_input_stream(f"{manifest.path}/{name}") as src, \
+                        other.fs.open_output_stream(f"{folder}/{name}") as out:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+            with other.fs.open_output_stream(f"{folder}/{MANIFEST}") as out:
+                out.write(replace(manifest, path=folder).to_json().encode())
+            copied += 1
+        return copied
+
+    def delete_table(self, table: str) -> None:
+        self.fs.delete_dir_contents(f"{self.root}/{table}", missing_dir_ok=True)
+
     def delete_all(self, table: str, partition: int) -> None:
         self.fs.delete_dir_contents(self._partition_dir(table, partition), missing_dir_ok=True)

@@ -155,8 +155,13 @@ def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verif
 def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(api, stack_rt, kafka, failure):
     from spark_jobs import status
 
+    from spark_jobs import failures
+    from state.snapshots import SnapshotStore
+
     if failure == "kill_mid_batch":
         samples.produce(MOVIES, kafka, 3000)          # a batch to kill
+    live = SnapshotStore(stack_rt.snapshot_uri)
+    before = {p: live.list(MOVIES, p) for p in range(4)}
     run_id, run, states = _run(api, f"{MOVIES}__restore_verify", {"failure": failure})
     assert run["state"] == "success", (states, api.task_log(f"{MOVIES}__restore_verify", run_id, "verify")[-3000:])
     assert set(states.values()) == {"success"}
@@ -168,6 +173,13 @@ def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(ap
         assert record["restored_partitions"] == [0, 1, 2, 3]
     if failure == "corrupt_latest_snapshot":
         assert record["corrupt_snapshots"] == 4
+    # Drills damage a scratch copy only: every live snapshot is still there and still checks out.
+    for p, manifests in before.items():
+        still = {m.path for m in live.list(MOVIES, p)}
+        for m in manifests:
+            assert m.path in still, f"{failure} deleted live snapshot {m.path}"
+            live.download(m, stack_rt.data_dir / "drill-check" / f"p{p}")
+    assert not SnapshotStore(failures.scratch_uri(stack_rt)).list(MOVIES, 0), "the scratch copy outlived recovery"
     if failure == "kill_mid_batch":
         assert record["injected"]["facts"]["exit_code"] != 0
     assert _state(stack_rt) == _expected_movies(kafka)

@@ -124,14 +124,21 @@ class InjectFailureOperator(_TableOperator):
 
 
 class RestoreOperator(_TableOperator):
-    """Restores every partition that has no local store, and times it."""
+    """Restores every partition that has no local store, and times it; after a snapshot drill,
+    from the drill's scratch copy of the snapshot store."""
+
+    def __init__(self, *, inject_task: str = "inject_failure", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.inject_task = inject_task
 
     def execute(self, context) -> dict:
         from dataclasses import asdict
 
         from spark_jobs import failures
 
-        return asdict(failures.recover(self.table, self.hook.runtime()))
+        injected = context["ti"].xcom_pull(task_ids=self.inject_task) or {}
+        scratch = injected.get("facts", {}).get("snapshot_uri")
+        return asdict(failures.recover(self.table, self.hook.runtime(), snapshot_uri=scratch))
 
 
 class RecordVerifyOperator(_TableOperator):
