@@ -56,7 +56,7 @@ def _serve(env, port: int, *args: str):
     def up() -> bool:
         assert proc.poll() is None, log_path.read_text()
         try:
-            return httpx.get(f"{base}/openapi.json", timeout=2).status_code == 200
+            return _get(base, "/openapi.json").status_code == 200
         except httpx.TransportError:
             return False
 
@@ -168,10 +168,10 @@ def test_errors_are_404_422_and_limits_are_capped(served, request):
 def test_every_route_needs_a_valid_token(server):
     routes = ["/tables", "/tables/movie_tickets_sold/rows", "/tables/movie_tickets_sold/rows/x",
               "/tables/movie_tickets_sold/rows/x/windows", "/leaderboard", "/leaderboard/1", "/ui"]
-    spec_paths = set(httpx.get(server + "/openapi.json").json()["paths"])
+    spec_paths = set(_get(server, "/openapi.json").json()["paths"])
     assert spec_paths <= {r.replace("movie_tickets_sold", "{table}").replace("/x", "/{key}")
                           .replace("/leaderboard/1", "/leaderboard/{productId}") for r in routes}
-    for route in routes:
+    for route in routes + ["/openapi.json"]:
         assert _get(server, route, token=None).status_code == 401, route
         assert _get(server, route, token="wrong-token").status_code == 401, route
         assert _get(server, route).status_code in (200, 404, 422), route
@@ -264,9 +264,20 @@ def test_a_table_being_restored_answers_503_with_retry_after(served, request, en
     wait_until(lambda: _get(server, "/tables/inv/rows").status_code == 200, 10, interval=0.2, what="back")
 
 
-def test_schemathesis_finds_no_server_errors(server):
+def test_no_docs_pages_and_nothing_loaded_from_third_parties(server):
+    for route in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert _get(server, route).status_code == 404, route
+        assert _get(server, route, token=None).status_code in (401, 404), route
+    page = _get(server, "/ui")
+    assert page.status_code == 200
+    assert "<script" not in page.text and "http" not in page.text.replace("http-equiv", "")
+
+
+def test_schemathesis_finds_no_server_errors(server, tmp_path):
+    spec = tmp_path / "openapi.json"
+    spec.write_text(_get(server, "/openapi.json").text)
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "schemathesis"), "run", f"{server}/openapi.json",
+        [str(Path(sys.executable).parent / "schemathesis"), "run", str(spec), "--url", server,
          "-H", f"Authorization: Bearer {TOKEN}", "--checks", "not_a_server_error", "--max-examples", "40"],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -37,25 +37,51 @@ class TokenAuth:
                              "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
         self.token = token.encode()
 
-    async def check(self, token: str | None, request: Request) -> bool:
-        return token is not None and hmac.compare_digest(token.encode(), self.token)
+    async def check(self, token: str | None, request: Request):
+        """The principal the token stands for, or None."""
+        return "token" if token is not None and hmac.compare_digest(token.encode(), self.token) else None
+
+    async def may_read(self, principal, table: str) -> bool:
+        return True     # the deployment's own token: standalone serving has one reader
+
+
+def table_dag(table: str) -> str:
+    """The DAG whose permissions govern reads of a table: the one that writes it."""
+    return f"{table}__incremental"
 
 
 class AirflowAuth:
-    """Inside Airflow: the JWT Airflow issues (bearer header, or the UI's session cookie)."""
+    """Inside Airflow: the JWT Airflow issues (bearer header, or the UI's session cookie), and
+    Airflow's auth manager decides what that user may read. A table's rows are its incremental
+    DAG's output, so reading them needs what reading that DAG's XComs needs: whatever per-DAG
+    grants the deployment's auth manager (FAB, Keycloak, simple) holds apply to the table."""
 
-    async def check(self, token: str | None, request: Request) -> bool:
-        from airflow.api_fastapi.app import get_auth_manager
+    def __init__(self, auth_manager=None) -> None:
+        self._auth_manager = auth_manager
+
+    def manager(self):
+        if self._auth_manager is None:
+            from airflow.api_fastapi.app import get_auth_manager
+
+            return get_auth_manager()
+        return self._auth_manager
+
+    async def check(self, token: str | None, request: Request):
         from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
 
         token = token or request.cookies.get(COOKIE_NAME_JWT_TOKEN)
         if not token:
-            return False
+            return None
         try:
-            await get_auth_manager().get_user_from_token(token)
+            return await self.manager().get_user_from_token(token)
         except Exception:
-            return False
-        return True
+            return None
+
+    async def may_read(self, principal, table: str) -> bool:
+        from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+        return bool(self.manager().is_authorized_dag(method="GET", user=principal, access_entity=DagAccessEntity.XCOM,
+                                                     details=DagDetails(id=table_dag(table))))
 
 
 bearer = HTTPBearer(auto_error=False, description="Airflow's JWT inside Airflow; STATETABLE_API_TOKEN standalone")
@@ -104,16 +130,31 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     async def authenticated(request: Request,
                             credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         token = credentials.credentials if credentials and credentials.scheme.lower() == "bearer" else None
-        if not await auth.check(token, request):
+        principal = await auth.check(token, request)
+        if principal is None:
             raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        request.state.principal = principal
 
+    async def authorize(request: Request, table: str) -> None:
+        if not await auth.may_read(request.state.principal, table):
+            raise HTTPException(403, f"you may not read table {table!r}: reading it needs read access to the "
+                                     f"XComs of DAG {table_dag(table)!r}")
+
+    async def readable(request: Request, tables: list[dict]) -> list[dict]:
+        return [t for t in tables if await auth.may_read(request.state.principal, t["table"])]
+
+    # No /docs or /redoc (they load JavaScript from a CDN); the OpenAPI document needs a token like every route.
     app = FastAPI(
         title="statetable", version="1",
         description="Read-only queries over the committed state of statetable tables. Every answer names the "
                     "batch it comes from (body and X-Statetable-Batch header).",
-        dependencies=[Depends(authenticated)],
+        dependencies=[Depends(authenticated)], docs_url=None, redoc_url=None, openapi_url=None,
     )
     app.state.queries = holder
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi():
+        return JSONResponse(app.openapi())
 
     @app.exception_handler(NoSuchTable)
     async def _no_table(request: Request, exc: NoSuchTable):
@@ -135,11 +176,12 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     key_path = Path(..., description="the key: a single value, or a JSON array for composite keys", max_length=4096)
 
     @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
-    async def tables():
-        return {"tables": await holder.ask("tables", blocking=True)}
+    async def tables(request: Request):
+        return {"tables": await readable(request, await holder.ask("tables", blocking=True))}
 
     @app.get("/tables/{table}/rows/{key}", summary="one row")
-    async def row(table: str = table_path, key: str = key_path):
+    async def row(request: Request, table: str = table_path, key: str = key_path):
+        await authorize(request, table)
         batch, found = await holder.ask("get", table, key)
         if found is None:
             return _answer({"detail": f"table {table!r} has no row for key {key!r}", "table": table,
@@ -147,30 +189,33 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
         return _answer({"table": table, "batch": batch, "row": found}, batch)
 
     @app.get("/tables/{table}/rows", summary="rows in key order, by prefix or range, a page at a time")
-    async def rows(table: str = table_path,
+    async def rows(request: Request, table: str = table_path,
              prefix: str | None = Query(None, max_length=4096, description="leading key part(s)"),
              from_: str | None = Query(None, alias="from", max_length=4096, description="first key (inclusive)"),
              to: str | None = Query(None, max_length=4096, description="last key (exclusive)"),
              limit: int | None = Query(None, description="page size; capped at 1000"),
              cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page")):
+        await authorize(request, table)
         page = await holder.ask("scan", table, prefix, from_, to, limit, cursor)
         return _answer({"table": table, "batch": page.batch, "rows": page.rows, "next_cursor": page.next_cursor},
                        page.batch)
 
     @app.get("/tables/{table}/rows/{key}/windows", summary="a windowed table's windows of one key")
-    async def windows(table: str = table_path, key: str = key_path,
+    async def windows(request: Request, table: str = table_path, key: str = key_path,
                 from_: int | None = Query(None, alias="from", description="first window start, epoch ms"),
                 to: int | None = Query(None, description="window starts before this, epoch ms"),
                 limit: int | None = Query(None, description="at most this many windows; capped at 1000")):
+        await authorize(request, table)
         if limit is not None and limit < 1:
             raise BadQuery(f"limit must be at least 1, not {limit}")
         page = await holder.ask("windows", table, key, from_, to, limit)
         return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
 
     @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
-    async def leaderboard():
+    async def leaderboard(request: Request):
         from spark_jobs.samples import leaderboard_entries
 
+        await authorize(request, LEADERBOARD_TABLE)
         boards, batch, cursor = {}, None, None
         while True:
             page = await holder.ask("scan", LEADERBOARD_TABLE, None, None, None, 1000, cursor)
@@ -185,17 +230,18 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
             cursor = page.next_cursor
 
     @app.get("/leaderboard/{productId}", summary="one game's top 3, in the seed's shape")
-    async def leaderboard_of(productId: str = Path(..., max_length=40)):
+    async def leaderboard_of(request: Request, productId: str = Path(..., max_length=40)):
         from spark_jobs.samples import leaderboard_entries
 
+        await authorize(request, LEADERBOARD_TABLE)
         batch, found = await holder.ask("get", LEADERBOARD_TABLE, productId)
         if found is None:
             return _answer({"detail": f"no leaderboard for product {productId!r}"}, batch, 404)
         return _answer(leaderboard_entries(found), batch)
 
     @app.get("/ui", response_class=HTMLResponse, include_in_schema=False)
-    async def ui():
-        return HTMLResponse(status_page(await holder.ask("tables", blocking=True)))
+    async def ui(request: Request):
+        return HTMLResponse(status_page(await readable(request, await holder.ask("tables", blocking=True))))
 
     return app
 
