@@ -20,6 +20,7 @@ from spark_jobs.microbatch import MicroBatchRunner
 from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
 from spark_jobs import jobs, parse
+from state import faults
 
 log = logging.getLogger("statetable.batch")
 
@@ -50,7 +51,7 @@ class VerifyResult:
 
 def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[tuple, object]:
     """Every key's final state from full history."""
-    runner = MicroBatchRunner(spark, table, tables, rt)
+    runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
     if table.kind == "source":
         if last is None:
@@ -194,6 +195,10 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
         raise ValueError(f"table {name!r} has no committed batch to rebuild from; run it first")
     if batch_log.pending_plan() is not None:
         raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
+    spec = jobs.spec_of(table, rt)
+    recorded = (last.definition or {}).get("fingerprint")
+    if recorded and recorded != spec.fingerprint:
+        return _adopt(table, tables, spark, rt, batch_log, last, started)
     expected = recompute(spark, table, tables, rt)
 
     def in_scope(key: tuple) -> bool:
@@ -206,7 +211,9 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     # a state equal to the recomputation or to its value before, never a double count.
     topic, incarnation, ends, _ = batch_log.read_position()    # an accepted reset stays accepted
     no_input = {p: (end, end) for p, end in ends.items()}
-    batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation))
+    definition = {"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}
+    batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
+                                   definition=definition))
     st = jobs.state_table(table, rt)
     summaries = {}
     try:
@@ -232,9 +239,74 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
         counts={"rebuild": 1, "read": 0, "keys_changed": sum(s[0] for s in summaries.values()),
                 "keys": len(expected),
                 **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
-        watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3),
+        watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
     )
     batch_log.write_commit(commit)
     log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, len(expected),
              commit.counts["keys_changed"], commit.seconds)
+    return commit
+
+
+def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: BatchLog, last: BatchCommit,
+           started: float) -> BatchCommit:
+    """A rebuild that adopts a changed definition: the new state is built beside the old one, in a
+    folder and on a changelog topic of its own, so the old state keeps serving meanwhile. The
+    batch log's commit is the cut-over: before it, the old state is the table (a crash leaves
+    only litter); after it, the new one is, and the local folders are swapped (a crash before
+    the swap leaves a stale cache that the next writer drops and restores)."""
+    import shutil
+    import uuid
+    from dataclasses import replace
+
+    from state.changelog import ensure_changelog
+    from state.table import StateTable
+
+    name = table.name
+    spec = jobs.spec_of(table, rt)
+    expected = recompute(spark, table, tables, rt)
+    batch_id = last.batch_id + 1
+    spec = replace(spec, changelog=f"{rt.namespace}{name}-changelog-{spec.fingerprint[:8]}-{uuid.uuid4().hex[:6]}")
+    ensure_changelog(rt.bootstrap, spec.changelog_topic, spec.partitions)
+    side = rt.state_dir / f".rebuild-{name}-{uuid.uuid4().hex[:8]}"
+    st = StateTable(spec, side, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+    summaries = {}
+    try:
+        for p in range(spec.partitions):
+            part = st.open(p)
+            tx = part.begin(batch_id)
+            for key, value in expected.items():
+                if st.partition_of(key) == p:
+                    tx.put(key, value)
+            tx.commit()
+            meta = part.meta
+            summaries[p] = (meta.changelog_offset, format(meta.digest, "016x"), meta.key_count)
+    finally:
+        st.close()
+    faults.point("rebuild.before_cutover")
+    topic, incarnation, ends, _ = batch_log.read_position()
+    commit = BatchCommit(
+        batch_id=batch_id, topic=topic, topic_id=incarnation, ranges={p: (end, end) for p, end in ends.items()},
+        changelog_offsets={p: s[0] for p, s in summaries.items()}, digests={p: s[1] for p, s in summaries.items()},
+        key_counts={p: s[2] for p, s in summaries.items()},
+        counts={"rebuild": 1, "adopted_definition": 1, "read": 0, "keys_changed": len(expected),
+                "keys": len(expected)},
+        watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3),
+        definition={"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}, changelog=spec.changelog,
+    )
+    batch_log.write_commit(commit)
+    faults.point("rebuild.after_cutover")
+    live, old = rt.state_dir / name, rt.state_dir / f".replaced-{name}-{uuid.uuid4().hex[:8]}"
+    if live.exists():
+        live.rename(old)
+    (side / name).rename(live)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(side, ignore_errors=True)
+    st = jobs.state_table(table, rt)
+    try:
+        for p in range(spec.partitions):
+            st.snapshot(p)
+    finally:
+        st.close()
+    log.info("rebuild %s: adopted the changed definition as batch %d (%d keys, changelog %s) in %.1fs",
+             name, batch_id, len(expected), spec.changelog, commit.seconds)
     return commit

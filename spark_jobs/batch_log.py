@@ -26,6 +26,7 @@ class BatchPlan:
     created_at: float = field(default_factory=time.time)
     topic_id: str | None = None            # the topic's incarnation (Kafka's topic id)
     accepted: dict | None = None           # an operator's acceptance of a reset or gap before this batch
+    definition: dict | None = None         # {"fingerprint", "meaning"} of the definition the batch applies
 
     @property
     def record_count(self) -> int:
@@ -46,6 +47,8 @@ class BatchCommit:
     committed_at: float = field(default_factory=time.time)
     topic_id: str | None = None
     accepted: dict | None = None
+    definition: dict | None = None
+    changelog: str | None = None            # set when a rebuild moved the state to a new changelog topic
 
 
 def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:

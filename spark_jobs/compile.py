@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
-from state.table import TableSpec
+from state.table import TableSpec, freeze_meaning
 from spark_jobs.definitions import AggregateColumn, TableDefinition
 
 
@@ -20,7 +20,7 @@ def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     if table.kind == "aggregate":
         aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
     return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
-                     changelog=f"{namespace}{table.name}-changelog")
+                     changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()))
 
 
 def key_names(table: TableDefinition) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import sqlglot
 from sqlglot import exp
 
+from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
 from state.windows import WindowSpec
 
 SUPPORTED = (
@@ -105,16 +106,6 @@ class TableDefinition:
     @property
     def fingerprint(self) -> str:
         return definition_fingerprint(self.meaning())
-
-
-def definition_fingerprint(meaning: dict) -> str:
-    return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def meaning_changes(old: dict, new: dict) -> list[str]:
-    """Human-readable differences between two `meaning()` records."""
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
-            if old.get(key) != new.get(key)]
 
 
 def _position(node: exp.Expression | None) -> str:

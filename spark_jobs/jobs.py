@@ -32,9 +32,50 @@ def load_table(name: str, rt: Runtime) -> tuple[TableDefinition, dict[str, Table
     return tables[name], tables
 
 
+def spec_of(table: TableDefinition, rt: Runtime):
+    """The table's state spec, on the changelog its batch log names: a rebuild that adopted a
+    changed definition moved the state to a changelog topic of its own."""
+    from dataclasses import replace
+
+    from spark_jobs.batch_log import BatchLog
+
+    spec = state_spec(table, rt.namespace)
+    changelog = None
+    for commit in reversed(BatchLog(rt.batch_dir(table.name)).commits()):
+        if commit.changelog:
+            changelog = commit.changelog
+            break
+        if commit.definition and commit.definition.get("fingerprint") != spec.fingerprint:
+            break
+    return replace(spec, changelog=changelog) if changelog else spec
+
+
 def state_table(table: TableDefinition, rt: Runtime) -> StateTable:
-    return StateTable(state_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,
-                      snapshot_uri=rt.snapshot_uri)
+    spec = spec_of(table, rt)
+    drop_stale_cache(spec, rt)
+    return StateTable(spec, rt.state_dir, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+
+
+def drop_stale_cache(spec, rt: Runtime) -> None:
+    """A local store of an older definition, where the batch log says a rebuild already committed
+    this one (a crash between the rebuild's commit and its folder swap, or another machine's
+    rebuild): it is a stale cache, dropped so that opening a partition restores the new state."""
+    import json
+    import shutil
+
+    from spark_jobs.batch_log import BatchLog
+
+    path = rt.state_dir / spec.name / "table.json"
+    try:
+        recorded = json.loads(path.read_text()).get("fingerprint")
+    except (FileNotFoundError, ValueError):
+        return
+    last = BatchLog(rt.batch_dir(spec.name)).last_commit()
+    committed = (last.definition or {}).get("fingerprint") if last else None
+    if recorded and committed == spec.fingerprint and recorded != committed:
+        log.warning("%s: the local store is of definition %s but batch %d committed %s; dropping it to restore",
+                    spec.name, recorded, last.batch_id, committed)
+        shutil.rmtree(rt.state_dir / spec.name)
 
 
 _held: dict[Path, list[int]] = {}     # lock path -> [descriptor, depth] held by this process

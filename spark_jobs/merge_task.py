@@ -8,7 +8,7 @@ values after the batch, for the Delta mirror.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from state import faults
 from state.table import StateTable
@@ -29,13 +29,15 @@ class MergeContext:
     snapshot_uri: str
     purge_watermark: int | None = None
     namespace: str = ""
+    changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
 
 
 def merge_partition(ctx: MergeContext, partition: int, rows):
     """rows: (partition, (op, key, payload)) pairs; yields ("summary", ...) then ("row", key, value)."""
     yield_cpu_to_queries()     # on a cluster the executor's workers did not inherit it from a local JVM
     # The driver created the changelog topic; tasks only use it.
-    table = StateTable(state_spec(ctx.table, ctx.namespace), ctx.state_dir, bootstrap=ctx.bootstrap,
+    spec = state_spec(ctx.table, ctx.namespace)
+    table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), ctx.state_dir, bootstrap=ctx.bootstrap,
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)
     try:
         part = table.open(partition)

@@ -29,7 +29,7 @@ import time
 from state import faults
 from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
-from state.table import partition_of
+from state.table import DefinitionChanged, partition_of
 from state import codec
 from spark_jobs import parse
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
@@ -68,20 +68,37 @@ def where_condition(table: TableDefinition):
     return F.coalesce(F.expr(tree.sql(dialect="spark")), F.lit(False))
 
 
+def check_definition(batch_log: BatchLog, name: str, definition: dict) -> None:
+    """The batch log speaks for the durable state (changelog and snapshots), also where no local
+    store exists: a batch, finished or pending, under another definition stops every writer."""
+    for entry, what in ((batch_log.pending_plan(), "pending batch"), (batch_log.last_commit(), "last batch")):
+        recorded = getattr(entry, "definition", None)
+        if recorded and recorded.get("fingerprint") != definition["fingerprint"]:
+            raise DefinitionChanged(name, recorded.get("meaning"), definition["meaning"],
+                                    where=f"its {what} ({entry.batch_id})")
+
+
 class MicroBatchRunner:
     def __init__(self, spark, table: TableDefinition, tables: dict[str, TableDefinition], runtime: Runtime,
-                 snapshots: bool = True) -> None:
-        """`snapshots=False` leaves snapshots to the caller (the Airflow DAG has a task of its own for them)."""
+                 snapshots: bool = True, writer: bool = True) -> None:
+        """`snapshots=False` leaves snapshots to the caller (the Airflow DAG has a task of its own for them).
+        `writer=False`: only the transformations, for a recomputation (no topics, no definition checks)."""
         self.spark = spark
         self.snapshots = snapshots
         self.table = table
         self.tables = tables
         self.rt = runtime
         self.log = BatchLog(runtime.batch_dir(table.name))
-        self.spec = state_spec(table, runtime.namespace)
+        from spark_jobs.jobs import drop_stale_cache, spec_of
+
+        self.spec = spec_of(table, runtime)
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
-        ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
-        ensure_changelog(runtime.bootstrap, self.spec.changelog_topic, table.partitions)
+        self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
+        if writer:
+            drop_stale_cache(self.spec, runtime)
+            check_definition(self.log, table.name, self.definition)
+            ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
+            ensure_changelog(runtime.bootstrap, self.spec.changelog_topic, table.partitions)
 
     # ------------------------------------------------------------------ plan
     def _next_plan(self) -> BatchPlan | None:
@@ -107,6 +124,7 @@ class MicroBatchRunner:
         plan = BatchPlan(
             batch_id=(last.batch_id + 1) if last else 0, topic=self.table.topic, ranges=ranges,
             watermark_ms=last.watermark_ms if last else None, topic_id=incarnation, accepted=accepted,
+            definition=self.definition,
         )
         if accepted:
             log.warning("%s batch %d starts where an operator accepted a discontinuity: %s", self.table.name,
@@ -210,7 +228,7 @@ class MicroBatchRunner:
             digests={p: s["digest"] for p, s in summaries.items()},
             key_counts={p: s["key_count"] for p, s in summaries.items()},
             counts=counts, watermark_ms=watermark, seconds=round(time.monotonic() - started, 3),
-            topic_id=plan.topic_id, accepted=plan.accepted,
+            topic_id=plan.topic_id, accepted=plan.accepted, definition=self.definition,
         )
         self.log.write_commit(commit)
         faults.point("batch.after_commit")
@@ -436,7 +454,7 @@ class MicroBatchRunner:
         table = self.table
         purge_at = watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri, purge_at,
-                           self.rt.namespace)
+                           self.rt.namespace, self.spec.changelog)
         results = (deltas.partitionBy(table.partitions, lambda p: p)
                    .mapPartitionsWithIndex(lambda index, rows: merge_partition(ctx, index, rows))
                    .collect())

@@ -34,6 +34,8 @@ from spark_jobs import jobs
 from spark_jobs.batch_log import BatchLog
 from spark_jobs.compile import key_names, row_of, state_spec
 from spark_jobs.definitions import TableDefinition, load_all
+from spark_jobs.definitions import parse as parse_definition
+from state.table import DefinitionChanged
 from spark_jobs.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
@@ -146,8 +148,38 @@ class TableReader:
             self.generations, self.current = [], None
 
     # -- refresh -----------------------------------------------------------------
+    def _definition_changed(self) -> str | None:
+        """Why the state on disk does not answer for the loaded definition, or None."""
+        try:
+            recorded = json.loads((self.rt.state_dir / self.table.name / "table.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if recorded.get("fingerprint") in (None, self.table.fingerprint):
+            if recorded.get("partitions", self.table.partitions) == self.table.partitions:
+                return None
+            return str(DefinitionChanged(self.table.name, {"partitions": recorded.get("partitions")},
+                                         {"partitions": self.table.partitions}))
+        # A rebuild cut over to the definition now in the .sql file: adopt it, and serve the new state.
+        try:
+            current = parse_definition(self.rt.tables_dir / f"{self.table.name}.sql")
+        except Exception:
+            current = None
+        if current is not None and current.fingerprint == recorded["fingerprint"]:
+            log.info("%s: the state was rebuilt for a changed definition; serving it", self.table.name)
+            self._close_generations()
+            self.table, self.identity = current, None
+            self.aggregator = state_spec(current).aggregator
+            return None
+        return str(DefinitionChanged(self.table.name, recorded.get("meaning"), self.table.meaning()))
+
     def refresh(self) -> None:
         with self.refresh_lock:
+            changed = self._definition_changed()
+            if changed:
+                self.unavailable = changed
+                self._close_generations()
+                self.identity = None
+                return
             identity = self._identity()
             if self._restoring() or identity is None:
                 has_history = BatchLog(self.rt.batch_dir(self.table.name)).last_commit() is not None
@@ -250,9 +282,11 @@ class QueryService:
                     log.exception("refresh of %s failed", reader.table.name)
 
     def table(self, name: str) -> TableDefinition:
+        """The definition the table's state answers for (a reader adopts a rebuilt one)."""
         if name not in self.definitions:
             raise NoSuchTable(f"no table {name!r}; tables: {sorted(self.definitions)}")
-        return self.definitions[name]
+        reader = self.readers.get(name)
+        return reader.table if reader is not None else self.definitions[name]
 
     def reader(self, name: str) -> TableReader:
         table = self.table(name)

@@ -37,7 +37,11 @@ BATCH_POINTS = {
     "batch.after_snapshot": "snapshot taken when due, group offsets not committed",
     "batch.after_offsets": "group offsets committed",
 }
-POINTS = {**STATE_POINTS, **BATCH_POINTS}
+REBUILD_POINTS = {
+    "rebuild.before_cutover": "a changed definition's state built beside the old one, not committed",
+    "rebuild.after_cutover": "the adopting rebuild committed, local folders not yet swapped",
+}
+POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS}
 
 _armed: str | None = None
 

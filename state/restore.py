@@ -46,7 +46,10 @@ class RestoreReport:
 
 def restore_partition(table: str, partition: int, target_dir: Path, *, aggregator: RowAggregator | None,
                       store: SnapshotStore | None, bootstrap: str | None,
-                      target_batch: int | None = None, changelog_topic: str | None = None) -> RestoreReport:
+                      target_batch: int | None = None, changelog_topic: str | None = None,
+                      definition: str | None = None) -> RestoreReport:
+    """`definition`: the fingerprint the restored state must answer for; snapshots of another
+    definition (state from before a rebuild adopted a changed one) are skipped."""
     started = time.monotonic()
     report = RestoreReport(table, partition, target_batch)
     work = target_dir.with_name(target_dir.name + ".restoring")
@@ -55,6 +58,10 @@ def restore_partition(table: str, partition: int, target_dir: Path, *, aggregato
 
     for manifest in store.list(table, partition) if store else []:
         if target_batch is not None and manifest.batch_id > target_batch:
+            continue
+        if definition and manifest.definition and manifest.definition != definition:
+            log.info("%s[%d]: snapshot %s is of definition %s, not %s; skipped", table, partition, manifest.path,
+                     manifest.definition, definition)
             continue
         try:
             store.download(manifest, work)

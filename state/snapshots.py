@@ -39,6 +39,7 @@ class Manifest:
     created_at: float
     path: str                                 # folder of the snapshot inside the store
     files: dict[str, dict] = field(default_factory=dict)  # name -> {"sha256", "size"}
+    definition: str | None = None             # fingerprint of the definition the state was built with
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -72,7 +73,7 @@ class SnapshotStore:
         return f"{self.root}/{table}/p{partition:04d}"
 
     # -- write ---------------------------------------------------------------
-    def save(self, table: str, partition: int, backend) -> Manifest:
+    def save(self, table: str, partition: int, backend, definition: str | None = None) -> Manifest:
         """Checkpoint `backend` and copy it into the store."""
         meta = backend.read_meta()
         with tempfile.TemporaryDirectory(prefix="statetable-cp-") as tmp:
@@ -89,6 +90,7 @@ class SnapshotStore:
             table=table, partition=partition, batch_id=meta.applied_batch,
             changelog_offset=meta.changelog_offset, digest=meta.digest, key_count=meta.key_count,
             format_version=meta.format_version, created_at=time.time(), path=folder, files=files,
+            definition=definition,
         )
         with self.fs.open_output_stream(f"{folder}/{MANIFEST}") as out:
             out.write(manifest.to_json().encode())

@@ -16,6 +16,7 @@ Usage (a store builder in the manner of Kafka Streams' Stores):
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ class TableSpec:
     aggregator: RowAggregator | None = None   # None: a latest-value (source) table
     snapshot_keep: int = 3
     changelog: str | None = None              # topic; default "<name>-changelog"
+    meaning: tuple | None = None              # the definition's normalised meaning, as sorted (field, json) pairs
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -54,11 +56,48 @@ class TableSpec:
     def changelog_topic(self) -> str:
         return self.changelog or changelog.topic_name(self.name)
 
+    @property
+    def fingerprint(self) -> str | None:
+        return None if self.meaning is None else definition_fingerprint(self.meaning_dict())
+
+    def meaning_dict(self) -> dict | None:
+        return None if self.meaning is None else {k: json.loads(v) for k, v in self.meaning}
+
     def descriptor(self) -> dict:
         return {
             "name": self.name, "partitions": self.partitions, "format_version": codec.FORMAT_VERSION,
             "aggregator": None if self.aggregator is None else repr(self.aggregator.spec()),
+            "fingerprint": self.fingerprint, "meaning": self.meaning_dict(),
         }
+
+
+def freeze_meaning(meaning: dict) -> tuple:
+    """A meaning in a hashable form (TableSpec is frozen)."""
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in meaning.items()))
+
+
+def definition_fingerprint(meaning: dict) -> str:
+    return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def meaning_changes(old: dict | None, new: dict | None) -> list[str]:
+    """Human-readable differences between two meanings."""
+    old, new = old or {}, new or {}
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]
+
+
+class DefinitionChanged(ValueError):
+    """The table's definition no longer means what its state was built with."""
+
+    def __init__(self, table: str, old: dict | None, new: dict | None, where: str = "its state") -> None:
+        changes = meaning_changes(old, new) or ["(the recorded definition is unknown)"]
+        super().__init__(
+            f"table {table!r}: the definition changed since {where} was built: {'; '.join(changes)}. "
+            f"`statetable rebuild {table}` (or the {table}__rebuild DAG) builds the new definition's state "
+            f"from history and cuts over when it is committed; until then the old state keeps serving. "
+            f"Or put the old definition back.")
+        self.changes = changes
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -81,32 +120,36 @@ class StateTable:
             self._check_descriptor()
 
     def _check_descriptor(self) -> None:
-        """P is fixed at creation: a table reopened with another P fails, naming the fix."""
+        """The state answers for one definition: a table reopened under another (its meaning, P,
+        aggregates or format) fails, naming what changed and how to adopt it."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "table.json"
         wanted = self.spec.descriptor()
-        if path.exists():
-            recorded = json.loads(path.read_text())
-            for field in ("partitions", "aggregator", "format_version"):
-                if recorded.get(field) != wanted[field]:
-                    raise ValueError(
-                        f"table {self.spec.name!r}: {field} is {wanted[field]!r} but the table was created with "
-                        f"{recorded.get(field)!r}; keep {field}={recorded.get(field)!r} or rebuild the table "
-                        f"under a new name"
-                    )
-        else:
-            # Several tasks may create the table at once: publish the file whole or not at all.
-            tmp = path.with_name(f".table.json.{os.getpid()}.{threading.get_ident()}")
-            with open(tmp, "w") as out:
-                out.write(json.dumps(wanted, indent=1))
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-            folder = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(folder)          # the rename is durable only once the folder's entry is
-            finally:
-                os.close(folder)
+        if not path.exists():
+            self._publish(path, wanted)
+            return
+        recorded = json.loads(path.read_text())
+        if recorded.get("fingerprint") and wanted["fingerprint"] and recorded["fingerprint"] != wanted["fingerprint"]:
+            raise DefinitionChanged(self.spec.name, recorded.get("meaning"), wanted["meaning"])
+        for field in ("partitions", "aggregator", "format_version"):
+            if recorded.get(field) != wanted[field]:
+                raise DefinitionChanged(self.spec.name, {field: recorded.get(field)}, {field: wanted[field]})
+        if wanted["fingerprint"] and not recorded.get("fingerprint"):
+            self._publish(path, wanted)   # state from before fingerprints: same P and aggregates, so adopt
+
+    def _publish(self, path: Path, descriptor: dict) -> None:
+        """Several tasks may create the table at once: publish the file whole or not at all."""
+        tmp = path.with_name(f".table.json.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "w") as out:
+            out.write(json.dumps(descriptor, indent=1))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        folder = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(folder)          # the rename is durable only once the folder's entry is
+        finally:
+            os.close(folder)
 
     def partition_of(self, key: tuple) -> int:
         return partition_of(codec.encode_key(key), self.spec.partitions)
@@ -177,7 +220,7 @@ class StateTable:
         if self.snapshots is None:
             raise ValueError(f"table {self.spec.name!r} has no snapshot store; pass snapshot_uri")
         part = self.open(partition)
-        manifest = self.snapshots.save(self.spec.name, partition, part.backend)
+        manifest = self.snapshots.save(self.spec.name, partition, part.backend, definition=self.spec.fingerprint)
         self.snapshots.retain(self.spec.name, partition, self.spec.snapshot_keep)
         return manifest
 
@@ -189,7 +232,7 @@ class StateTable:
         return restore_partition(
             self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,
             store=self.snapshots, bootstrap=self.bootstrap, target_batch=target_batch,
-            changelog_topic=self.spec.changelog_topic,
+            changelog_topic=self.spec.changelog_topic, definition=self.spec.fingerprint,
         )
 
     def wipe_local(self, partition: int | None = None) -> None:
