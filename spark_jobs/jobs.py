@@ -26,7 +26,11 @@ log = logging.getLogger("statetable.jobs")
 
 
 def load_table(name: str, rt: Runtime) -> tuple[TableDefinition, dict[str, TableDefinition]]:
-    tables = load_all(rt.tables_dir)
+    """A table and the tables it may join; another table's broken definition does not stop this one."""
+    broken: dict[str, str] = {}
+    tables = load_all(rt.tables_dir, broken=broken)
+    if name in broken:
+        raise DefinitionError(broken[name])
     if name not in tables:
         raise DefinitionError(f"no table {name!r} in {rt.tables_dir}; defined tables: {sorted(tables)}")
     return tables[name], tables

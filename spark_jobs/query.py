@@ -256,7 +256,8 @@ class QueryService:
         """`refresh_interval`: seconds between catch-ups with the writer, i.e. the most an answer
         trails the last commit (default 0.1, or STATETABLE_QUERY_REFRESH_SECONDS)."""
         self.rt = rt or Runtime.from_env()
-        self.definitions = load_all(self.rt.tables_dir)
+        self.broken: dict[str, str] = {}        # a bad .sql file costs only its own table: 503 with the reason
+        self.definitions = load_all(self.rt.tables_dir, broken=self.broken)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
         self.readers: dict[str, TableReader] = {}
         self.guard = threading.Lock()
@@ -283,6 +284,9 @@ class QueryService:
 
     def table(self, name: str) -> TableDefinition:
         """The definition the table's state answers for (a reader adopts a rebuilt one)."""
+        if name in self.broken:
+            raise StateUnavailable(f"table {name!r} cannot be served: its definition is broken: {self.broken[name]}",
+                                   retry_after=60)
         if name not in self.definitions:
             raise NoSuchTable(f"no table {name!r}; tables: {sorted(self.definitions)}")
         reader = self.readers.get(name)
@@ -400,6 +404,10 @@ class QueryService:
             out.append({**info, "columns": columns, "key": key_names(table), "windowed": table.window is not None,
                         **readable})
         return out
+
+    def broken_tables(self) -> dict[str, str]:
+        """Tables whose definitions do not load, with the reason (file:line:col and the fix)."""
+        return dict(self.broken)
 
     def close(self) -> None:
         self.stopped.set()

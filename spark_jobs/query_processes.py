@@ -351,6 +351,9 @@ class ProcessQueryService:
     async def tables(self) -> list[dict]:
         return await self._call(None, "tables")
 
+    async def broken_tables(self) -> dict[str, str]:
+        return await self._call(None, "broken_tables")
+
     def close(self) -> None:
         if self.refresher is not None:
             self.refresher.cancel()

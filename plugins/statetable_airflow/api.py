@@ -177,7 +177,10 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
     async def tables(request: Request):
-        return {"tables": await readable(request, await holder.ask("tables", blocking=True))}
+        broken = await holder.ask("broken_tables")
+        return {"tables": await readable(request, await holder.ask("tables", blocking=True)),
+                "broken": {name: reason for name, reason in broken.items()
+                           if await auth.may_read(request.state.principal, name)}}
 
     @app.get("/tables/{table}/rows/{key}", summary="one row")
     async def row(request: Request, table: str = table_path, key: str = key_path):

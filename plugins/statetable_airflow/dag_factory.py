@@ -156,15 +156,29 @@ def restore_verify_dag(table: TableDefinition) -> DAG:
     return dag
 
 
-def build_all(tables_dir=None) -> dict[str, DAG]:
-    """Every table's three DAGs, by dag_id."""
+def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str, DAG]:
+    """Every table's three DAGs, by dag_id; a table whose definition is broken gets none, and goes
+    into `broken` (see `definition_errors`), so it cannot take the other tables down."""
     from spark_jobs.definitions import load_all
     from spark_jobs.runtime import Runtime
 
-    tables = load_all(tables_dir or Runtime.from_env().tables_dir)
+    tables = load_all(tables_dir or Runtime.from_env().tables_dir, broken={} if broken is None else broken)
     dags = {}
     for table in tables.values():
         for build in (incremental_dag, rebuild_dag, restore_verify_dag):
             dag = build(table)
             dags[dag.dag_id] = dag
     return dags
+
+
+def definition_errors(tables_dir=None) -> None:
+    """Raise, naming every broken table and why: the DAG file that calls this shows it as an
+    import error in Airflow, while the good tables' DAGs come from their own file."""
+    from spark_jobs.definitions import DefinitionError, load_all
+    from spark_jobs.runtime import Runtime
+
+    broken: dict[str, str] = {}
+    load_all(tables_dir or Runtime.from_env().tables_dir, broken=broken)
+    if broken:
+        raise DefinitionError("table definitions that do not load (their DAGs are missing until fixed):\n"
+                              + "\n".join(f"- {name}: {reason}" for name, reason in sorted(broken.items())))
