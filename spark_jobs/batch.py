@@ -66,7 +66,9 @@ def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[
     if not DeltaTable.isDeltaTable(spark, path):
         return {}
     bronze = spark.read.format("delta").load(path)
-    deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)))
+    commits = BatchLog(rt.batch_dir(table.name)).commits()
+    refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
+    deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)), exclude=refused)
     return {key: partial for _, (_, key, partial) in deltas.collect()}
 
 

@@ -49,6 +49,7 @@ class BatchCommit:
     accepted: dict | None = None
     definition: dict | None = None
     changelog: str | None = None            # set when a rebuild moved the state to a new changelog topic
+    refused: list | None = None             # [[key, reason], ...] the state kept at their old values
 
 
 def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from state import faults
+from state import codec, faults
 from state.table import StateTable
 from state.windows import purge
 from spark_jobs.compile import state_spec
@@ -62,7 +62,7 @@ def merge_partition(ctx: MergeContext, partition: int, rows):
         yield ("summary", partition, {
             "noop": result.noop, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
             "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "applied_batch": meta.applied_batch,
-            "purged": purged,
+            "purged": purged, "rejected": [(list(codec.decode_key(k)), reason) for k, reason in result.rejected],
         })
         for key, value in zip(keys, values):
             yield ("row", key, value)

@@ -207,6 +207,9 @@ class MicroBatchRunner:
         deltas = self._deltas(events, classified, plan, join_counts)
         summaries, rows = self._merge(deltas, plan.batch_id, watermark)
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
+        refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
+        refused_counts = self._dead_letter_refused(events, classified, refused, plan) \
+            if refused and self.table.kind == "aggregate" else {}
         faults.point("batch.after_merge")
 
         self._describe(plan.batch_id, "mirror")
@@ -216,9 +219,11 @@ class MicroBatchRunner:
 
         counts = {
             "read": read_count, "parsed": reasons.get(None, 0) - late_count, "late": late_count,
-            "dead_lettered": dead_count, "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
+            "dead_lettered": dead_count + sum(refused_counts.values()),
+            "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
             "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
+            **{f"dead_{reason}": n for reason, n in refused_counts.items()},
             **{f"ms_{step}": round(seconds * 1000) for step, seconds in steps.items()},
             **join_counts,
         }
@@ -229,6 +234,7 @@ class MicroBatchRunner:
             key_counts={p: s["key_count"] for p, s in summaries.items()},
             counts=counts, watermark_ms=watermark, seconds=round(time.monotonic() - started, 3),
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.definition,
+            refused=[[list(k), reason] for k, reason in sorted(refused.items(), key=repr)] or None,
         )
         self.log.write_commit(commit)
         faults.point("batch.after_commit")
@@ -261,6 +267,33 @@ class MicroBatchRunner:
         payload = F.to_json(F.struct(*[F.col(n) for n, _ in self.table.schema]))
         return parse.dead_letter_records(late, topic, payload, F.lit("late"), F.col("source_partition"),
                                          F.col("source_offset"), F.length(payload))
+
+    def _dead_letter_refused(self, events, classified, refused: dict[tuple, str], plan: BatchPlan) -> dict[str, int]:
+        """The batch's events for keys the state refused (a SUM past 64 bits, a value past the
+        changelog's record limit) go to the dead letters with that reason; the dead letters are
+        keyed by source offset and the Delta append is per batch, so a re-run writes them again
+        harmlessly. Counts by reason."""
+        from pyspark.sql import functions as F
+
+        coords = self._refused_events(events, refused)
+        raw = classified.select(F.col("_partition").alias("source_partition"), F.col("_offset").alias("source_offset"),
+                                "_value", "_size")
+        dead = parse.dead_letter_records(coords.join(raw, ["source_partition", "source_offset"]), plan.topic,
+                                         F.col("_value"), F.col("reason"), F.col("source_partition"),
+                                         F.col("source_offset"), F.col("_size")).persist()
+        counts = {r["reason"]: r["count"] for r in dead.groupBy("reason").count().collect()}
+        if counts:
+            (dead.select("key", "value", "headers").write.format("kafka")
+             .option("kafka.bootstrap.servers", self.rt.bootstrap).option("topic", self.dead_letter_topic).save())
+            (dead.select("reason", "source_partition", "source_offset",
+                         F.col("value").cast("string").alias("value"), F.lit(plan.batch_id).alias("batch_id"))
+             .write.format("delta").mode("append")
+             .option("txnAppId", f"{self.table.name}.dlq-refused").option("txnVersion", plan.batch_id)
+             .save(self.rt.delta_path(self.table.name, "dlq")))
+        dead.unpersist()
+        log.warning("%s batch %d: %d keys refused by the state (%s); their %d events dead-lettered", self.table.name,
+                    plan.batch_id, len(refused), sorted(set(refused.values())), sum(counts.values()))
+        return counts
 
     # ------------------------------------------------------------ sinks
     def _write_dead_letters(self, dead, batch_id: int) -> int:
@@ -318,7 +351,8 @@ class MicroBatchRunner:
 
         alias = self.table.stream_alias or self.table.name
         frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
-                              F.col("source_offset").alias("_order"), "source_partition")
+                              F.col("source_offset").alias("_order"), "source_partition",
+                              *(["batch_id"] if "batch_id" in events.columns else []))   # bronze has it
         matched = F.lit(True)
         for join in self.table.joins:
             other = self.tables[join.table]
@@ -363,8 +397,9 @@ class MicroBatchRunner:
             counts["filtered"] = frame.where(~F.col("_selected")).count()
         return frame.where(F.col("_selected")).drop("_selected")
 
-    def _aggregate_deltas(self, frame):
-        from pyspark.sql import Window, functions as F
+    def _keyed(self, frame):
+        """The frame with its state key as columns _k0.. (a hopping window repeats an event per window)."""
+        from pyspark.sql import functions as F
 
         table = self.table
         group_cols = [F.col(_q(table, k)).alias(f"_k{i}") for i, k in enumerate(table.key_columns)]
@@ -375,7 +410,28 @@ class MicroBatchRunner:
             frame = frame.withColumn("_w", w).withColumn("_wstart", F.unix_millis(F.col("_w.start")))
             group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
         key_aliases = [f"_k{i}" for i in range(len(group_cols))]
-        frame = frame.select(*group_cols, *[F.col(c) for c in frame.columns if c not in ("_w",)])
+        return frame.select(*group_cols, *[F.col(c) for c in frame.columns if c not in ("_w",)]), key_aliases
+
+    def _refused_events(self, events, refused: dict[tuple, str]):
+        """(source_partition, source_offset, reason) of this batch's events for keys the state refused."""
+        from pyspark.sql import functions as F
+
+        keyed, key_aliases = self._keyed(self._selected(self._joined(events)))
+        reasons = self.spark.createDataFrame([tuple(k) + (r,) for k, r in refused.items()], key_aliases + ["reason"])
+        return (keyed.join(reasons, key_aliases, "inner")          # _order is the source offset (see _joined)
+                .groupBy("source_partition", F.col("_order").alias("source_offset"))
+                .agg(F.first("reason").alias("reason")))
+
+    def _aggregate_deltas(self, frame, exclude: list[tuple[int, tuple]] | None = None):
+        """`exclude`: (batch id, key) pairs whose events the state refused (see Transaction.commit);
+        a recomputation from bronze leaves them out as the batches did."""
+        from pyspark.sql import Window, functions as F
+
+        table = self.table
+        frame, key_aliases = self._keyed(frame)
+        if exclude:
+            refused = self.spark.createDataFrame([tuple(k) + (b,) for b, k in exclude], key_aliases + ["batch_id"])
+            frame = frame.join(refused, key_aliases + ["batch_id"], "left_anti")
         plain, topks = [], []
         for i, agg in enumerate(table.aggregates):
             args = [F.col(_q(table, a)) for a in agg.args]

@@ -24,19 +24,22 @@ class PartitionMeta:
     digest: int = 0
     key_count: int = 0
     format_version: int = codec.FORMAT_VERSION
+    rejected: tuple = ()           # keys the applied batch refused, ((encoded key, reason), ...)
 
     def encode(self) -> bytes:
-        return codec.encode_value((self.applied_batch, self.changelog_offset, to_signed(self.digest),
-                                   self.key_count, self.format_version))
+        base = (self.applied_batch, self.changelog_offset, to_signed(self.digest), self.key_count,
+                self.format_version)
+        return codec.encode_value(base + ((self.rejected,) if self.rejected else ()))
 
     @classmethod
     def decode(cls, data: bytes | None) -> "PartitionMeta":
         if data is None:
             return cls()
-        applied, offset, digest, count, version = codec.decode_value(data)
+        applied, offset, digest, count, version, *rest = codec.decode_value(data)
         if version != codec.FORMAT_VERSION:
             raise codec.CodecError(f"partition format version {version}; this build reads {codec.FORMAT_VERSION}")
-        return cls(applied, offset, from_signed(digest), count, version)
+        rejected = tuple(tuple(r) for r in rest[0]) if rest else ()
+        return cls(applied, offset, from_signed(digest), count, version, rejected)
 
     def but(self, **changes) -> "PartitionMeta":
         return replace(self, **changes)

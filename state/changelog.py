@@ -43,6 +43,14 @@ def is_marker(key: bytes) -> bool:
     return key.startswith(MARKER_PREFIX)
 
 
+RECORD_LIMIT = 8388608
+# The largest state value a partition commits: a changelog record is the key, the value and a
+# few headers, and the broker refuses records past RECORD_LIMIT. A value that would grow past
+# it (a COUNT(DISTINCT) of ~225k UUIDs, a TOPK of long rows) is refused with its batch's events
+# for that key, which are dead-lettered as state_too_large; the old value stays.
+VALUE_LIMIT = RECORD_LIMIT - 65536
+
+
 def ensure_changelog(bootstrap: str, topic: str, partitions: int) -> str:
     name = topic
     ensure_topic(bootstrap, name, partitions, {
@@ -50,7 +58,7 @@ def ensure_changelog(bootstrap: str, topic: str, partitions: int) -> str:
         # Keep a day of history uncompacted, so point-in-time restores to
         # recent batches replay exact intermediate values.
         "min.compaction.lag.ms": "86400000",
-        "max.message.bytes": "8388608",
+        "max.message.bytes": str(RECORD_LIMIT),
     })
     return name
 
@@ -60,14 +68,16 @@ class Marker:
     batch_id: int
     digest: int
     key_count: int
+    rejected: tuple = ()        # ((encoded key, reason), ...) the batch could not commit; kept for re-runs
 
     def encode(self) -> bytes:
-        return codec.encode_value((self.batch_id, to_signed(self.digest), self.key_count))
+        base = (self.batch_id, to_signed(self.digest), self.key_count)
+        return codec.encode_value(base + ((self.rejected,) if self.rejected else ()))
 
     @classmethod
     def decode(cls, data: bytes) -> "Marker":
-        batch_id, digest, key_count = codec.decode_value(data)
-        return cls(batch_id, from_signed(digest), key_count)
+        batch_id, digest, key_count, *rest = codec.decode_value(data)
+        return cls(batch_id, from_signed(digest), key_count, tuple(tuple(r) for r in rest[0]) if rest else ())
 
 
 class ChangelogWriter:
@@ -83,7 +93,7 @@ class ChangelogWriter:
             "linger.ms": 5,
             "batch.num.messages": 10000,
             "queue.buffering.max.messages": 1000000,
-            "message.max.bytes": 8388608,
+            "message.max.bytes": RECORD_LIMIT,
             "transaction.timeout.ms": 60000,
         })
         self.producer.init_transactions(30)

@@ -33,7 +33,8 @@ from typing import Iterable, Iterator
 from state import codec, digest as digests, faults
 from state.aggregates import RowAggregator
 from state.backends import PartitionMeta
-from state.changelog import ChangelogRecord, ChangelogWriter, Marker, is_marker
+from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker
+from state.codec import CodecError
 from state.errors import RestoreMismatch
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class CommitResult:
     digest: int
     key_count: int
     seconds: float = 0.0
+    rejected: tuple = ()     # ((encoded key, reason), ...): kept at their old value, see Transaction.commit
 
 
 class StatePartition:
@@ -154,6 +156,7 @@ class StatePartition:
         new_meta = meta.but(
             applied_batch=marker.batch_id if marker else meta.applied_batch,
             changelog_offset=next_offset, digest=digest, key_count=count,
+            rejected=marker.rejected if marker else meta.rejected,
         )
         self.backend.write(pending, new_meta, sync=False)
         return new_meta
@@ -249,7 +252,8 @@ class Transaction:
         part = self.partition
         meta = part.backend.read_meta()
         if self.batch_id <= meta.applied_batch:
-            return CommitResult(self.batch_id, True, 0, meta.changelog_offset, meta.digest, meta.key_count)
+            return CommitResult(self.batch_id, True, 0, meta.changelog_offset, meta.digest, meta.key_count,
+                                rejected=meta.rejected if self.batch_id == meta.applied_batch else ())
 
         keys = list(self._ops)
         olds = part.backend.multi_get(keys)
@@ -259,15 +263,26 @@ class Transaction:
         encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
         add = codec.add_ints if part.aggregator is not None and part.aggregator.additive else None
         h = digests.xxh3_64_intdigest      # entry_hash, inlined: see state.digest
+        rejected = []
+        limit = VALUE_LIMIT
         for key, old, (kind, value) in zip(keys, olds, self._ops.values()):
-            if kind == _MERGE:
-                new = add(old, value) if add is not None and old is not None else None
-                if new is None:
-                    new = encode(merge(None if old is None else decode(old), value))
-            elif kind == _PUT:
-                new = encode(value)
-            else:
-                new = None
+            try:
+                if kind == _MERGE:
+                    new = add(old, value) if add is not None and old is not None else None
+                    if new is None:
+                        new = encode(merge(None if old is None else decode(old), value))
+                elif kind == _PUT:
+                    new = encode(value)
+                else:
+                    new = None
+            except CodecError:
+                # An integer past 64 bits: the key keeps its old value and the caller dead-letters
+                # this batch's events for it, rather than a batch that can never commit.
+                rejected.append((key, "sum_overflow"))
+                continue
+            if new is not None and len(new) > limit:
+                rejected.append((key, "state_too_large"))
+                continue
             if new == old:
                 continue
             changes[key] = new
@@ -282,11 +297,15 @@ class Transaction:
         faults.point("commit.before_changelog")
         offset = meta.changelog_offset
         if part.changelog is not None:
-            offset = part.changelog.publish(self.batch_id, changes, Marker(self.batch_id, digest, count))
+            offset = part.changelog.publish(self.batch_id, changes,
+                                            Marker(self.batch_id, digest, count, tuple(rejected)))
         faults.point("commit.after_changelog")
         part.backend.write(changes, meta.but(applied_batch=self.batch_id, changelog_offset=offset,
-                                             digest=digest, key_count=count))
+                                             digest=digest, key_count=count, rejected=tuple(rejected)))
         faults.point("commit.after_state")
         self._ops = {}
+        if rejected:
+            log.warning("%s[%d] batch %d: %d keys refused (%s); they keep their old values", part.table,
+                        part.partition, self.batch_id, len(rejected), sorted({r for _, r in rejected}))
         return CommitResult(self.batch_id, False, len(changes), offset, digest, count,
-                            time.monotonic() - started)
+                            time.monotonic() - started, tuple(rejected))

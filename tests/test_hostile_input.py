@@ -223,3 +223,36 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
         future.result(30)
     with pytest.raises(OffsetDiscontinuity, match=r"partition 0: offsets \d+\.\.\d+ were deleted before they were read"):
         jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+
+
+def test_a_sum_past_64_bits_dead_letters_its_events_and_the_rest_of_the_batch_commits(env, spark):
+    from spark_jobs import batch
+
+    rt, suffix = env
+    topic = "ledger" + suffix
+    _define(rt, "ledger", f"-- topic: {topic}\n-- schema: account STRING, amount BIGINT\n-- partitions: 2\n"
+                          "CREATE TABLE ledger AS SELECT account, SUM(amount) AS total, COUNT(*) AS n\n"
+                          "FROM ledger GROUP BY account")
+    big = 2**63 - 1000
+    values = [{"account": "a", "amount": big}, {"account": "b", "amount": 1},
+              {"account": "a", "amount": 5000}, {"account": "b", "amount": 5},     # a would pass 2^63 - 1
+              {"account": "a", "amount": -5}, {"account": "b", "amount": 2}]
+    _produce(rt, topic, values)
+    commits = jobs.run("ledger", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=2)
+    assert len(commits) == 3
+    assert commits[1].counts["dead_sum_overflow"] == 1 and commits[1].refused == [[["a"], "sum_overflow"]]
+
+    dead = _dead_letters(rt, "ledger")
+    assert dead == {2: "sum_overflow"}
+    frame = pd.DataFrame([json.loads(m.value()) | {"offset": m.offset()} for m in read_topic(rt.bootstrap, topic)])
+    kept = frame[~frame["offset"].isin(list(dead))]
+    expected = {(acc,): (int(g["amount"].sum()), len(g)) for acc, g in kept.groupby("account")}
+    assert expected[("a",)] == (big - 5, 2)
+    st = jobs.state_table(jobs.load_table("ledger", rt)[0], rt)
+    try:
+        state = {k: v for p in range(2) for k, v in st.open(p).items()}
+    finally:
+        st.close()
+    assert state == expected
+    result = batch.verify("ledger", spark=spark, rt=rt)
+    assert result.ok, result.summary()

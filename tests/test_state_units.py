@@ -241,3 +241,28 @@ def test_a_reader_of_a_missing_partition_leaves_no_folder_that_blocks_a_restore(
     reader = RocksBackend(tmp_path / "secondary", secondary_of=primary)
     assert reader.read_meta().applied_batch == -1
     reader.close()
+
+
+def test_a_sum_past_64_bits_or_a_value_past_the_record_limit_keeps_the_old_value_and_is_reported():
+    from state.changelog import VALUE_LIMIT
+
+    agg = RowAggregator({"total": Sum(), "ids": CountDistinct()})
+    part = StatePartition("t", 0, MemoryBackend(), agg)
+    big, ok, wide = (("big",), ("ok",), ("wide",))
+    with part.begin(0) as tx:
+        tx.merge(big, (2**63 - 10, ("a",)))
+        tx.merge(ok, (1, ("a",)))
+        tx.merge(wide, (1, ("w0",)))
+    tx = part.begin(1)
+    tx.merge(big, (100, ("b",)))             # past 2^63 - 1
+    tx.merge(ok, (1, ("b",)))
+    tx.merge(wide, (1, tuple(f"{i:040d}" for i in range(VALUE_LIMIT // 40))))   # past the record limit
+    result = tx.commit()
+    assert dict(result.rejected) == {codec.encode_key(big): "sum_overflow", codec.encode_key(wide): "state_too_large"}
+    assert part.get(big) == agg.merge(None, (2**63 - 10, ("a",)))      # the old value stays
+    assert part.get(ok)[0] == 2
+    assert part.get(wide) == agg.merge(None, (1, ("w0",)))
+    # A re-run of the batch (after a crash) is a no-op that reports the same keys.
+    again = part.begin(1)
+    again.merge(big, (100, ("b",)))
+    assert again.commit().noop and dict(part.begin(1).commit().rejected) == dict(result.rejected)
