@@ -69,7 +69,24 @@ def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
     deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)), exclude=refused)
-    return {key: partial for _, (_, key, partial) in deltas.collect()}
+    purged_at = last_purge_watermark(table, commits)
+    return {key: partial for _, (_, key, partial) in deltas.collect()
+            if purged_at is None or not table.window.expired(key[-1], purged_at)}
+
+
+def last_purge_watermark(table: TableDefinition, commits: list[BatchCommit]) -> int | None:
+    """The watermark of the newest purge of expired windows: the state no longer holds them,
+    so a recomputation from bronze must not either."""
+    if table.window is None:
+        return None
+    for commit in reversed(commits):
+        mark = commit.counts.get("purge_watermark_ms")
+        if mark is None and commit.watermark_ms is not None and commit.counts.get("purged_windows") \
+                and commit.batch_id % table.snapshot_every == 0:
+            mark = commit.watermark_ms        # a batch logged before purge_watermark_ms was recorded
+        if mark is not None:
+            return mark
+    return None
 
 
 def _same(a, b) -> bool:

@@ -222,6 +222,7 @@ class MicroBatchRunner:
             "dead_lettered": dead_count + sum(refused_counts.values()),
             "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
             "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
+            **({"purge_watermark_ms": purge_at} if (purge_at := self._purge_at(plan.batch_id, watermark)) else {}),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
             **{f"dead_{reason}": n for reason, n in refused_counts.items()},
             **{f"ms_{step}": round(seconds * 1000) for step, seconds in steps.items()},
@@ -371,13 +372,23 @@ class MicroBatchRunner:
         return frame
 
     def _source_snapshot(self, other: TableDefinition):
-        """A source table's latest value per key from its whole topic (small reference data)."""
+        """A source table's latest value per key from its whole topic (small reference data). A key
+        whose latest record is a tombstone is deleted: it enriches nothing, as in the table itself."""
         from pyspark.sql import Window, functions as F
 
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(other.topic, watermarks(self.rt.bootstrap, other.topic)))
-        events = parse.good_events(parse.classify(raw, other, other.key_columns), other)
+        classified = parse.classify(raw, other, other.key_columns)
+        events = parse.good_events(classified, other).withColumn("_deleted", F.lit(False))
+        pk, pk_type = other.key_columns[0], dict(other.schema)[other.key_columns[0]]
+        tombstones = (classified.where(F.col("reason") == "null_value")
+                      .select(F.col("_key").cast("string").try_cast(pk_type).alias(pk),
+                              F.col("_partition").alias("source_partition"), F.col("_offset").alias("source_offset"),
+                              F.lit(True).alias("_deleted"))
+                      .where(F.col(pk).isNotNull()))
+        both = events.unionByName(tombstones, allowMissingColumns=True)
         latest = Window.partitionBy(*other.key_columns).orderBy(F.desc("source_partition"), F.desc("source_offset"))
-        return events.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+        return (both.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1 AND NOT _deleted")
+                .drop("_rn", "_deleted"))
 
     def _deltas(self, events, classified, plan: BatchPlan, counts: dict):
         """An RDD of (state partition, (op, key, payload)) for this batch."""
@@ -506,9 +517,14 @@ class MicroBatchRunner:
         return frame.rdd.map(to_delta)
 
     # ------------------------------------------------------------ merge
+    def _purge_at(self, batch_id: int, watermark: int | None) -> int | None:
+        """The watermark this batch purges expired windows at (every snapshot_every batches), or None."""
+        table = self.table
+        return watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
+
     def _merge(self, deltas, batch_id: int, watermark: int | None):
         table = self.table
-        purge_at = watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
+        purge_at = self._purge_at(batch_id, watermark)
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri, purge_at,
                            self.rt.namespace, self.spec.changelog)
         results = (deltas.partitionBy(table.partitions, lambda p: p)

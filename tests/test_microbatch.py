@@ -61,6 +61,16 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     ]
     assert [e["score"] for e in present("leaderboard", jobs.query("leaderboard", ("6",), rt=rt))] == [9000, 8000, 7000]
 
+    # A deleted player (a tombstone) enriches nothing afterwards: the inner join drops the score.
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    producer.produce("players" + suffix, None, key=b"3")
+    producer.produce("score-events" + suffix, json.dumps({"score": 5000, "product_id": 1, "player_id": 3}).encode())
+    assert producer.flush(10) == 0
+    jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
+    (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
+    assert commit.counts["join_unmatched"] == 1
+    assert present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt)) == board
+
 
 def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, spark):
     rt, suffix = env
@@ -188,3 +198,33 @@ def test_follow_commits_new_input_in_a_warm_session_until_stopped(env, spark):
     records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
     expected = pd.DataFrame([json.loads(m.value()) for m in records]).groupby("title")["ticket_total_value"].count()
     assert {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()} == expected.to_dict()
+
+
+def test_verify_agrees_after_retention_purged_windows(env, spark):
+    """The state purges windows past retention; the recomputation from bronze must drop them too."""
+    from spark_jobs import batch
+    from state.kafka_admin import ensure_topic
+
+    rt, suffix = env
+    topic = "purged_sales" + suffix
+    (rt.tables_dir / "minute_sales.sql").write_text(
+        f"-- topic: {topic}\n-- schema: title STRING, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 1\n"
+        "CREATE TABLE minute_sales AS SELECT title, COUNT(*) AS n FROM sales "
+        "GROUP BY title, TUMBLE(ts, INTERVAL '1' MINUTE)")
+    ensure_topic(rt.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    for batch_minutes in ([0, 0, 1], [30, 31]):     # minute 30 expires windows 0 and 1 (end + retention <= 30)
+        for minute in batch_minutes:
+            producer.produce(topic, json.dumps({"title": "a", "ts": f"2026-11-01T00:{minute:02d}:10Z"}).encode())
+        assert producer.flush(10) == 0
+        jobs.run("minute_sales", until_caught_up=True, spark=spark, rt=rt)
+    base = 1_793_491_200_000
+    frame = pd.DataFrame({"minute": [0, 0, 1, 30, 31]})
+    watermark = base + 31 * 60_000 + 10_000
+    frame["start"] = base + frame["minute"] * 60_000
+    kept = frame[frame["start"] + 2 * 60_000 > watermark]       # size + retention (= size), no grace
+    expected = {("a", int(s)): int(n) for s, n in kept.groupby("start").size().items()}
+    assert {k: v[0] for k, v in _state_rows(rt, "minute_sales").items()} == expected
+    assert BatchLog(rt.batch_dir("minute_sales")).last_commit().counts["purged_windows"] == 2
+    result = batch.verify("minute_sales", spark=spark, rt=rt)
+    assert result.ok, result.summary()
