@@ -50,28 +50,72 @@ class VerifyResult:
 
 
 def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[tuple, object]:
-    """Every key's final state from full history."""
+    """Every key's final state from full history, on the driver (a rebuild writes it)."""
+    rows = recomputed(spark, table, tables, rt)
+    return {} if rows is None else dict(rows.values().collect())
+
+
+def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
+    """Every key's final state from full history, as an RDD of (state partition, (key, value)),
+    or None without history. It applies what the batches applied: WHERE, the refused keys
+    (see Transaction.commit) and the purge of expired windows."""
     runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
     if table.kind == "source":
         if last is None:
-            return {}
+            return None
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
-        deltas = runner._source_deltas(classified)
-        return {key: payload for _, (op, key, payload) in deltas.collect() if op != DELETE}
+        return (runner._source_deltas(classified).filter(lambda d: d[1][0] != DELETE)
+                .map(lambda d: (d[0], (d[1][1], d[1][2]))))
     from delta.tables import DeltaTable
 
     path = rt.delta_path(table.name, "bronze")
     if not DeltaTable.isDeltaTable(spark, path):
-        return {}
+        return None
     bronze = spark.read.format("delta").load(path)
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
     deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)), exclude=refused)
-    purged_at = last_purge_watermark(table, commits)
-    return {key: partial for _, (_, key, partial) in deltas.collect()
-            if purged_at is None or not table.window.expired(key[-1], purged_at)}
+    purged_at, window = last_purge_watermark(table, commits), table.window
+    rows = deltas.map(lambda d: (d[0], (d[1][1], d[1][2])))
+    if purged_at is None:
+        return rows
+    return rows.filter(lambda r: not window.expired(r[1][0][-1], purged_at))
+
+
+def _compare_partition(ctx, partition: int, rows) -> dict:
+    """One state partition against its recomputed rows, in the task that holds both."""
+    from state.table import StateTable
+
+    spec, state_dir, examples = ctx
+    expected = dict(row for _, row in rows)       # one partition's share of the table
+    out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
+           "digest_ok": True, "examples": []}
+
+    def note(key, have, want, kind: str) -> None:
+        out["keys_compared"] += 1
+        if kind:
+            out[kind] += 1
+            if len(out["examples"]) < examples:
+                out["examples"].append({"key": list(key), "state": have, "recomputed": want})
+
+    st = StateTable(spec, state_dir)
+    try:
+        if st.has_local_state(partition):
+            part = st.open_readonly(partition)
+            try:
+                out["digest_ok"] = bool(part.verify()[0])
+                for key, have in part.items():
+                    want = expected.pop(key, None)
+                    note(key, have, want, "unexpected" if want is None else ("" if _same(want, have) else "different"))
+            finally:
+                part.close()
+    finally:
+        st.close()
+    for key, want in expected.items():
+        note(key, None, want, "missing")
+    return out
 
 
 def last_purge_watermark(table: TableDefinition, commits: list[BatchCommit]) -> int | None:
@@ -115,26 +159,23 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
                          f"finish it (`statetable run {name}`) before verifying")
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
-    expected = recompute(spark, table, tables, rt)
     result = VerifyResult(table.name, last.batch_id if last else None)
-    actual: dict = {}
-    for part in jobs.readonly_partitions(table, rt):
-        actual.update(part.items())
-        if not part.verify()[0]:
-            result.digest_mismatches.append(part.partition)
-    for key in sorted(set(expected) | set(actual), key=repr):
-        result.keys_compared += 1
-        want, have = expected.get(key), actual.get(key)
-        if have is None and want is not None:
-            result.missing += 1
-        elif want is None and have is not None:
-            result.unexpected += 1
-        elif _same(want, have):
-            continue
-        else:
-            result.different += 1
-        if len(result.examples) < examples:
-            result.examples.append({"key": list(key), "state": have, "recomputed": want})
+    rows = recomputed(spark, table, tables, rt)
+    if rows is None:
+        rows = spark.sparkContext.parallelize([], 1)
+    # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
+    ctx = (jobs.spec_of(table, rt), str(rt.state_dir), examples)
+    summaries = (rows.partitionBy(table.partitions, lambda p: p)
+                 .mapPartitionsWithIndex(lambda p, part_rows: [_compare_partition(ctx, p, part_rows)])
+                 .collect())
+    for s in sorted(summaries, key=lambda s: s["partition"]):
+        result.keys_compared += s["keys_compared"]
+        result.missing += s["missing"]
+        result.unexpected += s["unexpected"]
+        result.different += s["different"]
+        if not s["digest_ok"]:
+            result.digest_mismatches.append(s["partition"])
+        result.examples.extend(s["examples"][:max(0, examples - len(result.examples))])
     result.seconds = round(time.monotonic() - started, 3)
     log.info("verify %s", result.summary())
     return result
