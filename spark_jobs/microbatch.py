@@ -197,6 +197,9 @@ class MicroBatchRunner:
         steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_dead_letters")
 
+        unenriched = events
+        if self.table.joins:
+            events = self._enrich(events).persist(StorageLevel.MEMORY_AND_DISK)   # bronze keeps what it joined
         self._describe(plan.batch_id, "bronze")
         self._write_bronze(events, plan.batch_id)
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
@@ -241,6 +244,7 @@ class MicroBatchRunner:
         faults.point("batch.after_commit")
         classified.unpersist()
         events.unpersist()
+        unenriched.unpersist()
         self._after_commit(commit)
         elapsed = time.monotonic() - started
         log.info("%s batch %d committed: read %d, parsed %d, dead-lettered %d, late %d, merged %d keys "
@@ -341,8 +345,26 @@ class MicroBatchRunner:
          .execute())
 
     # ------------------------------------------------------------ deltas
+    def _enrich(self, events):
+        """`events` plus each joined table's columns (`<alias>__<col>`) as of now, and `_enriched`.
+
+        A batch enriches its events once and keeps the result in bronze, so the recomputation
+        joins exactly what each batch joined (a player renamed later stays as he was), instead
+        of today's reference data."""
+        from pyspark.sql import functions as F
+
+        frame = events
+        for join in self.table.joins:
+            other = self.tables[join.table]
+            snapshot = self._source_snapshot(other).select(
+                *[F.col(n).alias(f"{join.alias}__{n}") for n, _ in other.schema])
+            cond = F.col(join.stream_column.split(".")[-1]) == F.col(f"{join.alias}__{join.table_column}")
+            frame = frame.join(F.broadcast(snapshot), cond, "left")
+        return frame.withColumn("_enriched", F.lit(True))
+
     def _joined(self, events, counts: dict | None = None):
-        """Stream columns as `<alias>__<col>`, enriched with each joined table's latest values.
+        """Stream columns as `<alias>__<col>`, with each joined table's values as the batch saw them
+        (see `_enrich`; bronze written before enrichment was kept is joined with today's data).
 
         Every join is evaluated as a left join; an inner join then drops the
         events its table has no row for, and `counts["join_unmatched"]` says
@@ -350,21 +372,23 @@ class MicroBatchRunner:
         """
         from pyspark.sql import functions as F
 
+        joins = self.table.joins
+        joined_cols = [f"{j.alias}__{n}" for j in joins for n, _ in self.tables[j.table].schema]
+        if joins and "_enriched" not in events.columns:
+            events = self._enrich(events)
+        elif joins:
+            legacy = events.where(F.col("_enriched").isNull()).drop(*joined_cols, "_enriched")
+            events = events.where(F.col("_enriched").isNotNull()).unionByName(self._enrich(legacy))
         alias = self.table.stream_alias or self.table.name
         frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
                               F.col("source_offset").alias("_order"), "source_partition",
-                              *(["batch_id"] if "batch_id" in events.columns else []))   # bronze has it
+                              *(["batch_id"] if "batch_id" in events.columns else []),   # bronze has it
+                              *joined_cols)
         matched = F.lit(True)
-        for join in self.table.joins:
-            other = self.tables[join.table]
-            snapshot = self._source_snapshot(other).select(
-                *[F.col(n).alias(f"{join.alias}__{n}") for n, _ in other.schema])
-            right_key = f"{join.alias}__{join.table_column}"
-            cond = F.col(_q(self.table, join.stream_column)) == F.col(right_key)
-            frame = frame.join(F.broadcast(snapshot), cond, "left")
+        for join in joins:
             if join.kind == "inner":
-                matched = matched & F.col(right_key).isNotNull()
-        if any(join.kind == "inner" for join in self.table.joins):
+                matched = matched & F.col(f"{join.alias}__{join.table_column}").isNotNull()
+        if any(join.kind == "inner" for join in joins):
             frame = frame.withColumn("_matched", matched)
             if counts is not None:
                 counts["join_unmatched"] = frame.where(~F.col("_matched")).count()

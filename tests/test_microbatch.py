@@ -71,6 +71,17 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     assert commit.counts["join_unmatched"] == 1
     assert present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt)) == board
 
+    # Each batch joined the players of its time; a rename later must not make verify disagree.
+    from spark_jobs import batch
+
+    producer.produce("players" + suffix, json.dumps({"id": 2, "name": "Mitchell"}).encode(), key=b"2")
+    assert producer.flush(10) == 0
+    jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
+    result = batch.verify("leaderboard", spark=spark, rt=rt)
+    assert result.ok, result.summary()
+    assert [e["playerName"] for e in present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))] == \
+        ["Isabelle", "Mitch", "Elyse"]
+
 
 def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, spark):
     rt, suffix = env
