@@ -30,6 +30,9 @@ class Tables:
     def tables(self):
         return [{"table": "orders"}, {"table": "leaderboard"}]
 
+    def broken_tables(self):
+        return {"drafts": "drafts.sql:1:1: unknown column"}
+
     def get(self, table, key):
         return 7, {"k": key}
 
@@ -54,11 +57,15 @@ def test_a_user_reads_only_the_tables_whose_dag_the_auth_manager_grants():
     denied = client.get("/tables/leaderboard/rows/1", headers=alice)
     assert denied.status_code == 403 and "leaderboard__incremental" in denied.json()["detail"]
     assert client.get("/leaderboard", headers=alice).status_code == 403
-    assert [t["table"] for t in client.get("/tables", headers=alice).json()["tables"]] == ["orders"]
+    listing = client.get("/tables", headers=alice).json()
+    assert [t["table"] for t in listing["tables"]] == ["orders"] and listing["broken"] == {}
 
     for route in ("/tables/orders/rows/1", "/tables/orders/rows", "/leaderboard/1"):
         assert client.get(route, headers=bob).status_code == 403, route
     assert client.get("/tables", headers=bob).json()["tables"] == []
+    carol = GrantsByDag({"carol": {"drafts__incremental"}})
+    assert _client(carol).get("/tables", headers={"Authorization": "Bearer carol"}).json()["broken"] == \
+        {"drafts": "drafts.sql:1:1: unknown column"}
     assert client.get("/tables", headers={"Authorization": "Bearer mallory"}).status_code == 401
 
 
