@@ -222,6 +222,11 @@ class ProcessQueryService:
             floor = self.floor.get(table, -1) if table is not None else -1
             serving = [r for r in self.readers if not r.draining and not r.in_flight
                        and (table is None or r.batch_of(table) >= floor or table not in r.batches)]
+            if table is not None and self._unavailable(table):
+                # Being restored or missing: only a reader that has seen it so may answer (it
+                # re-checks, and answers 503 or, once the state is back, from the restored batch).
+                # Another still holds the old files open and would serve rows the restore replaces.
+                serving = [r for r in serving if r.batches.get(table) == UNAVAILABLE]
             if serving:
                 break
             async with changed:
@@ -229,11 +234,7 @@ class ProcessQueryService:
                     await asyncio.wait_for(changed.wait(), 0.05)
                 except asyncio.TimeoutError:
                     pass
-        if table is not None and self._unavailable(table):
-            # Being restored or missing: ask a reader that has seen it so (it re-checks, and answers
-            # 503 or, once the state is back, from the restored batch), never one with stale rows.
-            serving = [r for r in serving if r.batches.get(table) == UNAVAILABLE] or serving
-        elif table is not None:
+        if table is not None and not self._unavailable(table):
             newest = max(r.batch_of(table) for r in serving)
             serving = [r for r in serving if r.batch_of(table) == newest]
         reader = serving[next(self.turn) % len(serving)]
