@@ -243,6 +243,41 @@ def test_a_reader_of_a_missing_partition_leaves_no_folder_that_blocks_a_restore(
     reader.close()
 
 
+def test_a_secondary_sees_the_batch_its_metadata_names_after_the_primary_flushes_checkpoints_or_reopens(tmp_path):
+    """RocksDB's catch-up alone, after a flush of the primary, showed the new metadata over the
+    old data (a torn read the query service would serve as one batch)."""
+    from rocksdict import Checkpoint
+
+    from state.backends import PartitionMeta, RocksBackend
+    primary_dir = tmp_path / "p0000"
+    primary = RocksBackend(primary_dir)
+    reader = RocksBackend(tmp_path / "secondary", secondary_of=primary_dir)
+
+    def commit(batch: int, keys: int = 50) -> None:
+        primary.write({b"k%03d" % i: b"%d" % batch for i in range(keys)}, PartitionMeta(applied_batch=batch))
+
+    def seen() -> tuple[int, set]:
+        reader.catch_up()
+        return reader.read_meta().applied_batch, {reader.get(b"k%03d" % i) for i in range(50)}
+
+    commit(1)
+    assert seen() == (1, {b"1"})
+    commit(2)
+    primary.db.flush()
+    assert seen() == (2, {b"2"})
+    commit(3, keys=10)
+    assert seen() == (3, {b"2", b"3"})
+    commit(4)
+    Checkpoint(primary.db).create_checkpoint(str(tmp_path / "checkpoint"))
+    assert seen() == (4, {b"4"})
+    primary.close()
+    primary = RocksBackend(primary_dir)
+    commit(5)
+    assert seen() == (5, {b"5"})
+    reader.close()
+    primary.close()
+
+
 def test_a_sum_past_64_bits_or_a_value_past_the_record_limit_keeps_the_old_value_and_is_reported():
     from state.changelog import VALUE_LIMIT
 
