@@ -103,8 +103,17 @@ def main() -> None:
         state = {k[0]: v for k, v in jobs.state_rows(table, rt).items()}
         assert state == expected, "state differs from the generator's counts"
 
-        # Fixed cost of one spark-submitted batch with a single record.
+        # A batch of 10 records in the same warm session: the per-batch fixed costs.
         one = Producer({"bootstrap.servers": rt.bootstrap})
+        for i in range(10):
+            one.produce(topic, b'{"k":"key00000","v":1}', partition=i % 4)
+        one.flush(10)
+        started = time.perf_counter()
+        (small,) = jobs.run(table, until_caught_up=True, spark=spark, rt=rt)
+        small_s = time.perf_counter() - started
+        assert small.counts["read"] == 10
+
+        # Fixed cost of one spark-submitted batch with a single record.
         one.produce(topic, b'{"k":"key00000","v":1}', partition=0)
         one.flush(10)
         env = {**os.environ, **rt.as_env(), "PYSPARK_PYTHON": sys.executable}
@@ -127,6 +136,9 @@ def main() -> None:
             "incremental_seconds": round(incremental_s, 2), "incremental_events_per_s": round(events_per_s),
             "raw_read_seconds": round(raw_s, 2), "raw_read_events_per_s": round(raw_per_s),
             "ratio_to_raw_read": round(events_per_s / raw_per_s, 2),
+            "engine": os.environ.get("STATETABLE_ENGINE", "arrow (default where the definition allows)"),
+            "warm_batch_10_records_seconds": round(small_s, 2),
+            "warm_batch_10_records_step_ms": {k[3:]: v for k, v in small.counts.items() if k.startswith("ms_")},
             "spark_submit_one_record_seconds": round(submit_s, 1),
             "batch_seconds": [c.seconds for c in commits],
             "batch_step_ms": [{k[3:]: v for k, v in c.counts.items() if k.startswith("ms_")} for c in commits],

@@ -34,7 +34,7 @@ SUPPORTED = (
 )
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
-    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew",
+    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
@@ -78,6 +78,7 @@ class TableDefinition:
     max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
     snapshot_every: int = 10
     snapshot_keep: int = 3
+    mirror_every: int = 10                     # the Delta mirror catches up every N batches and at a run's end
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -373,6 +374,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
         max_batches_per_run=_int_option(path, header, "max_batches_per_run", 10),
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
+        mirror_every=_int_option(path, header, "mirror_every", 10),
         schedule=_schedule(path, header),
         event_time=header.get("event_time"),
         event_time_skew_ms=_duration_option(path, header, "event_time_skew", DEFAULT_EVENT_TIME_SKEW_MS),

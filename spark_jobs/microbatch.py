@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 
 from state import faults
@@ -35,7 +37,7 @@ from spark_jobs import parse
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.compile import row_of, state_spec
 from spark_jobs.definitions import TableDefinition
-from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
+from spark_jobs.merge_task import DELETE, MERGE, MIRROR_CHANGE_DDL, PUT, MergeContext, merge_partition
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
 from spark_jobs.runtime import Runtime
 
@@ -94,6 +96,7 @@ class MicroBatchRunner:
         self.spec = spec_of(table, runtime)
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
         self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
+        self.engine = engine_of(table)
         if writer:
             drop_stale_cache(self.spec, runtime)
             check_definition(self.log, table.name, self.definition)
@@ -148,6 +151,9 @@ class MicroBatchRunner:
             done.append(commit)
             if not until_caught_up and max_batches is None:
                 break
+        last = done[-1] if done else self.log.last_commit()
+        if last is not None:
+            self._mirror_if_due(last, final=True)     # also what a killed run left between merges
         return done
 
     def _describe(self, batch_id: int, step: str) -> None:
@@ -160,6 +166,12 @@ class MicroBatchRunner:
             return None
         faults.point("batch.after_plan")
         started = time.monotonic()
+        step = self._arrow_batch(plan, started) if self.engine == "arrow" else self._spark_batch(plan, started)
+        return self._commit_batch(plan, started, step)
+
+    def _spark_batch(self, plan: BatchPlan, started: float) -> dict:
+        """The Spark-SQL pass (from_json, groupBy): source tables, joins, and what the Arrow pass
+        does not cover (see arrow_pass.check_supported)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -219,12 +231,83 @@ class MicroBatchRunner:
         self._write_mirror(rows, plan.batch_id)
         steps["mirror"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_mirror")
+        return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
+                "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
+                "delta_keys": len(rows), "watermark": watermark, "steps": steps, "extra": join_counts,
+                "release": (classified, events, unenriched)}
+
+    def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
+        """One Arrow pass over the batch (arrow_pass.run): parse, classify, filter, window and
+        pre-aggregate per input partition; bronze Parquet from the workers; the partials go by
+        state partition to one merge task each (applyInArrow). Nothing re-reads the batch."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        from spark_jobs import arrow_pass
+
+        table = self.table
+        staging = self._bronze_staging(plan.batch_id)
+        remove_tree(staging)                   # an earlier attempt's files, cut at other boundaries
+        spec = arrow_pass.PassSpec(table, plan.batch_id, now_ms=int(plan.created_at * 1000),
+                                   watermark_ms=plan.watermark_ms, staging=staging)
+        self._describe(plan.batch_id, "read_parse")
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges)) \
+            .select("partition", "offset", "timestamp", "key", "value")
+        out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        stats: dict[str, int] = {}
+        for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
+            name, value = row["stat"], row["stat_value"]
+            stats[name] = max(stats.get(name, value), value) if name == "max_event_ms" else stats.get(name, 0) + value
+        read_count, late_count = stats.get("read", 0), stats.get("late", 0)
+        reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
+        reasons[None] = read_count - sum(reasons.values())
+        watermark = plan.watermark_ms
+        if "max_event_ms" in stats:
+            watermark = max(watermark or stats["max_event_ms"], stats["max_event_ms"])
+        steps = {"read": time.monotonic() - started}
+        faults.point("batch.after_read")
+        log.info("%s batch %d: read and parsed %d records in %.1fs (%.0f records/s)", table.name, plan.batch_id,
+                 read_count, steps["read"], read_count / max(steps["read"], 1e-6))
+
+        self._describe(plan.batch_id, "dead_letters")
+        dead_count = 0
+        if sum(n for r, n in reasons.items() if r) + late_count:
+            dead = out.where(F.col("_kind") == "dead")
+            dead_count = self._write_dead_letters(parse.dead_letter_records(
+                dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
+                F.col("size")), plan.batch_id)
+        steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
+        faults.point("batch.after_dead_letters")
+
+        self._describe(plan.batch_id, "bronze")
+        self._commit_bronze(staging, plan.batch_id)
+        steps["bronze"] = time.monotonic() - started - sum(steps.values())
+        faults.point("batch.after_bronze")
+
+        self._describe(plan.batch_id, "aggregate_merge")
+        summaries = self._merge_arrow(out, plan.batch_id, watermark)
+        out.unpersist()
+        steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
+        refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
+        refused_counts = self._dead_letter_refused(*self._refusal_inputs(plan), refused, plan) if refused else {}
+        faults.point("batch.after_merge")
+        faults.point("batch.after_mirror")     # the mirror catches up after commits (see _mirror_if_due)
+        return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
+                "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
+                "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
+                "steps": steps, "extra": {k: v for k, v in stats.items() if k == "filtered"}, "release": ()}
+
+    def _commit_batch(self, plan: BatchPlan, started: float, step: dict) -> BatchCommit:
+        reasons, read_count, late_count, dead_count = step["reasons"], step["read"], step["late"], step["dead"]
+        refused, refused_counts, summaries = step["refused"], step["refused_counts"], step["summaries"]
+        watermark, steps, join_counts = step["watermark"], step["steps"], step["extra"]
 
         counts = {
             "read": read_count, "parsed": reasons.get(None, 0) - late_count, "late": late_count,
             "dead_lettered": dead_count + sum(refused_counts.values()),
             "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
-            "delta_keys": len(rows), "purged_windows": sum(s["purged"] for s in summaries.values()),
+            "delta_keys": step["delta_keys"], "purged_windows": sum(s["purged"] for s in summaries.values()),
             **({"purge_watermark_ms": purge_at} if (purge_at := self._purge_at(plan.batch_id, watermark)) else {}),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
             **{f"dead_{reason}": n for reason, n in refused_counts.items()},
@@ -242,14 +325,13 @@ class MicroBatchRunner:
         )
         self.log.write_commit(commit)
         faults.point("batch.after_commit")
-        classified.unpersist()
-        events.unpersist()
-        unenriched.unpersist()
+        for frame in step["release"]:
+            frame.unpersist()
         self._after_commit(commit)
         elapsed = time.monotonic() - started
         log.info("%s batch %d committed: read %d, parsed %d, dead-lettered %d, late %d, merged %d keys "
                  "(%d changed) into %d partitions in %.1fs; %.0f events/s", self.table.name, plan.batch_id,
-                 read_count, counts["parsed"], dead_count, late_count, len(rows), counts["keys_changed"],
+                 read_count, counts["parsed"], dead_count, late_count, step["delta_keys"], counts["keys_changed"],
                  len(summaries), elapsed, read_count / max(elapsed, 1e-6))
         return commit
 
@@ -332,7 +414,7 @@ class MicroBatchRunner:
         from delta.tables import DeltaTable
 
         path = self.rt.delta_path(self.table.name, "mirror")
-        schema = "key STRING, row STRING, batch_id BIGINT, deleted BOOLEAN"
+        schema = MIRROR_CHANGE_DDL
         data = [(json.dumps(list(k), default=str), json.dumps(row_of(self.table, k, v), default=str), batch_id,
                  v is None) for k, v in rows]
         source = self.spark.createDataFrame(data, schema)
@@ -343,6 +425,98 @@ class MicroBatchRunner:
          .whenMatchedUpdateAll(condition="NOT s.deleted")
          .whenNotMatchedInsertAll(condition="NOT s.deleted")
          .execute())
+
+    # ------------------------------------------------------------ the Arrow pass's sinks
+    def _bronze_staging(self, batch_id: int) -> str:
+        return f"{self.rt.delta_path(self.table.name, 'bronze')}_staging/b{batch_id:012d}"
+
+    def _commit_bronze(self, staging: str, batch_id: int) -> None:
+        """The workers' Parquet files of the batch, appended to bronze in one Delta transaction
+        (txnAppId/txnVersion: a re-run after a crash appends nothing twice)."""
+        if has_files(staging):
+            frame = self.spark.read.parquet(staging)
+        else:
+            frame = self.spark.createDataFrame([], parse.bronze_ddl(self.table))
+        (frame.write.format("delta").mode("append")
+         .option("txnAppId", f"{self.table.name}.bronze").option("txnVersion", batch_id)
+         .option("mergeSchema", "true")
+         .save(self.rt.delta_path(self.table.name, "bronze")))
+        remove_tree(staging)
+
+    def _merge_arrow(self, out, batch_id: int, watermark: int | None) -> dict[int, dict]:
+        """The partials, grouped by state partition (a shuffle of one row per key and Arrow batch),
+        and one merge task per partition; a marker row per partition makes every partition commit."""
+        from pyspark.sql import functions as F
+
+        from spark_jobs.merge_task import SUMMARY_DDL, merge_arrow
+
+        table = self.table
+        ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
+                           self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog)
+        mirror_dir = self._mirror_changes_dir()
+        columns = [c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"]
+        partials = out.where(F.col("_kind") == "partial").select("_kind", "_sp", *columns)
+        markers = self.spark.range(table.partitions).select(F.lit("marker").alias("_kind"),
+                                                             F.col("id").cast("int").alias("_sp"))
+        grouped = partials.unionByName(markers, allowMissingColumns=True).groupBy("_sp")
+        results = grouped.applyInArrow(lambda group: merge_arrow(ctx, mirror_dir, group), SUMMARY_DDL).collect()
+        summaries = {}
+        for row in results:
+            summary = json.loads(row["summary"])
+            summaries[summary.pop("partition")] = summary
+        if sorted(summaries) != list(range(table.partitions)):
+            raise RuntimeError(f"{table.name} batch {batch_id}: merge tasks reported partitions {sorted(summaries)}")
+        return summaries
+
+    def _refusal_inputs(self, plan: BatchPlan):
+        """(events, raw records) of a batch whose keys the state refused: bronze holds the batch's
+        events, and the refused ones' bytes are read again (only on this rare path)."""
+        from pyspark.sql import functions as F
+
+        events = self.spark.read.format("delta").load(self.rt.delta_path(self.table.name, "bronze")) \
+            .where(F.col("batch_id") == plan.batch_id)
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges)).select(
+            F.col("partition").alias("_partition"), F.col("offset").alias("_offset"), F.col("value").alias("_value"),
+            F.length("value").alias("_size"))
+        return events, raw
+
+    def _mirror_changes_dir(self) -> str:
+        return f"{self.rt.delta_path(self.table.name, 'mirror')}_changes"
+
+    def _mirror_if_due(self, commit: BatchCommit, final: bool = False) -> None:
+        """The Delta mirror catches up every `mirror_every` batches and at the end of a run, from
+        the merge tasks' change files of committed batches (see merge_task.write_mirror_changes).
+        Between catch-ups, a reader of the mirror sees the state as of the last catch-up."""
+        if self.engine != "arrow" or not (final or commit.batch_id % self.table.mirror_every == 0):
+            return
+        changes = self._mirror_changes_dir()
+        files = committed_change_files(changes, commit.batch_id)
+        if not files:
+            return
+        from delta.tables import DeltaTable
+        from pyspark.sql import Window, functions as F
+
+        started = time.monotonic()
+        self._describe(commit.batch_id, "mirror")
+        path = self.rt.delta_path(self.table.name, "mirror")
+        latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
+        source = (self.spark.read.schema(MIRROR_CHANGE_DDL).parquet(*[f"{changes}/{name}" for name in files])
+                  .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            self.spark.createDataFrame([], MIRROR_CHANGE_DDL) \
+                .write.format("delta").save(path)
+        (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
+         .whenMatchedDelete(condition="s.deleted")
+         .whenMatchedUpdateAll(condition="NOT s.deleted")
+         .whenNotMatchedInsertAll(condition="NOT s.deleted")
+         .execute())
+        faults.point("mirror.after_merge")
+        # Oldest first: whatever a crash leaves is a suffix of batches, and merging a suffix again
+        # gives every key its newest value.
+        for name in files:
+            os.remove(f"{changes}/{name}")
+        log.info("%s: mirror caught up to batch %d from %d change files in %.2fs", self.table.name, commit.batch_id,
+                 len(files), time.monotonic() - started)
 
     # ------------------------------------------------------------ deltas
     def _enrich(self, events):
@@ -567,6 +741,7 @@ class MicroBatchRunner:
             self._after_commit(last)
 
     def _after_commit(self, commit: BatchCommit) -> None:
+        self._mirror_if_due(commit)
         if self.snapshots:
             self._snapshot_if_due(commit)
         faults.point("batch.after_snapshot")
@@ -596,6 +771,40 @@ class MicroBatchRunner:
                             asynchronous=False)
         finally:
             consumer.close()
+
+
+def engine_of(table: TableDefinition) -> str:
+    """"arrow" (one Arrow pass) where it covers the definition, else "spark"; STATETABLE_ENGINE
+    forces one (the benchmark's before-and-after profile)."""
+    from spark_jobs import arrow_pass
+
+    forced = os.environ.get("STATETABLE_ENGINE")
+    if forced == "spark":
+        return "spark"
+    try:
+        arrow_pass.check_supported(table)
+    except arrow_pass.Unsupported as exc:
+        if forced == "arrow":
+            raise
+        log.debug("%s: the Spark-SQL pass runs it (the Arrow pass does not cover %s)", table.name, exc)
+        return "spark"
+    return "arrow"
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def has_files(path: str) -> bool:
+    return os.path.isdir(path) and any(n.endswith(".parquet") for n in os.listdir(path))
+
+
+def committed_change_files(folder: str, last_batch: int) -> list[str]:
+    """Mirror change files of batches up to `last_batch`, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    names = sorted(n for n in os.listdir(folder) if n.startswith("b") and n.endswith(".parquet"))
+    return [n for n in names if int(n[1:13]) <= last_batch]
 
 
 def _snapshot_partition(ctx, partition: int) -> None:

@@ -123,6 +123,12 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         F.when(F.col("reason").isNotNull(), F.col("_value")).alias("_value"))
 
 
+def bronze_ddl(table: TableDefinition) -> str:
+    """Bronze's columns: the parsed fields, their source coordinates and the batch."""
+    return (schema_ddl(table) + ", source_partition INT, source_offset BIGINT, source_timestamp TIMESTAMP, "
+            "batch_id BIGINT")
+
+
 def good_events(classified, table: TableDefinition):
     """The parsed fields of good rows, flattened, with their source coordinates."""
     from pyspark.sql import functions as F

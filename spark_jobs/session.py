@@ -29,6 +29,8 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
         "spark.databricks.delta.snapshotPartitions": "2",
+        # The Arrow pass pre-aggregates per Arrow batch: bigger batches, fewer partial rows to shuffle.
+        "spark.sql.execution.arrow.maxRecordsPerBatch": os.environ.get("STATETABLE_ARROW_BATCH_RECORDS", "200000"),
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         **DELTA_CONF,
     }

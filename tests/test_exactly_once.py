@@ -106,6 +106,14 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark):
     finally:
         st.close()
 
+    # The Delta mirror, caught up at the end of the run after kills between its merges, equals it too.
+    mirror = {json.loads(r["key"])[0]: json.loads(r["row"]) for r in
+              spark.read.format("delta").load(rt.delta_path(TABLE, "mirror")).collect()}
+    assert set(mirror) == set(expected.index)
+    for customer, row in mirror.items():
+        assert row["payments"] == expected.loc[customer, "count"], customer
+        assert math.isclose(row["total"], expected.loc[customer, "sum"], rel_tol=1e-9), customer
+
     bronze = spark.read.format("delta").load(rt.delta_path(TABLE, "bronze"))
     assert bronze.count() == EVENTS
     assert bronze.select("source_partition", "source_offset").distinct().count() == EVENTS

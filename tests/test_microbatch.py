@@ -44,6 +44,36 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
     assert jobs.query("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
 
 
+def test_the_mirror_catches_up_every_n_batches_and_equals_the_state_after_a_run(env, spark):
+    """mirror_every: 2: MERGEs after batches 0, 2, 4, ... and at the run's end, and the version
+    after batch 2 holds the counts of batches 0-2 only (pandas over their offsets)."""
+    from delta.tables import DeltaTable
+
+    rt, suffix = env
+    sql = rt.tables_dir / "movie_tickets_sold.sql"
+    sql.write_text(sql.read_text().replace("-- snapshot_every: 10", "-- snapshot_every: 10\n-- mirror_every: 2"))
+    samples.produce("movie_tickets_sold", rt.bootstrap, 5000, suffix=suffix)
+    commits = jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=1000)
+    ids = [c.batch_id for c in commits]
+    assert ids == list(range(len(ids))) and len(ids) >= 5
+
+    path = rt.delta_path("movie_tickets_sold", "mirror")
+    merges = DeltaTable.forPath(spark, path).history().where("operation = 'MERGE'").orderBy("version").collect()
+    assert len(merges) == len(ids[::2]) + ids[-1] % 2          # batches 0, 2, 4, ... and the run's end
+
+    def mirror(version=None):
+        reader = spark.read.format("delta")
+        frame = (reader.option("versionAsOf", version) if version is not None else reader).load(path)
+        return {json.loads(r["key"])[0]: json.loads(r["row"])["tickets_sold"] for r in frame.collect()}
+
+    records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
+    upto2 = {(p, o) for c in commits[:3] for p, (start, end) in c.ranges.items() for o in range(start, end)}
+    frame = pd.DataFrame([json.loads(m.value()) for m in records if (m.partition(), m.offset()) in upto2])
+    assert mirror(merges[1]["version"]) == frame.groupby("title")["ticket_total_value"].count().to_dict()
+    assert mirror() == {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()}
+    assert sum(mirror().values()) == 5000
+
+
 def test_leaderboard_sample_gives_the_seed_output(env, spark):
     rt, suffix = env
     samples.produce("leaderboard", rt.bootstrap, suffix=suffix)

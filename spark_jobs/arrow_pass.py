@@ -1,0 +1,728 @@
+"""One pass over a micro-batch's records, in Arrow: parse, classify, filter, window, pre-aggregate.
+
+Spark hands each input partition to `run` (mapInArrow) as Arrow batches of Kafka records. Each
+batch is parsed once by pyarrow's JSON reader, and everything the batch needs comes out of that
+one pass: per-key partial aggregates (one row per key and window per Arrow batch), the dead
+letters with their reasons, the batch's counts, and the bronze copy of the good events, written
+as Parquet by the worker that already holds them (the driver commits those files to Delta).
+
+pyarrow's reader is strict and all-or-nothing: one record it cannot type fails the block. A block
+that fails is split in halves until the bad records stand alone, and a lone record is judged by
+`_judge`, which holds the rules (the module docstring of parse.py lists the reasons). So clean
+input costs one vectorised parse, and a bad record costs a few small re-parses, never a wedge.
+
+Everything here is plain pyarrow: it runs in Spark's Python workers, over Spark Connect too.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from state import codec
+from state.table import partition_of
+from spark_jobs.definitions import TableDefinition
+from spark_jobs.parse import MAX_VALUE_BYTES
+
+INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
+INTEGERS = set(INT_RANGES)
+SPARK_TYPE = {"LONG": "BIGINT", "DECIMAL": "DECIMAL(10,0)"}
+DIGITS = r"^-?[0-9]{1,18}$"
+SPLIT_BELOW = 8           # blocks this small are judged record by record
+
+
+class Unsupported(ValueError):
+    """A definition the Arrow pass does not cover (the Spark-SQL pass runs it)."""
+
+
+def arrow_type(dtype: str) -> pa.DataType:
+    return {"STRING": pa.string(), "BIGINT": pa.int64(), "LONG": pa.int64(), "INT": pa.int32(),
+            "DOUBLE": pa.float64(), "FLOAT": pa.float32(), "BOOLEAN": pa.bool_(),
+            "TIMESTAMP": pa.timestamp("us", tz="UTC"), "DATE": pa.date32(),
+            "DECIMAL": pa.decimal128(10, 0)}[dtype]
+
+
+def _reader_type(dtype: str) -> pa.DataType:
+    """What the JSON reader is asked for: wide types, narrowed (and range-checked) afterwards."""
+    return {"INT": pa.int64(), "FLOAT": pa.float64(), "TIMESTAMP": pa.string(), "DATE": pa.string(),
+            "DECIMAL": pa.float64()}.get(dtype) or arrow_type(dtype)
+
+
+def _sum_type(dtype: str) -> str:
+    """Integer sums are summed as DECIMAL(38,0): a SUM past 64 bits must reach the state (which
+    refuses it with a reason) instead of wrapping around here."""
+    return "DECIMAL(38,0)" if dtype in INTEGERS or dtype == "DECIMAL" else "DOUBLE"
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    table: TableDefinition
+    batch_id: int
+    now_ms: int | None            # the batch's clock (its plan's creation time)
+    watermark_ms: int | None      # events whose every window closed before it are late
+    staging: str | None           # where bronze Parquet goes (None: bronze off)
+    max_value_bytes: int = MAX_VALUE_BYTES
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.table.schema)
+
+    @property
+    def key_fields(self) -> list[str]:
+        return [k.split(".")[-1] for k in self.table.key_columns]
+
+
+# ---------------------------------------------------------------------------------------- checks
+def check_supported(table: TableDefinition) -> None:
+    """Raise Unsupported for what the Arrow pass cannot run yet; checked before the first batch."""
+    if table.kind != "aggregate":
+        raise Unsupported("source tables")
+    if table.joins:
+        raise Unsupported("joins")
+    fields = dict(table.schema)
+    used = [k.split(".")[-1] for k in table.key_columns] + [a.split(".")[-1] for g in table.aggregates for a in g.args]
+    for name in used:
+        if name not in fields:
+            raise Unsupported(f"column {name}")
+        if fields[name] in ("TIMESTAMP", "DATE", "DECIMAL"):
+            # Their Python values differ between Spark rows and Arrow (zone-aware datetimes,
+            # decimals): state written by one pass must key and fold alike under the other.
+            raise Unsupported(f"{fields[name]} column {name} as a key or aggregate input")
+    if table.where:
+        empty = pa.table({n: pa.array([], arrow_type(t)) for n, t in table.schema})
+        try:
+            empty.filter(where_expression(table))
+        except Exception as exc:   # noqa: BLE001 - any pyarrow kernel or translation gap
+            raise Unsupported(f"WHERE {table.where} ({exc})") from None
+
+
+def output_columns(table: TableDefinition) -> list[tuple[str, str, pa.DataType]]:
+    """The pass's output rows, as (name, Spark DDL type, Arrow type): partials, dead letters and
+    counts, told apart by `_kind`. Built here, without a Spark session, for both sides."""
+    fields = dict(table.schema)
+    cols = [("_kind", "STRING", pa.string()), ("_sp", "INT", pa.int32())]
+    for i, name in enumerate(k.split(".")[-1] for k in table.key_columns):
+        cols.append((f"_k{i}", SPARK_TYPE.get(fields[name], fields[name]), arrow_type(fields[name])))
+    if table.window is not None:
+        cols.append((f"_k{len(table.key_columns)}", "BIGINT", pa.int64()))
+    for i, agg in enumerate(table.aggregates):
+        cols.append((f"_a{i}", *_partial_type(agg, fields)))
+    cols += [("reason", "STRING", pa.string()), ("source_partition", "INT", pa.int32()),
+             ("source_offset", "BIGINT", pa.int64()), ("value", "BINARY", pa.binary()), ("size", "INT", pa.int32()),
+             ("stat", "STRING", pa.string()), ("stat_value", "BIGINT", pa.int64())]
+    return cols
+
+
+def output_ddl(table: TableDefinition) -> str:
+    return ", ".join(f"{name} {ddl}" for name, ddl, _ in output_columns(table))
+
+
+def output_schema(table: TableDefinition) -> pa.Schema:
+    return pa.schema([(name, dtype) for name, _, dtype in output_columns(table)])
+
+
+def _sum_partial(dtype: str) -> tuple[str, pa.DataType]:
+    return ("DECIMAL(38,0)", pa.decimal128(38, 0)) if _sum_type(dtype) != "DOUBLE" else ("DOUBLE", pa.float64())
+
+
+def _partial_type(agg, fields: dict[str, str]) -> tuple[str, pa.DataType]:
+    raw = [fields[a.split(".")[-1]] for a in agg.args]
+    ddl = [SPARK_TYPE.get(t, t) for t in raw]
+    arrow = [arrow_type(t) for t in raw]
+    if agg.function == "count":
+        return "BIGINT", pa.int64()
+    if agg.function == "sum":
+        return _sum_partial(raw[0])
+    if agg.function in ("min", "max"):
+        return ddl[0], arrow[0]
+    if agg.function == "avg":
+        s_ddl, s_type = _sum_partial(raw[0])
+        return f"STRUCT<s: {s_ddl}, n: BIGINT>", pa.struct([("s", s_type), ("n", pa.int64())])
+    if agg.function == "count_distinct":
+        return f"ARRAY<{ddl[0]}>", pa.list_(arrow[0])
+    if agg.function == "latest_by_offset":
+        return f"STRUCT<o: BIGINT, v: {ddl[0]}>", pa.struct([("o", pa.int64()), ("v", arrow[0])])
+    typed = ", ".join(f"c{j}: {t}" for j, t in enumerate(ddl[1:]))
+    entry = pa.struct([("score", pa.float64()), ("o", pa.int64()),
+                       ("typed", pa.struct([(f"c{j}", t) for j, t in enumerate(arrow[1:])]))])
+    return f"ARRAY<STRUCT<score: DOUBLE, o: BIGINT, typed: STRUCT<{typed}>>>", pa.list_(entry)
+
+
+# ----------------------------------------------------------------------------------------- WHERE
+def where_expression(table: TableDefinition):
+    """The table's WHERE (Spark SQL, parsed by sqlglot) as a pyarrow expression. A row passes only
+    when it is true; `Table.filter` drops nulls, which is SQL's rule."""
+    import sqlglot
+    from sqlglot import exp
+
+    fields = dict(table.schema)
+
+    def literal_for(node, other_type):
+        value = convert(node)
+        if other_type in ("TIMESTAMP", "DATE") and isinstance(value, str):
+            parsed = _timestamp_ms(value) if other_type == "TIMESTAMP" else _date(value)
+            if parsed is None:
+                raise Unsupported(f"literal {node.sql()} is not a {other_type}")
+            return pa.scalar(parsed * 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC")) \
+                if other_type == "TIMESTAMP" else pa.scalar(parsed, pa.date32())
+        return value
+
+    def column_type(node):
+        return fields.get(node.name) if isinstance(node, exp.Column) else None
+
+    binary = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal",
+              exp.LT: "less", exp.LTE: "less_equal", exp.Add: "add_checked", exp.Sub: "subtract_checked",
+              exp.Mul: "multiply_checked"}
+
+    def convert(node):
+        if isinstance(node, exp.Paren):
+            return convert(node.this)
+        if isinstance(node, exp.Column):
+            if node.name not in fields:
+                raise Unsupported(f"column {node.sql()}")
+            return pc.field(node.name)
+        if isinstance(node, exp.Boolean):
+            return pc.scalar(bool(node.this))
+        if isinstance(node, exp.Null):
+            return pc.scalar(None)
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return node.this
+            text = node.this
+            return int(text) if text.lstrip("-").isdigit() else float(text)
+        if isinstance(node, exp.Neg):
+            return pc.negate_checked(convert(node.this))
+        if isinstance(node, exp.Not):
+            return ~convert(node.this)
+        if isinstance(node, exp.And):
+            return convert(node.left) & convert(node.right)
+        if isinstance(node, exp.Or):
+            return convert(node.left) | convert(node.right)
+        if type(node) in binary:
+            left, right = node.left, node.right
+            lv = literal_for(left, column_type(right)) if not isinstance(left, exp.Column) else convert(left)
+            rv = literal_for(right, column_type(left)) if not isinstance(right, exp.Column) else convert(right)
+            return pc.Expression._call(binary[type(node)], [_expr(lv), _expr(rv)])
+        if isinstance(node, exp.Div):
+            return pc.Expression._call("divide", [pc.Expression._call("cast", [_expr(convert(node.left))],
+                                                                      pc.CastOptions(pa.float64())),
+                                                  _expr(convert(node.right))])
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            return pc.field(node.this.name).is_null() if isinstance(node.this, exp.Column) \
+                else _expr(convert(node.this)).is_null()
+        if isinstance(node, exp.In) and not node.args.get("query"):
+            values = [literal_for(v, column_type(node.this)) for v in node.expressions]
+            return _expr(convert(node.this)).isin(values)
+        if isinstance(node, exp.Between):
+            target = node.this
+            low = literal_for(node.args["low"], column_type(target))
+            high = literal_for(node.args["high"], column_type(target))
+            return (_expr(convert(target)) >= _expr(low)) & (_expr(convert(target)) <= _expr(high))
+        if isinstance(node, exp.Like):
+            pattern = node.expression
+            if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+                raise Unsupported(f"LIKE {pattern.sql()}")
+            return pc.Expression._call("match_like", [_expr(convert(node.this))],
+                                       pc.MatchSubstringOptions(pattern.this))
+        raise Unsupported(f"{node.key.upper()} in WHERE")
+
+    return convert(sqlglot.parse_one(table.where, dialect="spark"))
+
+
+def _expr(value):
+    return value if isinstance(value, pc.Expression) else pc.scalar(value)
+
+
+# ---------------------------------------------------------------------------------- judging rules
+def _timestamp_ms(text: str) -> int | None:
+    """Epoch milliseconds of a TIMESTAMP field's text (ISO-8601, no offset meaning UTC), or None."""
+    try:
+        stamp = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.timezone.utc)
+    return int(stamp.timestamp() * 1000) if stamp.microsecond % 1000 == 0 else \
+        (int(stamp.timestamp()) * 1000 + stamp.microsecond // 1000)
+
+
+def _date(text: str) -> int | None:
+    try:
+        return (dt.date.fromisoformat(text.strip()) - dt.date(1970, 1, 1)).days
+    except ValueError:
+        return None
+
+
+def _convert(value, dtype: str):
+    """A JSON value as the field's type; raises ValueError when it is not one (wrong_type)."""
+    if dtype == "STRING":
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    if dtype in INTEGERS:
+        low, high = INT_RANGES[dtype]
+        if type(value) is int and low <= value <= high:
+            return value
+    elif dtype in ("DOUBLE", "FLOAT"):
+        if type(value) in (int, float):
+            number = float(value)
+            if math.isfinite(number) and (dtype == "DOUBLE" or abs(number) <= 3.4028234663852886e38):
+                return number
+    elif dtype == "BOOLEAN":
+        if type(value) is bool:
+            return value
+    elif dtype == "TIMESTAMP":
+        text = str(value) if type(value) is int else value if isinstance(value, str) else None
+        if text is not None:
+            stripped = text.strip() if isinstance(value, str) else text
+            if stripped.lstrip("-").isdigit() and len(stripped.lstrip("-")) <= 18 and stripped == text:
+                return int(text)
+            ms = _timestamp_ms(text) if isinstance(value, str) else None
+            if ms is not None:
+                return ms
+    elif dtype == "DATE":
+        days = _date(value) if isinstance(value, str) else None
+        if days is not None:
+            return days
+    elif dtype == "DECIMAL":
+        if type(value) in (int, float) and math.isfinite(value):
+            number = decimal.Decimal(str(value)).quantize(decimal.Decimal(1), rounding=decimal.ROUND_HALF_UP)
+            if abs(number) < 10 ** 10:
+                return number
+    raise ValueError(dtype)
+
+
+def _judge(value: bytes, schema: list[tuple[str, str]]):
+    """(reason, None) or (None, {field: value}) for one record the block parse could not take."""
+    try:
+        obj = json.loads(value)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return "malformed_json", None
+    if not isinstance(obj, dict):
+        return "malformed_json", None
+    row = {}
+    for name, dtype in schema:
+        item = obj.get(name)
+        if item is None:
+            row[name] = None
+            continue
+        try:
+            row[name] = _convert(item, dtype)
+        except ValueError:
+            return "wrong_type", None
+    return None, row
+
+
+# ----------------------------------------------------------------------------------------- parse
+def _typed(table: pa.Table, schema: list[tuple[str, str]]) -> pa.Table:
+    """The reader's wide columns narrowed to the declared types; raises where a value does not fit."""
+    columns = {}
+    for name, dtype in schema:
+        col = table.column(name)
+        if dtype in ("DOUBLE", "FLOAT"):
+            finite = pc.is_finite(col)
+            if not pc.all(pc.or_kleene(finite, pc.is_null(col))).as_py():
+                raise ValueError("non-finite")
+            col = col.cast(arrow_type(dtype)) if dtype == "DOUBLE" else pc.cast(col, pa.float32())
+            if dtype == "FLOAT" and not pc.all(pc.or_kleene(pc.is_finite(col), pc.is_null(col))).as_py():
+                raise ValueError("float range")
+        elif dtype == "INT":
+            col = pc.cast(col, pa.int32())          # raises on overflow
+        elif dtype == "TIMESTAMP":
+            col = _timestamps(col)
+        elif dtype == "DATE":
+            col = pc.cast(col, pa.date32())
+        elif dtype == "DECIMAL":
+            raise ValueError("decimals are judged one by one")
+        columns[name] = col
+    return pa.table(columns)
+
+
+def _timestamps(col):
+    """TIMESTAMP text: all digits means epoch milliseconds, else ISO-8601 (no offset: UTC)."""
+    if col.null_count == len(col):
+        return pa.nulls(len(col), pa.timestamp("us", tz="UTC"))
+    if pa.types.is_integer(col.type):
+        if pc.max(pc.abs(col)).as_py() >= 10 ** 18:
+            raise ValueError("epoch milliseconds past 18 digits")
+        return pc.multiply(col, 1000).cast(pa.timestamp("us", tz="UTC"))
+    digits = pc.match_substring_regex(col, DIGITS)
+    if pc.all(pc.or_kleene(digits, pc.is_null(col))).as_py():
+        return pc.multiply(pc.cast(col, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+    if pc.any(digits).as_py():
+        raise ValueError("mixed timestamp forms")
+    try:
+        return pc.cast(col, pa.timestamp("us", tz="UTC"))
+    except pa.ArrowInvalid:
+        return pc.cast(pc.cast(col, pa.timestamp("us")), pa.timestamp("us", tz="UTC"))
+
+
+def _read_block(values: pa.Array, schema: list[tuple[str, str]]) -> pa.Table:
+    """A block of JSON objects as typed columns. TIMESTAMP fields are read as text, or, when the
+    block's are JSON numbers (epoch milliseconds), as integers."""
+    import pyarrow.json as pj
+
+    if not len(values):
+        return pa.table({n: pa.array([], arrow_type(t)) for n, t in schema})
+    text = pc.binary_join(pa.array([values], type=pa.list_(values.type)), b"\n")[0].as_buffer()
+    variants = [pa.schema([(n, _reader_type(t)) for n, t in schema])]
+    if any(t == "TIMESTAMP" for _, t in schema):
+        variants.append(pa.schema([(n, pa.int64() if t == "TIMESTAMP" else _reader_type(t)) for n, t in schema]))
+    for attempt, reader_schema in enumerate(variants):
+        try:
+            parsed = pj.read_json(pa.BufferReader(text),
+                                  read_options=pj.ReadOptions(block_size=max(1 << 20, len(text) + 1)),
+                                  parse_options=pj.ParseOptions(explicit_schema=reader_schema,
+                                                                unexpected_field_behavior="ignore"))
+            break
+        except pa.ArrowInvalid:
+            if attempt == len(variants) - 1:
+                raise
+    if parsed.num_rows != len(values):
+        raise ValueError("a value held more than one JSON object")
+    return _typed(parsed.combine_chunks(), schema)
+
+
+def parse_values(values: pa.Array, schema: list[tuple[str, str]]):
+    """(typed table of the records that parsed, their indices, [(index, reason)] of the rest)."""
+    good, good_index, bad = [], [], []
+
+    def visit(lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        chunk = values.slice(lo, hi - lo)
+        if hi - lo >= SPLIT_BELOW:
+            try:
+                good.append(_read_block(chunk, schema))
+                good_index.append(pa.array(range(lo, hi), pa.int64()))
+                return
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+                mid = (lo + hi) // 2
+                visit(lo, mid)
+                visit(mid, hi)
+                return
+        rows, index = [], []
+        for i, raw in enumerate(chunk.to_pylist(), start=lo):
+            reason, row = _judge(raw, schema)
+            if reason:
+                bad.append((i, reason))
+            else:
+                rows.append(row)
+                index.append(i)
+        if rows:
+            good.append(_from_rows(rows, schema))
+            good_index.append(pa.array(index, pa.int64()))
+
+    visit(0, len(values))
+    if good:
+        return pa.concat_tables(good), pa.concat_arrays(good_index), bad
+    return _from_rows([], schema), pa.array([], pa.int64()), bad
+
+
+def _from_rows(rows: list[dict], schema: list[tuple[str, str]]) -> pa.Table:
+    columns = {}
+    for name, dtype in schema:
+        items = [r[name] for r in rows]
+        if dtype == "TIMESTAMP":
+            columns[name] = pa.array([None if v is None else v * 1000 for v in items], pa.int64()) \
+                .cast(pa.timestamp("us", tz="UTC"))
+        elif dtype == "DATE":
+            columns[name] = pa.array(items, pa.int32()).cast(pa.date32())
+        else:
+            columns[name] = pa.array(items, arrow_type(dtype))
+    return pa.table(columns)
+
+
+# ------------------------------------------------------------------------------------- the pass
+def classify(batch: pa.RecordBatch, spec: PassSpec):
+    """(good events with source columns, dead letter table, counts by reason) of one Arrow batch."""
+    table = spec.table
+    values = batch.column("value")
+    n = len(values)
+    size = pc.binary_length(values)
+    is_null = pc.is_null(values)
+    too_large = pc.fill_null(pc.greater(size, spec.max_value_bytes), False)
+    first = pc.binary_slice(values, 0, 1)
+    last = pc.binary_slice(values, -1)
+    simple = pc.and_(pc.and_(pc.equal(first, pa.scalar(b"{", pa.binary())),
+                             pc.equal(last, pa.scalar(b"}", pa.binary()))),
+                     pc.invert(pc.match_substring(values, "\n")))
+    simple = pc.and_(pc.fill_null(simple, False), pc.invert(too_large))
+    candidates = pc.indices_nonzero(simple)
+    odd = pc.indices_nonzero(pc.and_(pc.invert(simple), pc.and_(pc.invert(is_null), pc.invert(too_large))))
+    idx = pa.concat_arrays([candidates.cast(pa.int64()), odd.cast(pa.int64())])
+    parsed, parsed_pos, bad = parse_values(pc.take(values, idx), table.schema)
+    good_index = pc.take(idx, parsed_pos)
+    dead_index = [int(idx[i].as_py()) for i, _ in bad]
+    dead_reason = [r for _, r in bad]
+    for i in pc.indices_nonzero(too_large).to_pylist():
+        dead_index.append(i)
+        dead_reason.append("too_large")
+    for i in pc.indices_nonzero(is_null).to_pylist():
+        dead_index.append(i)
+        dead_reason.append("null_value")
+
+    # Rules on parsed rows, in the order parse.classify applies them.
+    rule = pa.nulls(parsed.num_rows, pa.string())
+    checks = [("missing_key", _any_null(parsed, spec.key_fields))]
+    if table.window is not None:
+        event = parsed.column(table.event_time)
+        checks.append(("missing_event_time", pc.is_null(event)))
+        if spec.now_ms is not None:
+            limit = pa.scalar((spec.now_ms + table.event_time_skew_ms) * 1000, pa.int64())
+            checks.append(("future_event_time", pc.fill_null(pc.greater(event.cast(pa.int64()), limit), False)))
+    for name, mask in checks:
+        rule = pc.if_else(pc.and_(pc.is_null(rule), mask), pa.scalar(name), rule)
+    rejected = pc.is_valid(rule)
+    if pc.any(rejected).as_py():
+        positions = pc.indices_nonzero(rejected)
+        dead_index += pc.take(good_index, positions).to_pylist()
+        dead_reason += pc.take(rule, positions).to_pylist()
+        keep = pc.invert(rejected)
+        parsed, good_index = parsed.filter(keep), good_index.filter(keep)
+
+    events = parsed.append_column("source_partition", pc.take(batch.column("partition"), good_index)) \
+        .append_column("source_offset", pc.take(batch.column("offset"), good_index)) \
+        .append_column("source_timestamp", pc.take(batch.column("timestamp"), good_index))
+    order = pa.array(dead_index, pa.int64())
+    dead = pa.table({
+        "reason": pa.array(dead_reason, pa.string()),
+        "source_partition": pc.take(batch.column("partition"), order).cast(pa.int32()),
+        "source_offset": pc.take(batch.column("offset"), order),
+        "value": _dead_value(pc.take(values, order), spec.max_value_bytes),
+        "size": pc.take(size, order).cast(pa.int32()),
+    })
+    return events, dead, n
+
+
+def _dead_value(values, limit: int):
+    """Oversize values are kept as their first KiB (the size column keeps the real size)."""
+    lengths = pc.fill_null(pc.binary_length(values), 0)
+    return pc.if_else(pc.greater(lengths, limit), pc.binary_slice(values, 0, 1024), values)
+
+
+def _any_null(table: pa.Table, names: list[str]):
+    mask = pa.array([False] * table.num_rows)
+    for name in names:
+        mask = pc.or_(mask, pc.is_null(table.column(name)))
+    return mask
+
+
+def _split_late(events: pa.Table, spec: PassSpec):
+    """(on-time events, late events): an event is late when every window it falls in has closed
+    (its last window's end plus grace is at or before the batch's starting watermark)."""
+    window = spec.table.window
+    if window is None or spec.watermark_ms is None or not events.num_rows:
+        return events, events.slice(0, 0)
+    ts = _millis(events.column(spec.table.event_time))
+    last_start = pc.subtract(ts, _pmod(ts, window.advance))
+    late = pc.less_equal(pc.add(last_start, window.size_ms + window.grace_ms), spec.watermark_ms)
+    return events.filter(pc.invert(late)), events.filter(late)
+
+
+def _millis(col):
+    return pc.divide(col.cast(pa.int64()), 1000) if col.type != pa.int64() else col
+
+
+def _pmod(ts, divisor: int):
+    rem = pc.subtract(ts, pc.multiply(pc.divide(ts, divisor), divisor))
+    return pc.if_else(pc.less(rem, 0), pc.add(rem, divisor), rem)
+
+
+def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
+    """Each event once per window it falls in, with the window start (ms) as `_wstart`."""
+    window = spec.table.window
+    ts = _millis(events.column(spec.table.event_time))
+    last_start = pc.subtract(ts, _pmod(ts, window.advance))
+    parts = []
+    for j in range(-(-window.size_ms // window.advance)):
+        start = pc.subtract(last_start, j * window.advance)
+        inside = pc.greater(pc.add(start, window.size_ms), ts)
+        parts.append(events.append_column("_wstart", start).filter(inside))
+    return pa.concat_tables(parts)
+
+
+def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
+    """One row per key (and window): the partial aggregate of this Arrow batch's events."""
+    table = spec.table
+    keys = list(spec.key_fields) + (["_wstart"] if table.window is not None else [])
+    aggs, post = [], []
+
+    def add(*aggregation) -> None:
+        if not any(a[:2] == aggregation[:2] for a in aggs):    # one output column per (input, function)
+            aggs.append(aggregation)
+
+    events = events.append_column("_one", _constant(1, pa.int8(), events.num_rows))
+    fields = spec.fields
+    for i, agg in enumerate(table.aggregates):
+        args = [a.split(".")[-1] for a in agg.args]
+        if agg.function == "count":
+            add(args[0] if args else "_one", "count", pc.CountOptions("only_valid"))
+            post.append(("plain", i))
+        elif agg.function in ("sum", "avg"):
+            src = args[0]
+            if fields[src] in INTEGERS or fields[src] == "DECIMAL":
+                name = f"_dec_{src}"
+                if name not in events.column_names:
+                    events = events.append_column(name, events.column(src).cast(pa.decimal128(38, 0)))
+                src = name
+            add(src, "sum", pc.ScalarAggregateOptions(min_count=1))
+            if agg.function == "avg":
+                add(args[0], "count", pc.CountOptions("only_valid"))
+            post.append((agg.function, i))
+        elif agg.function in ("min", "max"):
+            add(args[0], agg.function)
+            post.append(("plain", i))
+        elif agg.function == "count_distinct":
+            add(args[0], "distinct", pc.CountOptions("only_valid"))
+            post.append(("plain", i))
+        elif agg.function == "latest_by_offset":
+            add("source_offset", "max")
+            add(args[0], "last", pc.ScalarAggregateOptions(skip_nulls=False))
+            post.append(("latest", i))
+        else:
+            post.append(("topk", i))
+    if not aggs:
+        add("_one", "count")
+    grouped = events.group_by(keys, use_threads=False).aggregate(aggs)
+    out = {f"_k{j}": grouped.column(k) for j, k in enumerate(keys)}
+    for kind, i in post:
+        agg = table.aggregates[i]
+        args = [a.split(".")[-1] for a in agg.args]
+        if kind == "plain":
+            src = args[0] if args else "_one"
+            fn = {"count": "count", "min": "min", "max": "max", "count_distinct": "distinct"}[agg.function]
+            out[f"_a{i}"] = grouped.column(f"{src}_{fn}")
+        elif kind in ("sum", "avg"):
+            src = f"_dec_{args[0]}" if f"_dec_{args[0]}" in events.column_names else args[0]
+            total = grouped.column(f"{src}_sum")
+            if kind == "sum":
+                out[f"_a{i}"] = total
+            else:
+                count = grouped.column(f"{args[0]}_count")
+                zero = pa.scalar(0, total.type)
+                out[f"_a{i}"] = pa.StructArray.from_arrays(
+                    [pc.fill_null(total, zero).combine_chunks(), count.combine_chunks()], names=["s", "n"])
+        elif kind == "latest":
+            out[f"_a{i}"] = pa.StructArray.from_arrays(
+                [grouped.column("source_offset_max").combine_chunks(), grouped.column(f"{args[0]}_last").combine_chunks()],
+                names=["o", "v"])
+        else:
+            out[f"_a{i}"] = _topk(events, grouped, keys, args, agg.n)
+    return pa.table(out)
+
+
+def _topk(events: pa.Table, grouped: pa.Table, keys: list[str], args: list[str], n: int) -> pa.Array:
+    """Each group's best `n` entries (score desc, offset asc; null scores never rank), in the
+    grouped table's order. Arrow has no per-group top-n, so the sorted rows are walked once."""
+    score, rest = args[0], args[1:]
+    ranked = events.filter(pc.is_valid(events.column(score))) \
+        .sort_by([(score, "descending"), ("source_offset", "ascending")])
+    best: dict[tuple, list] = {}
+    columns = [ranked.column(k).to_pylist() for k in keys]
+    scores = pc.cast(ranked.column(score), pa.float64()).to_pylist()
+    offsets = ranked.column("source_offset").to_pylist()
+    typed = [ranked.column(c).to_pylist() for c in rest]
+    for row, key in enumerate(zip(*columns)):
+        entries = best.setdefault(key, [])
+        if len(entries) < n:
+            entries.append({"score": scores[row], "o": offsets[row],
+                            "typed": {f"c{j}": col[row] for j, col in enumerate(typed)}})
+    order = zip(*[grouped.column(k).to_pylist() for k in keys])
+    entry = pa.struct([("score", pa.float64()), ("o", pa.int64()),
+                       ("typed", pa.struct([(f"c{j}", events.schema.field(c).type) for j, c in enumerate(rest)]))])
+    return pa.array([best.get(key, []) for key in order], pa.list_(entry))
+
+
+def state_partitions(partials: pa.Table, spec: PassSpec) -> pa.Array:
+    """Each partial's state partition: crc32 of its encoded key (the state library's rule)."""
+    width = len(spec.key_fields) + (1 if spec.table.window is not None else 0)
+    columns = [partials.column(f"_k{j}").to_pylist() for j in range(width)]
+    parts = spec.table.partitions
+    return pa.array([partition_of(codec.encode_key(key), parts) for key in zip(*columns)], pa.int32())
+
+
+def run(spec: PassSpec, batches):
+    """mapInArrow body: yields partial, dead-letter and count rows (see `output_ddl`)."""
+    schema = output_schema(spec.table)
+    counts: dict[str, int] = {}
+    max_event = None
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        events, dead, read = classify(batch, spec)
+        counts["read"] = counts.get("read", 0) + read
+        for reason in dead.column("reason").to_pylist():
+            counts[f"dead_{reason}"] = counts.get(f"dead_{reason}", 0) + 1
+        events, late = _split_late(events, spec)
+        if late.num_rows:
+            lookup = pc.index_in(late.column("source_offset"), value_set=batch.column("offset"))
+            dead = pa.concat_tables([dead, pa.table({
+                "reason": pa.array(["late"] * late.num_rows, pa.string()),
+                "source_partition": late.column("source_partition").cast(pa.int32()),
+                "source_offset": late.column("source_offset"),
+                "value": pc.take(batch.column("value"), lookup),
+                "size": pc.take(pc.binary_length(batch.column("value")), lookup).cast(pa.int32()),
+            })])
+            counts["late"] = counts.get("late", 0) + late.num_rows
+        if spec.table.window is not None and events.num_rows:
+            newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()
+            max_event = newest if max_event is None else max(max_event, newest)
+        if spec.staging is not None and events.num_rows:
+            _write_bronze(events, spec, batch)
+        selected = events
+        if spec.table.where:
+            selected = events.filter(where_expression(spec.table))
+            counts["filtered"] = counts.get("filtered", 0) + events.num_rows - selected.num_rows
+        if spec.table.window is not None and selected.num_rows:
+            selected = _windowed(selected, spec)
+        if dead.num_rows:
+            yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
+        if selected.num_rows:
+            partials = preaggregate(selected, spec)
+            partials = partials.append_column("_sp", state_partitions(partials, spec)) \
+                .append_column("_kind", pa.array(["partial"] * partials.num_rows))
+            yield _shaped(partials, schema)
+    if max_event is not None:
+        counts["max_event_ms"] = max_event
+    if counts:
+        yield _shaped(pa.table({"_kind": ["stat"] * len(counts), "stat": list(counts),
+                                "stat_value": pa.array(list(counts.values()), pa.int64())}), schema)
+
+
+def _shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            columns.append(col.cast(field.type) if col.type != field.type else col)
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema).combine_chunks().to_batches()[0] \
+        if table.num_rows else pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+def _write_bronze(events: pa.Table, spec: PassSpec, batch: pa.RecordBatch) -> None:
+    """The batch's good events as one Parquet file per Arrow batch, named by its first source
+    record: a retried task writes the same file again (atomically), never a second copy."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    first_partition = batch.column("partition")[0].as_py()
+    first_offset = batch.column("offset")[0].as_py()
+    fs, root = pafs.FileSystem.from_uri(spec.staging) if "://" in spec.staging else (pafs.LocalFileSystem(), spec.staging)
+    fs.create_dir(root, recursive=True)
+    name = f"{root}/p{first_partition:05d}-o{first_offset:020d}.parquet"
+    temporary = f"{root}/.tmp-{uuid.uuid4().hex}"
+    bronze = events.append_column("batch_id", _constant(spec.batch_id, pa.int64(), events.num_rows))
+    pq.write_table(bronze, temporary, filesystem=fs, compression="snappy")
+    fs.move(temporary, name)
+
+
+def _constant(value, dtype: pa.DataType, n: int) -> pa.Array:
+    return pa.array(np.full(n, value), dtype)
