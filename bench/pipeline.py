@@ -117,13 +117,13 @@ def main() -> None:
         one.produce(topic, b'{"k":"key00000","v":1}', partition=0)
         one.flush(10)
         env = {**os.environ, **rt.as_env(), "PYSPARK_PYTHON": sys.executable}
-        submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[*]",
+        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[*]",
                   "--jars", ",".join(str(p) for p in jars.spark_jars()),
                   "--conf", "spark.driver.bindAddress=127.0.0.1", str(Path(submit.__file__)),
                   "run", table, "--until-caught-up"]
         spark.stop()
         started = time.perf_counter()
-        done = subprocess.run(submit, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
         submit_s = time.perf_counter() - started
         assert done.returncode == 0, done.stderr[-3000:]
         assert '"read": 1,' in done.stdout, done.stdout[-500:]
