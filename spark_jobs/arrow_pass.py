@@ -489,21 +489,22 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     events = parsed.append_column("source_partition", pc.take(batch.column("partition"), good_index)) \
         .append_column("source_offset", pc.take(batch.column("offset"), good_index)) \
         .append_column("source_timestamp", pc.take(batch.column("timestamp"), good_index))
-    order = pa.array(dead_index, pa.int64())
-    dead = pa.table({
-        "reason": pa.array(dead_reason, pa.string()),
-        "source_partition": pc.take(batch.column("partition"), order).cast(pa.int32()),
-        "source_offset": pc.take(batch.column("offset"), order),
-        "value": _dead_value(pc.take(values, order), spec.max_value_bytes),
-        "size": pc.take(size, order).cast(pa.int32()),
+    return events, _dead_letters(batch, pa.array(dead_index, pa.int64()), dead_reason, spec), n
+
+
+def _dead_letters(batch: pa.RecordBatch, index, reasons: list[str], spec: PassSpec) -> pa.Table:
+    """Dead-letter rows for the batch's records at `index`. Oversize values are kept as their
+    first KiB; the size column keeps the real size."""
+    values = pc.take(batch.column("value"), index)
+    lengths = pc.binary_length(values)
+    oversize = pc.fill_null(pc.greater(lengths, spec.max_value_bytes), False)
+    return pa.table({
+        "reason": pa.array(reasons, pa.string()),
+        "source_partition": pc.take(batch.column("partition"), index).cast(pa.int32()),
+        "source_offset": pc.take(batch.column("offset"), index),
+        "value": pc.if_else(oversize, pc.binary_slice(values, 0, 1024), values),
+        "size": lengths.cast(pa.int32()),
     })
-    return events, dead, n
-
-
-def _dead_value(values, limit: int):
-    """Oversize values are kept as their first KiB (the size column keeps the real size)."""
-    lengths = pc.fill_null(pc.binary_length(values), 0)
-    return pc.if_else(pc.greater(lengths, limit), pc.binary_slice(values, 0, 1024), values)
 
 
 def _any_null(table: pa.Table, names: list[str]):
@@ -650,6 +651,7 @@ def state_partitions(partials: pa.Table, spec: PassSpec) -> pa.Array:
 def run(spec: PassSpec, batches):
     """mapInArrow body: yields partial, dead-letter and count rows (see `output_ddl`)."""
     schema = output_schema(spec.table)
+    where = where_expression(spec.table) if spec.table.where else None
     counts: dict[str, int] = {}
     max_event = None
     for batch in batches:
@@ -662,13 +664,7 @@ def run(spec: PassSpec, batches):
         events, late = _split_late(events, spec)
         if late.num_rows:
             lookup = pc.index_in(late.column("source_offset"), value_set=batch.column("offset"))
-            dead = pa.concat_tables([dead, pa.table({
-                "reason": pa.array(["late"] * late.num_rows, pa.string()),
-                "source_partition": late.column("source_partition").cast(pa.int32()),
-                "source_offset": late.column("source_offset"),
-                "value": pc.take(batch.column("value"), lookup),
-                "size": pc.take(pc.binary_length(batch.column("value")), lookup).cast(pa.int32()),
-            })])
+            dead = pa.concat_tables([dead, _dead_letters(batch, lookup, ["late"] * late.num_rows, spec)])
             counts["late"] = counts.get("late", 0) + late.num_rows
         if spec.table.window is not None and events.num_rows:
             newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()
@@ -676,8 +672,8 @@ def run(spec: PassSpec, batches):
         if spec.staging is not None and events.num_rows:
             _write_bronze(events, spec, batch)
         selected = events
-        if spec.table.where:
-            selected = events.filter(where_expression(spec.table))
+        if where is not None:
+            selected = events.filter(where)
             counts["filtered"] = counts.get("filtered", 0) + events.num_rows - selected.num_rows
         if spec.table.window is not None and selected.num_rows:
             selected = _windowed(selected, spec)
@@ -710,18 +706,23 @@ def _shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
 def _write_bronze(events: pa.Table, spec: PassSpec, batch: pa.RecordBatch) -> None:
     """The batch's good events as one Parquet file per Arrow batch, named by its first source
     record: a retried task writes the same file again (atomically), never a second copy."""
+    first_partition = batch.column("partition")[0].as_py()
+    first_offset = batch.column("offset")[0].as_py()
+    bronze = events.append_column("batch_id", _constant(spec.batch_id, pa.int64(), events.num_rows))
+    write_parquet_atomically(bronze, spec.staging, f"p{first_partition:05d}-o{first_offset:020d}.parquet")
+
+
+def write_parquet_atomically(table: pa.Table, folder: str, name: str) -> None:
+    """Write to a temporary file, then move it to `name`: a reader never sees half a file, and a
+    retried task replaces its file instead of adding a second copy."""
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    first_partition = batch.column("partition")[0].as_py()
-    first_offset = batch.column("offset")[0].as_py()
-    fs, root = pafs.FileSystem.from_uri(spec.staging) if "://" in spec.staging else (pafs.LocalFileSystem(), spec.staging)
+    fs, root = pafs.FileSystem.from_uri(folder) if "://" in folder else (pafs.LocalFileSystem(), folder)
     fs.create_dir(root, recursive=True)
-    name = f"{root}/p{first_partition:05d}-o{first_offset:020d}.parquet"
     temporary = f"{root}/.tmp-{uuid.uuid4().hex}"
-    bronze = events.append_column("batch_id", _constant(spec.batch_id, pa.int64(), events.num_rows))
-    pq.write_table(bronze, temporary, filesystem=fs, compression="snappy")
-    fs.move(temporary, name)
+    pq.write_table(table, temporary, filesystem=fs, compression="snappy")
+    fs.move(temporary, f"{root}/{name}")
 
 
 def _constant(value, dtype: pa.DataType, n: int) -> pa.Array:

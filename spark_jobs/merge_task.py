@@ -191,15 +191,8 @@ def mirror_change_schema():
 
 
 def write_mirror_changes(mirror_dir: str, batch_id: int, partition: int, rows) -> None:
-    """One file per (batch, partition), written atomically under a fixed name: a retried or
-    re-run merge task replaces it, the mirror never sees a half-written or second copy."""
-    import uuid
+    """One file per (batch, partition) under a fixed name: a retried or re-run merge task
+    replaces it, so the mirror never sees a half-written file or a second copy."""
+    from spark_jobs.arrow_pass import write_parquet_atomically
 
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-
-    fs, root = pafs.FileSystem.from_uri(mirror_dir) if "://" in mirror_dir else (pafs.LocalFileSystem(), mirror_dir)
-    fs.create_dir(root, recursive=True)
-    temporary = f"{root}/.tmp-{uuid.uuid4().hex}"
-    pq.write_table(rows, temporary, filesystem=fs)
-    fs.move(temporary, f"{root}/b{batch_id:012d}-p{partition:05d}.parquet")
+    write_parquet_atomically(rows, mirror_dir, f"b{batch_id:012d}-p{partition:05d}.parquet")
