@@ -67,7 +67,7 @@ class PassSpec:
     batch_id: int
     now_ms: int | None            # the batch's clock (its plan's creation time)
     watermark_ms: int | None      # events whose every window closed before it are late
-    staging: str | None           # where bronze Parquet goes (None: bronze off)
+    bronze: str | None            # the bronze Delta table's folder (None: bronze off, or committed)
     max_value_bytes: int = MAX_VALUE_BYTES
 
     @property
@@ -116,7 +116,7 @@ def output_columns(table: TableDefinition) -> list[tuple[str, str, pa.DataType]]
         cols.append((f"_a{i}", *_partial_type(agg, fields)))
     cols += [("reason", "STRING", pa.string()), ("source_partition", "INT", pa.int32()),
              ("source_offset", "BIGINT", pa.int64()), ("value", "BINARY", pa.binary()), ("size", "INT", pa.int32()),
-             ("stat", "STRING", pa.string()), ("stat_value", "BIGINT", pa.int64())]
+             ("stat", "STRING", pa.string()), ("stat_value", "BIGINT", pa.int64()), ("file", "STRING", pa.string())]
     return cols
 
 
@@ -669,8 +669,8 @@ def run(spec: PassSpec, batches):
         if spec.table.window is not None and events.num_rows:
             newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()
             max_event = newest if max_event is None else max(max_event, newest)
-        if spec.staging is not None and events.num_rows:
-            _write_bronze(events, spec, batch)
+        if spec.bronze is not None and events.num_rows:
+            yield _shaped(_write_bronze(events, spec, batch), schema)
         selected = events
         if where is not None:
             selected = events.filter(where)
@@ -703,16 +703,30 @@ def _shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
         if table.num_rows else pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
 
 
-def _write_bronze(events: pa.Table, spec: PassSpec, batch: pa.RecordBatch) -> None:
-    """The batch's good events as one Parquet file per Arrow batch, named by its first source
-    record: a retried task writes the same file again (atomically), never a second copy."""
-    first_partition = batch.column("partition")[0].as_py()
-    first_offset = batch.column("offset")[0].as_py()
-    bronze = events.append_column("batch_id", _constant(spec.batch_id, pa.int64(), events.num_rows))
-    write_parquet_atomically(bronze, spec.staging, f"p{first_partition:05d}-o{first_offset:020d}.parquet")
+def _write_bronze(events: pa.Table, spec: PassSpec, batch: pa.RecordBatch) -> pa.Table:
+    """The batch's good events as one Parquet file per Arrow batch in bronze's folder, named by the
+    batch and its first source record: a retried task writes the same file again (atomically),
+    never a second copy. Returns the file's rows for the driver, which commits it to Delta."""
+    name = bronze_file_prefix(spec.batch_id) + \
+        f"-p{batch.column('partition')[0].as_py():05d}-o{batch.column('offset')[0].as_py():020d}.parquet"
+    rows = events.append_column("batch_id", _constant(spec.batch_id, pa.int64(), events.num_rows))
+    size = write_parquet_atomically(rows.cast(bronze_schema(spec.table)), spec.bronze, name)
+    return pa.table({"_kind": ["file", "file"], "file": [name, name], "stat": ["bytes", "rows"],
+                     "stat_value": pa.array([size, rows.num_rows], pa.int64())})
 
 
-def write_parquet_atomically(table: pa.Table, folder: str, name: str) -> None:
+def bronze_file_prefix(batch_id: int) -> str:
+    return f"part-b{batch_id:012d}"
+
+
+def bronze_schema(table: TableDefinition) -> pa.Schema:
+    """Bronze's columns as Arrow types: the same as Spark's bronze (parse.bronze_ddl)."""
+    return pa.schema([(name, arrow_type(dtype)) for name, dtype in table.schema] + [
+        ("source_partition", pa.int32()), ("source_offset", pa.int64()),
+        ("source_timestamp", pa.timestamp("us", tz="UTC")), ("batch_id", pa.int64())])
+
+
+def write_parquet_atomically(table: pa.Table, folder: str, name: str) -> int:
     """Write to a temporary file, then move it to `name`: a reader never sees half a file, and a
     retried task replaces its file instead of adding a second copy."""
     import pyarrow.fs as pafs
@@ -722,7 +736,9 @@ def write_parquet_atomically(table: pa.Table, folder: str, name: str) -> None:
     fs.create_dir(root, recursive=True)
     temporary = f"{root}/.tmp-{uuid.uuid4().hex}"
     pq.write_table(table, temporary, filesystem=fs, compression="snappy")
+    size = fs.get_file_info(temporary).size
     fs.move(temporary, f"{root}/{name}")
+    return size
 
 
 def _constant(value, dtype: pa.DataType, n: int) -> pa.Array:

@@ -8,6 +8,7 @@ values after the batch, for the Delta mirror.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from state import codec, faults
@@ -150,8 +151,17 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     import pyarrow.compute as pc
 
     from spark_jobs.compile import row_of
+    from spark_jobs.mirror import change_schema, write_changes
 
     yield_cpu_to_queries()
+    clock = [time.monotonic()]
+    ms: dict[str, int] = {}
+
+    def lap(step: str) -> None:
+        now = time.monotonic()
+        ms[step] = round((now - clock[0]) * 1000)
+        clock[0] = now
+
     partition = group.column("_sp")[0].as_py()
     partials = _combined(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
     spec = state_spec(ctx.table, ctx.namespace)
@@ -159,40 +169,28 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)
     try:
         part = table.open(partition)
+        lap("open")
         keys = list(zip(*[partials.column(c).to_pylist() for c in _key_columns(partials)])) if partials.num_rows else []
         columns = [_partial_values(partials, partials.column(f"_a{i}"), a.function)
                    for i, a in enumerate(ctx.table.aggregates)]
         tx = part.begin(ctx.batch_id)
         for row, key in enumerate(keys):
             tx.merge(key, tuple(col[row] for col in columns))
+        lap("fold")
         summary = {"partition": partition, **_commit(ctx, partition, part, tx)}
+        lap("commit")
         changed = list(dict.fromkeys(keys))
         if mirror_dir is not None:
             aggregator = spec.aggregator
             values = [part.get(k) for k in changed]
-            write_mirror_changes(mirror_dir, ctx.batch_id, partition, pa.table({
+            write_changes(mirror_dir, ctx.batch_id, partition, pa.table({
                 "key": [json.dumps(list(k), default=str) for k in changed],
                 "row": [json.dumps(row_of(ctx.table, k, v, aggregator), default=str) for k, v in zip(changed, values)],
                 "batch_id": [ctx.batch_id] * len(changed),
-                "deleted": [v is None for v in values]}, schema=mirror_change_schema()))
+                "deleted": [v is None for v in values]}, schema=change_schema()))
+            lap("mirror_changes")
         summary["delta_keys"] = len(changed)
+        summary["ms"] = ms
     finally:
         table.close()
     return pa.table({"summary": [json.dumps(summary, default=str)]})
-
-
-MIRROR_CHANGE_DDL = "key STRING, row STRING, batch_id BIGINT, deleted BOOLEAN"
-
-
-def mirror_change_schema():
-    import pyarrow as pa
-
-    return pa.schema([("key", pa.string()), ("row", pa.string()), ("batch_id", pa.int64()), ("deleted", pa.bool_())])
-
-
-def write_mirror_changes(mirror_dir: str, batch_id: int, partition: int, rows) -> None:
-    """One file per (batch, partition) under a fixed name: a retried or re-run merge task
-    replaces it, so the mirror never sees a half-written file or a second copy."""
-    from spark_jobs.arrow_pass import write_parquet_atomically
-
-    write_parquet_atomically(rows, mirror_dir, f"b{batch_id:012d}-p{partition:05d}.parquet")

@@ -3,13 +3,16 @@
 Steps of batch b, each followed by its fault point (state.faults):
 
   plan         fix input offsets, write the plan        batch.after_plan
-  read+parse   Spark's Kafka source, from_json          batch.after_read
+  read+parse   Spark's Kafka source, one Arrow pass
+               (or from_json on the Spark-SQL pass)     batch.after_read
   dead letters Kafka DLQ topic + Delta DLQ table        batch.after_dead_letters
-  bronze       parsed events appended to Delta          batch.after_bronze
+  bronze       the workers' files committed to Delta    batch.after_bronze
   merge        pre-aggregate, repartition by state
                partition, one merge task per partition  batch.mid_merge, batch.after_merge
-  mirror       MERGE the batch's keys into Delta        batch.after_mirror
+  mirror       Spark-SQL pass: MERGE into Delta         batch.after_mirror
   commit       the batch log's commit entry             batch.after_commit
+  mirror       Arrow pass: commit the change files,     mirror.after_changes
+               fold them every mirror_every batches     mirror.after_merge
   snapshot     when due                                 batch.after_snapshot
   offsets      consumer-group offsets for lag tools     batch.after_offsets
 
@@ -25,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 
 from state import faults
@@ -33,11 +35,12 @@ from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged, partition_of
 from state import codec
-from spark_jobs import parse
+from spark_jobs import delta_files, parse
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.compile import row_of, state_spec
 from spark_jobs.definitions import TableDefinition
-from spark_jobs.merge_task import DELETE, MERGE, MIRROR_CHANGE_DDL, PUT, MergeContext, merge_partition
+from spark_jobs import mirror
+from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
 from spark_jobs.runtime import Runtime
 
@@ -151,9 +154,6 @@ class MicroBatchRunner:
             done.append(commit)
             if not until_caught_up and max_batches is None:
                 break
-        last = done[-1] if done else self.log.last_commit()
-        if last is not None:
-            self._mirror_if_due(last, final=True)     # also what a killed run left between merges
         return done
 
     def _describe(self, batch_id: int, step: str) -> None:
@@ -246,19 +246,24 @@ class MicroBatchRunner:
         from spark_jobs import arrow_pass
 
         table = self.table
-        staging = self._bronze_staging(plan.batch_id)
-        remove_tree(staging)                   # an earlier attempt's files, cut at other boundaries
+        bronze = self._bronze_target(plan.batch_id)
         spec = arrow_pass.PassSpec(table, plan.batch_id, now_ms=int(plan.created_at * 1000),
-                                   watermark_ms=plan.watermark_ms, staging=staging)
+                                   watermark_ms=plan.watermark_ms, bronze=bronze)
         self._describe(plan.batch_id, "read_parse")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges)) \
             .select("partition", "offset", "timestamp", "key", "value")
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
         stats: dict[str, int] = {}
-        for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
+        files: dict[str, dict[str, int]] = {}
+        for row in out.where(F.col("_kind").isin("stat", "file")).select("_kind", "file", "stat", "stat_value") \
+                .collect():
             name, value = row["stat"], row["stat_value"]
-            stats[name] = max(stats.get(name, value), value) if name == "max_event_ms" else stats.get(name, 0) + value
+            if row["_kind"] == "file":          # a retried task reports its file again: same name
+                files.setdefault(row["file"], {})[name] = value
+            else:
+                stats[name] = max(stats.get(name, value), value) if name == "max_event_ms" \
+                    else stats.get(name, 0) + value
         read_count, late_count = stats.get("read", 0), stats.get("late", 0)
         reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
         reasons[None] = read_count - sum(reasons.values())
@@ -281,7 +286,8 @@ class MicroBatchRunner:
         faults.point("batch.after_dead_letters")
 
         self._describe(plan.batch_id, "bronze")
-        self._commit_bronze(staging, plan.batch_id)
+        if bronze is not None:
+            self._commit_bronze(files, plan.batch_id)
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_bronze")
 
@@ -292,7 +298,7 @@ class MicroBatchRunner:
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
         refused_counts = self._dead_letter_refused(*self._refusal_inputs(plan), refused, plan) if refused else {}
         faults.point("batch.after_merge")
-        faults.point("batch.after_mirror")     # the mirror catches up after commits (see _mirror_if_due)
+        faults.point("batch.after_mirror")     # the mirror's changes are committed after the batch (_after_commit)
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
                 "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
@@ -414,7 +420,7 @@ class MicroBatchRunner:
         from delta.tables import DeltaTable
 
         path = self.rt.delta_path(self.table.name, "mirror")
-        schema = MIRROR_CHANGE_DDL
+        schema = mirror.CHANGE_DDL
         data = [(json.dumps(list(k), default=str), json.dumps(row_of(self.table, k, v), default=str), batch_id,
                  v is None) for k, v in rows]
         source = self.spark.createDataFrame(data, schema)
@@ -427,21 +433,33 @@ class MicroBatchRunner:
          .execute())
 
     # ------------------------------------------------------------ the Arrow pass's sinks
-    def _bronze_staging(self, batch_id: int) -> str:
-        return f"{self.rt.delta_path(self.table.name, 'bronze')}_staging/b{batch_id:012d}"
+    def _bronze_target(self, batch_id: int) -> str | None:
+        """Where the pass writes bronze files: the bronze table's folder, after removing what an
+        earlier attempt of this batch wrote there and never committed (cut at other boundaries,
+        it would duplicate records); None when the batch's bronze is already committed."""
+        from spark_jobs import arrow_pass
 
-    def _commit_bronze(self, staging: str, batch_id: int) -> None:
-        """The workers' Parquet files of the batch, appended to bronze in one Delta transaction
-        (txnAppId/txnVersion: a re-run after a crash appends nothing twice)."""
-        if has_files(staging):
-            frame = self.spark.read.parquet(staging)
-        else:
-            frame = self.spark.createDataFrame([], parse.bronze_ddl(self.table))
-        (frame.write.format("delta").mode("append")
-         .option("txnAppId", f"{self.table.name}.bronze").option("txnVersion", batch_id)
-         .option("mergeSchema", "true")
-         .save(self.rt.delta_path(self.table.name, "bronze")))
-        remove_tree(staging)
+        path = self.rt.delta_path(self.table.name, "bronze")
+        done = delta_files.committed_version(path, f"{self.table.name}.bronze")
+        if done is not None and done >= batch_id:
+            return None
+        prefix = arrow_pass.bronze_file_prefix(batch_id)
+        for name in os.listdir(path) if os.path.isdir(path) else []:
+            if name.startswith(prefix):
+                os.remove(os.path.join(path, name))
+        return path
+
+    def _commit_bronze(self, files: dict[str, dict[str, int]], batch_id: int) -> None:
+        """The workers' Parquet files of the batch, added to bronze in one Delta transaction
+        (app id and version: a re-run after a crash adds nothing twice)."""
+        from spark_jobs import arrow_pass
+
+        if not files:
+            return
+        delta_files.commit_files(
+            self.rt.delta_path(self.table.name, "bronze"),
+            [delta_files.DataFile(name, f["bytes"], f["rows"]) for name, f in sorted(files.items())],
+            arrow_pass.bronze_schema(self.table), f"{self.table.name}.bronze", batch_id)
 
     def _merge_arrow(self, out, batch_id: int, watermark: int | None) -> dict[int, dict]:
         """The partials, grouped by state partition (a shuffle of one row per key and Arrow batch),
@@ -453,7 +471,7 @@ class MicroBatchRunner:
         table = self.table
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
                            self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog)
-        mirror_dir = self._mirror_changes_dir()
+        mirror_dir = mirror.changes_path(self.rt, table.name)
         columns = [c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"]
         partials = out.where(F.col("_kind") == "partial").select("_kind", "_sp", *columns)
         markers = self.spark.range(table.partitions).select(F.lit("marker").alias("_kind"),
@@ -466,6 +484,9 @@ class MicroBatchRunner:
             summaries[summary.pop("partition")] = summary
         if sorted(summaries) != list(range(table.partitions)):
             raise RuntimeError(f"{table.name} batch {batch_id}: merge tasks reported partitions {sorted(summaries)}")
+        slowest = max(summaries.values(), key=lambda s: sum(s["ms"].values()))
+        log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s", table.name, batch_id,
+                 sum(s["delta_keys"] for s in summaries.values()), len(summaries), slowest["ms"])
         return summaries
 
     def _refusal_inputs(self, plan: BatchPlan):
@@ -479,44 +500,6 @@ class MicroBatchRunner:
             F.col("partition").alias("_partition"), F.col("offset").alias("_offset"), F.col("value").alias("_value"),
             F.length("value").alias("_size"))
         return events, raw
-
-    def _mirror_changes_dir(self) -> str:
-        return f"{self.rt.delta_path(self.table.name, 'mirror')}_changes"
-
-    def _mirror_if_due(self, commit: BatchCommit, final: bool = False) -> None:
-        """The Delta mirror catches up every `mirror_every` batches and at the end of a run, from
-        the merge tasks' change files of committed batches (see merge_task.write_mirror_changes).
-        Between catch-ups, a reader of the mirror sees the state as of the last catch-up."""
-        if self.engine != "arrow" or not (final or commit.batch_id % self.table.mirror_every == 0):
-            return
-        changes = self._mirror_changes_dir()
-        files = committed_change_files(changes, commit.batch_id)
-        if not files:
-            return
-        from delta.tables import DeltaTable
-        from pyspark.sql import Window, functions as F
-
-        started = time.monotonic()
-        self._describe(commit.batch_id, "mirror")
-        path = self.rt.delta_path(self.table.name, "mirror")
-        latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
-        source = (self.spark.read.schema(MIRROR_CHANGE_DDL).parquet(*[f"{changes}/{name}" for name in files])
-                  .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            self.spark.createDataFrame([], MIRROR_CHANGE_DDL) \
-                .write.format("delta").save(path)
-        (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
-         .whenMatchedDelete(condition="s.deleted")
-         .whenMatchedUpdateAll(condition="NOT s.deleted")
-         .whenNotMatchedInsertAll(condition="NOT s.deleted")
-         .execute())
-        faults.point("mirror.after_merge")
-        # Oldest first: whatever a crash leaves is a suffix of batches, and merging a suffix again
-        # gives every key its newest value.
-        for name in files:
-            os.remove(f"{changes}/{name}")
-        log.info("%s: mirror caught up to batch %d from %d change files in %.2fs", self.table.name, commit.batch_id,
-                 len(files), time.monotonic() - started)
 
     # ------------------------------------------------------------ deltas
     def _enrich(self, events):
@@ -741,7 +724,10 @@ class MicroBatchRunner:
             self._after_commit(last)
 
     def _after_commit(self, commit: BatchCommit) -> None:
-        self._mirror_if_due(commit)
+        if self.engine == "arrow":
+            mirror.commit_changes(self.rt, self.table.name, commit.batch_id)
+            faults.point("mirror.after_changes")
+            mirror.fold_if_due(self.spark, self.rt, self.table, commit.batch_id)
         if self.snapshots:
             self._snapshot_if_due(commit)
         faults.point("batch.after_snapshot")
@@ -789,22 +775,6 @@ def engine_of(table: TableDefinition) -> str:
         log.debug("%s: the Spark-SQL pass runs it (the Arrow pass does not cover %s)", table.name, exc)
         return "spark"
     return "arrow"
-
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def has_files(path: str) -> bool:
-    return os.path.isdir(path) and any(n.endswith(".parquet") for n in os.listdir(path))
-
-
-def committed_change_files(folder: str, last_batch: int) -> list[str]:
-    """Mirror change files of batches up to `last_batch`, oldest first."""
-    if not os.path.isdir(folder):
-        return []
-    names = sorted(n for n in os.listdir(folder) if n.startswith("b") and n.endswith(".parquet"))
-    return [n for n in names if int(n[1:13]) <= last_batch]
 
 
 def _snapshot_partition(ctx, partition: int) -> None:

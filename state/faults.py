@@ -33,10 +33,11 @@ BATCH_POINTS = {
     "batch.mid_merge": "partition 0 committed, other partitions maybe not",
     "batch.after_merge": "every partition committed, no mirror or commit entry",
     "batch.after_mirror": "Delta mirror merged (Spark-SQL pass), no commit entry",
-    "batch.after_commit": "commit entry written, no snapshot or group offsets",
+    "batch.after_commit": "commit entry written, no mirror changes, snapshot or group offsets",
+    "mirror.after_changes": "the batch's mirror change files committed to Delta, the fold not yet due-checked",
     "batch.after_snapshot": "snapshot taken when due, group offsets not committed",
     "batch.after_offsets": "group offsets committed",
-    "mirror.after_merge": "Delta mirror caught up from change files, the files not yet removed",
+    "mirror.after_merge": "changes folded into the Delta mirror, their files not yet removed",
 }
 REBUILD_POINTS = {
     "rebuild.before_cutover": "a changed definition's state built beside the old one, not committed",

@@ -44,10 +44,13 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
     assert jobs.query("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
 
 
-def test_the_mirror_catches_up_every_n_batches_and_equals_the_state_after_a_run(env, spark):
-    """mirror_every: 2: MERGEs after batches 0, 2, 4, ... and at the run's end, and the version
-    after batch 2 holds the counts of batches 0-2 only (pandas over their offsets)."""
+def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark):
+    """mirror_every: 2: the changes table gets every batch's changes, a MERGE folds them into the
+    mirror after batches 0, 2, 4, ... (the version after batch 2 holds batches 0-2 only, by pandas
+    over their offsets), and the view (mirror overlaid with newer changes) equals the state."""
     from delta.tables import DeltaTable
+
+    from spark_jobs import mirror
 
     rt, suffix = env
     sql = rt.tables_dir / "movie_tickets_sold.sql"
@@ -57,21 +60,34 @@ def test_the_mirror_catches_up_every_n_batches_and_equals_the_state_after_a_run(
     ids = [c.batch_id for c in commits]
     assert ids == list(range(len(ids))) and len(ids) >= 5
 
-    path = rt.delta_path("movie_tickets_sold", "mirror")
+    path = mirror.mirror_path(rt, "movie_tickets_sold")
     merges = DeltaTable.forPath(spark, path).history().where("operation = 'MERGE'").orderBy("version").collect()
-    assert len(merges) == len(ids[::2]) + ids[-1] % 2          # batches 0, 2, 4, ... and the run's end
+    assert len(merges) == len(ids[::2])                          # after batches 0, 2, 4, ...
 
-    def mirror(version=None):
-        reader = spark.read.format("delta")
-        frame = (reader.option("versionAsOf", version) if version is not None else reader).load(path)
+    def counts(frame):
         return {json.loads(r["key"])[0]: json.loads(r["row"])["tickets_sold"] for r in frame.collect()}
 
     records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
     upto2 = {(p, o) for c in commits[:3] for p, (start, end) in c.ranges.items() for o in range(start, end)}
     frame = pd.DataFrame([json.loads(m.value()) for m in records if (m.partition(), m.offset()) in upto2])
-    assert mirror(merges[1]["version"]) == frame.groupby("title")["ticket_total_value"].count().to_dict()
-    assert mirror() == {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()}
-    assert sum(mirror().values()) == 5000
+    assert counts(spark.read.format("delta").option("versionAsOf", merges[1]["version"]).load(path)) == \
+        frame.groupby("title")["ticket_total_value"].count().to_dict()
+
+    # After each run the view equals the state; the folded copy lags by the batches since the last
+    # fold, and only those batches are left in the changes table.
+    for more in (0, 700, 700):
+        if more:
+            samples.produce("movie_tickets_sold", rt.bootstrap, more, suffix=suffix)
+            ids += [c.batch_id for c in jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)]
+        last_fold = max(i for i in ids if i % 2 == 0)
+        state = {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()}
+        assert counts(mirror.frame(spark, rt, "movie_tickets_sold")) == state
+        changes = spark.read.format("delta").load(mirror.changes_path(rt, "movie_tickets_sold"))
+        assert {r["batch_id"] for r in changes.select("batch_id").distinct().collect()} == \
+            {i for i in ids if i > last_fold}
+        folded = counts(spark.read.format("delta").load(path))
+        assert (folded == state) == (ids[-1] == last_fold)
+    assert sum(state.values()) == 6400
 
 
 def test_leaderboard_sample_gives_the_seed_output(env, spark):
