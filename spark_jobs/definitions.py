@@ -78,7 +78,7 @@ class TableDefinition:
     max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
     snapshot_every: int = 10
     snapshot_keep: int = 3
-    mirror_every: int = 10                     # the Delta mirror catches up every N batches and at a run's end
+    mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)

@@ -37,6 +37,10 @@ def _table(path: str):
         return None
 
 
+def exists(path: str) -> bool:
+    return _table(path) is not None
+
+
 def committed_version(path: str, app_id: str) -> int | None:
     """The newest version `app_id` committed to the table at `path` (None: none, or no table)."""
     table = _table(path)

@@ -164,9 +164,11 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
 
     partition = group.column("_sp")[0].as_py()
     partials = _combined(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
+    lap("combine")
     spec = state_spec(ctx.table, ctx.namespace)
     table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), ctx.state_dir, bootstrap=ctx.bootstrap,
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)
+    lap("table")
     try:
         part = table.open(partition)
         lap("open")

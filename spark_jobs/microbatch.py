@@ -158,7 +158,9 @@ class MicroBatchRunner:
 
     def _describe(self, batch_id: int, step: str) -> None:
         """Name the Spark jobs of each step, so the Spark UI and event log say which step a stage served."""
-        self.spark.sparkContext.setJobDescription(f"{self.table.name} batch {batch_id}: {step}")
+        context = getattr(self.spark, "_sc", None)      # a Spark Connect session has none
+        if context is not None:
+            context.setJobDescription(f"{self.table.name} batch {batch_id}: {step}")
 
     def run_one(self) -> BatchCommit | None:
         plan = self._next_plan()
@@ -742,8 +744,9 @@ class MicroBatchRunner:
         if not due:
             return
         started = time.monotonic()
-        sc = self.spark.sparkContext
-        sc.parallelize(due, len(due)).foreach(lambda p: _snapshot_partition(ctx, p))
+        self._describe(commit.batch_id, "snapshot")
+        (self.spark.createDataFrame([(p,) for p in due], "p INT").repartition(len(due), "p")
+         .mapInArrow(lambda batches: _snapshot_partitions(ctx, batches), "p INT").collect())
         log.info("%s: snapshot of partitions %s at batch %d in %.2fs", table.name, due, commit.batch_id,
                  time.monotonic() - started)
 
@@ -777,13 +780,16 @@ def engine_of(table: TableDefinition) -> str:
     return "arrow"
 
 
-def _snapshot_partition(ctx, partition: int) -> None:
+def _snapshot_partitions(ctx, batches):
+    """mapInArrow body: snapshot the partitions named in `batches` on this executor."""
     from state.table import StateTable
 
     spec, state_dir, bootstrap, snapshot_uri = ctx
-    table = StateTable(spec, state_dir, bootstrap=bootstrap, snapshot_uri=snapshot_uri)
-    try:
-        table.snapshot(partition)
-    finally:
-        table.close()
-
+    for batch in batches:
+        for partition in batch.column("p").to_pylist():
+            table = StateTable(spec, state_dir, bootstrap=bootstrap, snapshot_uri=snapshot_uri)
+            try:
+                table.snapshot(partition)
+            finally:
+                table.close()
+            yield batch.slice(0, 0)

@@ -78,9 +78,9 @@ def commit_changes(rt: Runtime, table: str, batch_id: int) -> None:
 
 
 def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> None:
-    """Every `mirror_every` batches: MERGE the changes up to `batch_id` into the mirror, then
-    remove their files from the changes table."""
-    if batch_id % table.mirror_every:
+    """After every `mirror_every`-th batch (batch ids N-1, 2N-1, ...): MERGE the changes up to
+    `batch_id` into the mirror, then remove their files from the changes table."""
+    if (batch_id + 1) % table.mirror_every:
         return
     path, changes = mirror_path(rt, table.name), changes_path(rt, table.name)
     if delta_files.committed_version(changes, f"{table.name}.mirror_changes") is None:
@@ -94,8 +94,8 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
         latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
         source = (spark.read.format("delta").load(changes).where(F.col("batch_id") <= batch_id)
                   .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
-        if not DeltaTable.isDeltaTable(spark, path):
-            spark.createDataFrame([], CHANGE_DDL).write.format("delta").save(path)
+        if not delta_files.exists(path):        # created by delta-rs: no Spark job for an empty table
+            delta_files.commit_files(path, [], change_schema(), f"{table.name}.mirror", -1)
         spark.conf.set("spark.databricks.delta.write.txnAppId", f"{table.name}.mirror")
         spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
         try:

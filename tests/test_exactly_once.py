@@ -57,6 +57,8 @@ def _wait_session_gone(sid: int, timeout: float = 60) -> None:
 @pytest.mark.timeout(3000)
 def test_exactly_once_under_kills(kafka, tmp_path, spark):
     rt, suffix = isolated_runtime(kafka, tmp_path, overrides={"snapshot_every": "3"})
+    sql = rt.tables_dir / f"{TABLE}.sql"          # the mirror folds after every odd batch: a 2-batch run reaches
+    sql.write_text("-- mirror_every: 2\n" + sql.read_text())     # mirror.after_merge
     samples.produce(TABLE, rt.bootstrap, EVENTS, suffix=suffix)
     log = BatchLog(rt.batch_dir(TABLE))
 

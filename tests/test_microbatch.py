@@ -46,7 +46,7 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
 
 def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark):
     """mirror_every: 2: the changes table gets every batch's changes, a MERGE folds them into the
-    mirror after batches 0, 2, 4, ... (the version after batch 2 holds batches 0-2 only, by pandas
+    mirror after batches 1, 3, 5, ... (the version after batch 3 holds batches 0-3 only, by pandas
     over their offsets), and the view (mirror overlaid with newer changes) equals the state."""
     from delta.tables import DeltaTable
 
@@ -62,14 +62,14 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
 
     path = mirror.mirror_path(rt, "movie_tickets_sold")
     merges = DeltaTable.forPath(spark, path).history().where("operation = 'MERGE'").orderBy("version").collect()
-    assert len(merges) == len(ids[::2])                          # after batches 0, 2, 4, ...
+    assert len(merges) == len(ids) // 2                         # after batches 1, 3, 5, ...
 
     def counts(frame):
         return {json.loads(r["key"])[0]: json.loads(r["row"])["tickets_sold"] for r in frame.collect()}
 
     records = read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)
-    upto2 = {(p, o) for c in commits[:3] for p, (start, end) in c.ranges.items() for o in range(start, end)}
-    frame = pd.DataFrame([json.loads(m.value()) for m in records if (m.partition(), m.offset()) in upto2])
+    upto3 = {(p, o) for c in commits[:4] for p, (start, end) in c.ranges.items() for o in range(start, end)}
+    frame = pd.DataFrame([json.loads(m.value()) for m in records if (m.partition(), m.offset()) in upto3])
     assert counts(spark.read.format("delta").option("versionAsOf", merges[1]["version"]).load(path)) == \
         frame.groupby("title")["ticket_total_value"].count().to_dict()
 
@@ -79,7 +79,7 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
         if more:
             samples.produce("movie_tickets_sold", rt.bootstrap, more, suffix=suffix)
             ids += [c.batch_id for c in jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)]
-        last_fold = max(i for i in ids if i % 2 == 0)
+        last_fold = max(i for i in ids if i % 2 == 1)
         state = {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()}
         assert counts(mirror.frame(spark, rt, "movie_tickets_sold")) == state
         changes = spark.read.format("delta").load(mirror.changes_path(rt, "movie_tickets_sold"))
