@@ -58,7 +58,8 @@ def commit_files(path: str, files: list[DataFile], schema: pa.Schema, app_id: st
     properties = CommitProperties(app_transactions=[Transaction(app_id, version, now)])
     table = _table(path)
     if table is None:
-        os.makedirs(path, exist_ok=True) if "://" not in path else None
+        if "://" not in path:
+            os.makedirs(path, exist_ok=True)
         create_table_with_add_actions(path, Schema.from_arrow(schema), actions, mode="append", commit_properties=properties)
         return True
     done = table.transaction_version(app_id)

@@ -428,11 +428,7 @@ class MicroBatchRunner:
         source = self.spark.createDataFrame(data, schema)
         if not DeltaTable.isDeltaTable(self.spark, path):
             self.spark.createDataFrame([], schema).write.format("delta").save(path)
-        (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
-         .whenMatchedDelete(condition="s.deleted")
-         .whenMatchedUpdateAll(condition="NOT s.deleted")
-         .whenNotMatchedInsertAll(condition="NOT s.deleted")
-         .execute())
+        mirror.upsert(self.spark, path, source)
 
     # ------------------------------------------------------------ the Arrow pass's sinks
     def _bronze_target(self, batch_id: int) -> str | None:
@@ -445,10 +441,8 @@ class MicroBatchRunner:
         done = delta_files.committed_version(path, f"{self.table.name}.bronze")
         if done is not None and done >= batch_id:
             return None
-        prefix = arrow_pass.bronze_file_prefix(batch_id)
-        for name in os.listdir(path) if os.path.isdir(path) else []:
-            if name.startswith(prefix):
-                os.remove(os.path.join(path, name))
+        for name, _ in delta_files.listed(path, arrow_pass.bronze_file_prefix(batch_id)):
+            os.remove(os.path.join(path, name))
         return path
 
     def _commit_bronze(self, files: dict[str, dict[str, int]], batch_id: int) -> None:

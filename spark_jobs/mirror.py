@@ -85,7 +85,6 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
     path, changes = mirror_path(rt, table.name), changes_path(rt, table.name)
     if delta_files.committed_version(changes, f"{table.name}.mirror_changes") is None:
         return
-    from delta.tables import DeltaTable
     from pyspark.sql import Window, functions as F
 
     started = time.monotonic()
@@ -99,11 +98,7 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
         spark.conf.set("spark.databricks.delta.write.txnAppId", f"{table.name}.mirror")
         spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
         try:
-            (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
-             .whenMatchedDelete(condition="s.deleted")
-             .whenMatchedUpdateAll(condition="NOT s.deleted")
-             .whenNotMatchedInsertAll(condition="NOT s.deleted")
-             .execute())
+            upsert(spark, path, source)
         finally:
             spark.conf.unset("spark.databricks.delta.write.txnAppId")
             spark.conf.unset("spark.databricks.delta.write.txnVersion")
@@ -111,6 +106,17 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
     removed = delta_files.remove_files(changes, lambda name: int(name[1:13]) <= batch_id)
     log.info("%s: mirror folded the changes of batches up to %d (%d files) in %.2fs", table.name, batch_id,
              removed, time.monotonic() - started)
+
+
+def upsert(spark, path: str, source) -> None:
+    """MERGE change rows (newest per key) into the mirror at `path`: a delete removes the key."""
+    from delta.tables import DeltaTable
+
+    (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
+     .whenMatchedDelete(condition="s.deleted")
+     .whenMatchedUpdateAll(condition="NOT s.deleted")
+     .whenNotMatchedInsertAll(condition="NOT s.deleted")
+     .execute())
 
 
 def frame(spark, rt: Runtime, table: str):
