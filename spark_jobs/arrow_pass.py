@@ -640,12 +640,22 @@ def _topk(events: pa.Table, grouped: pa.Table, keys: list[str], args: list[str],
     return pa.array([best.get(key, []) for key in order], pa.list_(entry))
 
 
-def state_partitions(partials: pa.Table, spec: PassSpec) -> pa.Array:
+def key_columns(partials: pa.Table) -> list[str]:
+    """The key columns of partials, in order (_k0, _k1, ...; the window start last)."""
+    return sorted((c for c in partials.column_names if c[:2] == "_k" and c[2:].isdigit()), key=lambda c: int(c[2:]))
+
+
+def state_partitions(partials: pa.Table, partitions: int) -> pa.Array:
     """Each partial's state partition: crc32 of its encoded key (the state library's rule)."""
-    width = len(spec.key_fields) + (1 if spec.table.window is not None else 0)
-    columns = [partials.column(f"_k{j}").to_pylist() for j in range(width)]
-    parts = spec.table.partitions
-    return pa.array([partition_of(codec.encode_key(key), parts) for key in zip(*columns)], pa.int32())
+    columns = [partials.column(c).to_pylist() for c in key_columns(partials)]
+    return pa.array([partition_of(codec.encode_key(key), partitions) for key in zip(*columns)], pa.int32())
+
+
+def with_state_partition(partitions: int, batches):
+    """mapInArrow body for the Spark-SQL pass's partials: each row with its state partition `_sp`."""
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        yield from table.append_column("_sp", state_partitions(table, partitions)).to_batches()
 
 
 def run(spec: PassSpec, batches):
@@ -681,7 +691,7 @@ def run(spec: PassSpec, batches):
             yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
         if selected.num_rows:
             partials = preaggregate(selected, spec)
-            partials = partials.append_column("_sp", state_partitions(partials, spec)) \
+            partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions)) \
                 .append_column("_kind", pa.array(["partial"] * partials.num_rows))
             yield _shaped(partials, schema)
     if max_event is not None:

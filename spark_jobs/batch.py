@@ -8,6 +8,7 @@ id, changelog records and snapshots).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.definitions import TableDefinition
-from spark_jobs.merge_task import DELETE
 from spark_jobs.microbatch import MicroBatchRunner
 from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
@@ -51,45 +51,71 @@ class VerifyResult:
 
 def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[tuple, object]:
     """Every key's final state from full history, on the driver (a rebuild writes it)."""
-    rows = recomputed(spark, table, tables, rt)
-    return {} if rows is None else dict(rows.values().collect())
+    from spark_jobs.merge_task import partial_rows
+
+    partials, purged_at = recomputed(spark, table, tables, rt)
+    if partials is None:
+        return {}
+    keys, values = partial_rows(table, partials.drop("_sp").toArrow())
+    return {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
+
+
+def _kept(table: TableDefinition, key: tuple, value, purged_at: int | None) -> bool:
+    """A recomputed row the state holds: not a deleted source row, not a window purged at the last purge."""
+    if value is None:
+        return False
+    return purged_at is None or not table.window.expired(key[-1], purged_at)
 
 
 def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
-    """Every key's final state from full history, as an RDD of (state partition, (key, value)),
-    or None without history. It applies what the batches applied: WHERE, the refused keys
-    (see Transaction.commit) and the purge of expired windows."""
+    """(partials, purge watermark): every key's final state from full history as a DataFrame of
+    partials with their state partitions (see MicroBatchRunner.partitioned), or None without
+    history; and the watermark of the last purge, whose expired windows the state no longer
+    holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
     runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
     if table.kind == "source":
         if last is None:
-            return None
+            return None, None
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
-        return (runner._source_deltas(classified).filter(lambda d: d[1][0] != DELETE)
-                .map(lambda d: (d[0], (d[1][1], d[1][2]))))
-    from delta.tables import DeltaTable
+        return runner.partitioned(runner._source_partials(classified)), None
+    from spark_jobs import delta_files
 
     path = rt.delta_path(table.name, "bronze")
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
+    if not delta_files.exists(path):
+        return None, None
     bronze = spark.read.format("delta").load(path)
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
-    deltas = runner._aggregate_deltas(runner._selected(runner._joined(bronze)), exclude=refused)
-    purged_at, window = last_purge_watermark(table, commits), table.window
-    rows = deltas.map(lambda d: (d[0], (d[1][1], d[1][2])))
-    if purged_at is None:
-        return rows
-    return rows.filter(lambda r: not window.expired(r[1][0][-1], purged_at))
+    partials = runner._partials(runner._selected(runner._joined(bronze)), exclude=refused)
+    return runner.partitioned(partials), last_purge_watermark(table, commits)
 
 
-def _compare_partition(ctx, partition: int, rows) -> dict:
+def _compare_group(ctx, group):
+    """applyInArrow body: one state partition against its recomputed partials (a marker row
+    makes every partition compare, also one the recomputation has no row for)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_jobs.merge_task import partial_rows
+
+    spec, state_dir, examples, table, purged_at = ctx
+    partition = group.column("_sp")[0].as_py()
+    keys, values = partial_rows(table, group.filter(pc.invert(pc.is_null(group.column("_kind")))).drop_columns(
+        ["_sp", "_kind"]))
+    expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
+    summary = _compare_partition((spec, state_dir, examples), partition, expected)
+    return pa.table({"summary": [json.dumps(summary, default=str)]})
+
+
+def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     """One state partition against its recomputed rows, in the task that holds both."""
     from state.table import StateTable
 
     spec, state_dir, examples = ctx
-    expected = dict(row for _, row in rows)       # one partition's share of the table
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
 
@@ -160,14 +186,19 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
     result = VerifyResult(table.name, last.batch_id if last else None)
-    rows = recomputed(spark, table, tables, rt)
-    if rows is None:
-        rows = spark.sparkContext.parallelize([], 1)
+    from pyspark.sql import functions as F
+
+    partials, purged_at = recomputed(spark, table, tables, rt)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    ctx = (jobs.spec_of(table, rt), str(rt.state_dir), examples)
-    summaries = (rows.partitionBy(table.partitions, lambda p: p)
-                 .mapPartitionsWithIndex(lambda p, part_rows: [_compare_partition(ctx, p, part_rows)])
-                 .collect())
+    markers = spark.range(table.partitions).select(F.col("id").cast("int").alias("_sp"),
+                                                   F.lit(None).cast("string").alias("_kind"))
+    rows = markers if partials is None else \
+        partials.withColumn("_kind", F.lit("partial")).unionByName(markers, allowMissingColumns=True)
+    ctx = (jobs.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
+    summaries = [json.loads(row["summary"]) for row in rows.groupBy("_sp").applyInArrow(
+        lambda group: _compare_group(ctx, group), "summary STRING").collect()]
+    if sorted(s["partition"] for s in summaries) != list(range(table.partitions)):
+        raise RuntimeError(f"verify {name}: compare tasks reported partitions {sorted(s['partition'] for s in summaries)}")
     for s in sorted(summaries, key=lambda s: s["partition"]):
         result.keys_compared += s["keys_compared"]
         result.missing += s["missing"]

@@ -27,6 +27,8 @@ class BatchPlan:
     topic_id: str | None = None            # the topic's incarnation (Kafka's topic id)
     accepted: dict | None = None           # an operator's acceptance of a reset or gap before this batch
     definition: dict | None = None         # {"fingerprint", "meaning"} of the definition the batch applies
+    joins: dict | None = None              # joined table -> {"batch", "file"}: its state the batch joins (see
+                                           # MicroBatchRunner._pin_joins)
 
     @property
     def record_count(self) -> int:

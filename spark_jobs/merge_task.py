@@ -1,10 +1,11 @@
 """The Spark task that merges one state partition's deltas for one batch.
 
 It runs on an executor: it opens (hydrating if needed) partition p of the
-table, folds in the batch's partial aggregates, commits (a no-op when the
-batch was already applied, which makes task retries and job re-runs safe),
-and returns the partition's commit summary and the batch's keys with their
-values after the batch, for the Delta mirror.
+table, folds in the batch's partials (aggregates) or rows (source tables),
+commits (a no-op when the batch was already applied, which makes task retries
+and job re-runs safe), writes the changed rows for the Delta mirror, and
+returns the partition's commit summary. Both passes feed it the same Arrow
+shape (see `partial_rows`).
 """
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ from dataclasses import dataclass, replace
 from state import codec, faults
 from state.table import StateTable
 from state.windows import purge
+from spark_jobs.arrow_pass import key_columns
 from spark_jobs.compile import state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.priority import yield_cpu_to_queries
-
-PUT, DELETE, MERGE = "put", "delete", "merge"
 
 
 @dataclass(frozen=True)
@@ -31,34 +31,6 @@ class MergeContext:
     purge_watermark: int | None = None
     namespace: str = ""
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
-
-
-def merge_partition(ctx: MergeContext, partition: int, rows):
-    """rows: (partition, (op, key, payload)) pairs; yields ("summary", ...) then ("row", key, value)."""
-    yield_cpu_to_queries()     # on a cluster the executor's workers did not inherit it from a local JVM
-    # The driver created the changelog topic; tasks only use it.
-    spec = state_spec(ctx.table, ctx.namespace)
-    table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), ctx.state_dir, bootstrap=ctx.bootstrap,
-                       snapshot_uri=ctx.snapshot_uri, create_topics=False)
-    try:
-        part = table.open(partition)
-        keys = []
-        tx = part.begin(ctx.batch_id)
-        for _, (op, key, payload) in rows:
-            keys.append(key)
-            if op == MERGE:
-                tx.merge(key, payload)
-            elif op == PUT:
-                tx.put(key, payload)
-            else:
-                tx.delete(key)
-        summary = _commit(ctx, partition, part, tx)
-        values = [part.get(k) for k in keys]
-        yield ("summary", partition, summary)
-        for key, value in zip(keys, values):
-            yield ("row", key, value)
-    finally:
-        table.close()
 
 
 def _commit(ctx: MergeContext, partition: int, part, tx) -> dict:
@@ -80,7 +52,7 @@ def _commit(ctx: MergeContext, partition: int, part, tx) -> dict:
 SUMMARY_DDL = "summary STRING"
 
 
-def _partial_values(table, column, function: str) -> list:
+def _partial_values(column, function: str) -> list:
     """A partial column from the Arrow pass as the Python values the aggregates fold."""
     values = column.to_pylist()
     if function in ("sum",):
@@ -103,9 +75,19 @@ def _number(v):
     return int(v) if isinstance(v, decimal.Decimal) else v
 
 
-def _key_columns(partials) -> list[str]:
-    """The key columns of the Arrow pass's partials, in order (_k0, _k1, ...; the window start last)."""
-    return sorted((c for c in partials.column_names if c[:2] == "_k" and c[2:].isdigit()), key=lambda c: int(c[2:]))
+def partial_rows(table: TableDefinition, partials) -> tuple[list[tuple], list]:
+    """(keys, values) of a batch's partials (an Arrow table with _k0.. and _a0.., or a source
+    table's _k0, _del, _v0..): the values an aggregate table folds in with `merge`, or the rows a
+    source table puts (None: the key is deleted)."""
+    if not partials.num_rows:
+        return [], []
+    keys = list(zip(*[partials.column(c).to_pylist() for c in key_columns(partials)]))
+    if table.kind == "source":
+        columns = [partials.column(f"_v{i}").to_pylist() for i in range(len(table.value_columns))]
+        return keys, [None if deleted else tuple(col[row] for col in columns)
+                      for row, deleted in enumerate(partials.column("_del").to_pylist())]
+    columns = [_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]
+    return keys, [tuple(col[row] for col in columns) for row in range(len(keys))]
 
 
 def _combined(partials, table: TableDefinition):
@@ -115,9 +97,10 @@ def _combined(partials, table: TableDefinition):
     import pyarrow.compute as pc
 
     functions = [a.function for a in table.aggregates]
-    if not partials.num_rows or any(f not in ("count", "sum", "min", "max", "avg") for f in functions):
+    if table.kind != "aggregate" or not partials.num_rows or \
+            any(f not in ("count", "sum", "min", "max", "avg") for f in functions):
         return partials
-    keys = _key_columns(partials)
+    keys = key_columns(partials)
     flat, aggs = {k: partials.column(k) for k in keys}, []
     for i, function in enumerate(functions):
         col = partials.column(f"_a{i}")
@@ -172,12 +155,17 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     try:
         part = table.open(partition)
         lap("open")
-        keys = list(zip(*[partials.column(c).to_pylist() for c in _key_columns(partials)])) if partials.num_rows else []
-        columns = [_partial_values(partials, partials.column(f"_a{i}"), a.function)
-                   for i, a in enumerate(ctx.table.aggregates)]
+        keys, values = partial_rows(ctx.table, partials)
         tx = part.begin(ctx.batch_id)
-        for row, key in enumerate(keys):
-            tx.merge(key, tuple(col[row] for col in columns))
+        if ctx.table.kind == "source":
+            for key, value in zip(keys, values):
+                if value is None:
+                    tx.delete(key)
+                else:
+                    tx.put(key, value)
+        else:
+            for key, value in zip(keys, values):
+                tx.merge(key, value)
         lap("fold")
         summary = {"partition": partition, **_commit(ctx, partition, part, tx)}
         lap("commit")

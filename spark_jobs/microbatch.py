@@ -7,11 +7,10 @@ Steps of batch b, each followed by its fault point (state.faults):
                (or from_json on the Spark-SQL pass)     batch.after_read
   dead letters Kafka DLQ topic + Delta DLQ table        batch.after_dead_letters
   bronze       the workers' files committed to Delta    batch.after_bronze
-  merge        pre-aggregate, repartition by state
-               partition, one merge task per partition  batch.mid_merge, batch.after_merge
-  mirror       Spark-SQL pass: MERGE into Delta         batch.after_mirror
+  merge        partials grouped by state partition,
+               one merge task per partition             batch.mid_merge, batch.after_merge
   commit       the batch log's commit entry             batch.after_commit
-  mirror       Arrow pass: commit the change files,     mirror.after_changes
+  mirror       commit the merge tasks' change files,    mirror.after_changes
                fold them every mirror_every batches     mirror.after_merge
   snapshot     when due                                 batch.after_snapshot
   offsets      consumer-group offsets for lag tools     batch.after_offsets
@@ -33,14 +32,12 @@ import time
 from state import faults
 from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
-from state.table import DefinitionChanged, partition_of
-from state import codec
+from state.table import DefinitionChanged
 from spark_jobs import delta_files, parse
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
-from spark_jobs.compile import row_of, state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs import mirror
-from spark_jobs.merge_task import DELETE, MERGE, PUT, MergeContext, merge_partition
+from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
 from spark_jobs.runtime import Runtime
 
@@ -130,13 +127,40 @@ class MicroBatchRunner:
         plan = BatchPlan(
             batch_id=(last.batch_id + 1) if last else 0, topic=self.table.topic, ranges=ranges,
             watermark_ms=last.watermark_ms if last else None, topic_id=incarnation, accepted=accepted,
-            definition=self.definition,
+            definition=self.definition, joins=self._pin_joins(),
         )
         if accepted:
             log.warning("%s batch %d starts where an operator accepted a discontinuity: %s", self.table.name,
                         plan.batch_id, accepted.get("problem"))
         self.log.write_plan(plan)
         return plan
+
+    def _pin_joins(self) -> dict | None:
+        """Each joined table's committed state as of its newest batch, fixed for this batch in a
+        Parquet file in this table's batch folder: a re-run after a crash joins the same rows,
+        whatever the joined table did since. Written once per (joined table, batch) and read
+        from the joined table's Delta mirror (mirror.committed_rows), not from its topic."""
+        if not self.table.joins:
+            return None
+        from spark_jobs.arrow_pass import write_parquet_atomically
+
+        folder = self.log.folder / "joins"
+        pins = {}
+        for name in sorted({join.table for join in self.table.joins}):
+            batch = delta_files.committed_version(mirror.changes_path(self.rt, name), f"{name}.mirror_changes")
+            file = f"{name}.b{-1 if batch is None else batch}.parquet"
+            if not (folder / file).exists():
+                batch, rows = mirror.committed_rows(self.rt, name)
+                file = f"{name}.b{-1 if batch is None else batch}.parquet"
+                write_parquet_atomically(_typed_rows(self.tables[name], rows), str(folder), file)
+                for old in folder.glob(f"{name}.b*.parquet"):     # no pending plan names them (we are planning)
+                    if old.name != file:
+                        old.unlink()
+            pins[name] = {"batch": batch, "file": file}
+            if batch is None:
+                log.warning("%s joins %s, which has no committed batch yet: its events find no match (run %s "
+                            "first)", self.table.name, name, name)
+        return pins
 
     def lag(self) -> int:
         from spark_jobs.status import lag
@@ -213,7 +237,7 @@ class MicroBatchRunner:
 
         unenriched = events
         if self.table.joins:
-            events = self._enrich(events).persist(StorageLevel.MEMORY_AND_DISK)   # bronze keeps what it joined
+            events = self._enrich(events, plan.joins).persist(StorageLevel.MEMORY_AND_DISK)   # bronze keeps it
         self._describe(plan.batch_id, "bronze")
         self._write_bronze(events, plan.batch_id)
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
@@ -221,21 +245,16 @@ class MicroBatchRunner:
 
         self._describe(plan.batch_id, "aggregate_merge")
         join_counts: dict = {}
-        deltas = self._deltas(events, classified, plan, join_counts)
-        summaries, rows = self._merge(deltas, plan.batch_id, watermark)
+        partials = self._batch_partials(events, classified, join_counts)
+        summaries = self._merge_arrow(partials.withColumn("_kind", F.lit("partial")), plan.batch_id, watermark)
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
         refused_counts = self._dead_letter_refused(events, classified, refused, plan) \
             if refused and self.table.kind == "aggregate" else {}
         faults.point("batch.after_merge")
-
-        self._describe(plan.batch_id, "mirror")
-        self._write_mirror(rows, plan.batch_id)
-        steps["mirror"] = time.monotonic() - started - sum(steps.values())
-        faults.point("batch.after_mirror")
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
-                "delta_keys": len(rows), "watermark": watermark, "steps": steps, "extra": join_counts,
+                "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark, "steps": steps, "extra": join_counts,
                 "release": (classified, events, unenriched)}
 
     def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
@@ -294,13 +313,14 @@ class MicroBatchRunner:
         faults.point("batch.after_bronze")
 
         self._describe(plan.batch_id, "aggregate_merge")
-        summaries = self._merge_arrow(out, plan.batch_id, watermark)
+        partials = out.where(F.col("_kind") == "partial").select(
+            "_kind", "_sp", *[c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"])
+        summaries = self._merge_arrow(partials, plan.batch_id, watermark)
         out.unpersist()
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
         refused_counts = self._dead_letter_refused(*self._refusal_inputs(plan), refused, plan) if refused else {}
         faults.point("batch.after_merge")
-        faults.point("batch.after_mirror")     # the mirror's changes are committed after the batch (_after_commit)
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
                 "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
@@ -418,18 +438,6 @@ class MicroBatchRunner:
          .option("mergeSchema", "true")
          .save(self.rt.delta_path(self.table.name, "bronze")))
 
-    def _write_mirror(self, rows: list[tuple], batch_id: int) -> None:
-        from delta.tables import DeltaTable
-
-        path = self.rt.delta_path(self.table.name, "mirror")
-        schema = mirror.CHANGE_DDL
-        data = [(json.dumps(list(k), default=str), json.dumps(row_of(self.table, k, v), default=str), batch_id,
-                 v is None) for k, v in rows]
-        source = self.spark.createDataFrame(data, schema)
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            self.spark.createDataFrame([], schema).write.format("delta").save(path)
-        mirror.upsert(self.spark, path, source)
-
     # ------------------------------------------------------------ the Arrow pass's sinks
     def _bronze_target(self, batch_id: int) -> str | None:
         """Where the pass writes bronze files: the bronze table's folder, after removing what an
@@ -457,9 +465,10 @@ class MicroBatchRunner:
             [delta_files.DataFile(name, f["bytes"], f["rows"]) for name, f in sorted(files.items())],
             arrow_pass.bronze_schema(self.table), f"{self.table.name}.bronze", batch_id)
 
-    def _merge_arrow(self, out, batch_id: int, watermark: int | None) -> dict[int, dict]:
-        """The partials, grouped by state partition (a shuffle of one row per key and Arrow batch),
-        and one merge task per partition; a marker row per partition makes every partition commit."""
+    def _merge_arrow(self, partials, batch_id: int, watermark: int | None) -> dict[int, dict]:
+        """The partials (`_kind` = "partial", `_sp`, keys and values), grouped by state partition (a
+        shuffle of one row per key and input batch), and one merge task per partition; a marker
+        row per partition makes every partition commit."""
         from pyspark.sql import functions as F
 
         from spark_jobs.merge_task import SUMMARY_DDL, merge_arrow
@@ -468,8 +477,6 @@ class MicroBatchRunner:
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
                            self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog)
         mirror_dir = mirror.changes_path(self.rt, table.name)
-        columns = [c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"]
-        partials = out.where(F.col("_kind") == "partial").select("_kind", "_sp", *columns)
         markers = self.spark.range(table.partitions).select(F.lit("marker").alias("_kind"),
                                                              F.col("id").cast("int").alias("_sp"))
         grouped = partials.unionByName(markers, allowMissingColumns=True).groupBy("_sp")
@@ -498,22 +505,28 @@ class MicroBatchRunner:
         return events, raw
 
     # ------------------------------------------------------------ deltas
-    def _enrich(self, events):
-        """`events` plus each joined table's columns (`<alias>__<col>`) as of now, and `_enriched`.
+    def _enrich(self, events, pins: dict | None):
+        """`events` plus each joined table's columns (`<alias>__<col>`) as pinned in the batch's
+        plan (`pins`; None: as committed now), and `_enriched`.
 
         A batch enriches its events once and keeps the result in bronze, so the recomputation
-        joins exactly what each batch joined (a player renamed later stays as he was), instead
-        of today's reference data."""
+        joins exactly what each batch joined (a player renamed later stays as he was)."""
         from pyspark.sql import functions as F
 
         frame = events
         for join in self.table.joins:
             other = self.tables[join.table]
-            snapshot = self._source_snapshot(other).select(
+            snapshot = self._reference(other, pins).select(
                 *[F.col(n).alias(f"{join.alias}__{n}") for n, _ in other.schema])
             cond = F.col(join.stream_column.split(".")[-1]) == F.col(f"{join.alias}__{join.table_column}")
             frame = frame.join(F.broadcast(snapshot), cond, "left")
         return frame.withColumn("_enriched", F.lit(True))
+
+    def _reference(self, other: TableDefinition, pins: dict | None):
+        """A joined table's rows: the batch's pinned file, or (no pin) its committed state now."""
+        if pins is not None:
+            return self.spark.read.parquet(str(self.log.folder / "joins" / pins[other.name]["file"]))
+        return self.spark.createDataFrame(_typed_rows(other, mirror.committed_rows(self.rt, other.name)[1]))
 
     def _joined(self, events, counts: dict | None = None):
         """Stream columns as `<alias>__<col>`, with each joined table's values as the batch saw them
@@ -528,10 +541,10 @@ class MicroBatchRunner:
         joins = self.table.joins
         joined_cols = [f"{j.alias}__{n}" for j in joins for n, _ in self.tables[j.table].schema]
         if joins and "_enriched" not in events.columns:
-            events = self._enrich(events)
+            events = self._enrich(events, None)
         elif joins:
             legacy = events.where(F.col("_enriched").isNull()).drop(*joined_cols, "_enriched")
-            events = events.where(F.col("_enriched").isNotNull()).unionByName(self._enrich(legacy))
+            events = events.where(F.col("_enriched").isNotNull()).unionByName(self._enrich(legacy, None))
         alias = self.table.stream_alias or self.table.name
         frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
                               F.col("source_offset").alias("_order"), "source_partition",
@@ -548,30 +561,11 @@ class MicroBatchRunner:
             frame = frame.where(F.col("_matched")).drop("_matched")
         return frame
 
-    def _source_snapshot(self, other: TableDefinition):
-        """A source table's latest value per key from its whole topic (small reference data). A key
-        whose latest record is a tombstone is deleted: it enriches nothing, as in the table itself."""
-        from pyspark.sql import Window, functions as F
-
-        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(other.topic, watermarks(self.rt.bootstrap, other.topic)))
-        classified = parse.classify(raw, other, other.key_columns)
-        events = parse.good_events(classified, other).withColumn("_deleted", F.lit(False))
-        pk, pk_type = other.key_columns[0], dict(other.schema)[other.key_columns[0]]
-        tombstones = (classified.where(F.col("reason") == "null_value")
-                      .select(F.col("_key").cast("string").try_cast(pk_type).alias(pk),
-                              F.col("_partition").alias("source_partition"), F.col("_offset").alias("source_offset"),
-                              F.lit(True).alias("_deleted"))
-                      .where(F.col(pk).isNotNull()))
-        both = events.unionByName(tombstones, allowMissingColumns=True)
-        latest = Window.partitionBy(*other.key_columns).orderBy(F.desc("source_partition"), F.desc("source_offset"))
-        return (both.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1 AND NOT _deleted")
-                .drop("_rn", "_deleted"))
-
-    def _deltas(self, events, classified, plan: BatchPlan, counts: dict):
-        """An RDD of (state partition, (op, key, payload)) for this batch."""
+    def _batch_partials(self, events, classified, counts: dict):
+        """This batch's partials with their state partitions (see `_partials`, `_source_partials`)."""
         if self.table.kind == "source":
-            return self._source_deltas(classified)
-        return self._aggregate_deltas(self._selected(self._joined(events, counts), counts))
+            return self.partitioned(self._source_partials(classified))
+        return self.partitioned(self._partials(self._selected(self._joined(events, counts), counts)))
 
     def _selected(self, frame, counts: dict | None = None):
         """The events the table's WHERE keeps; `counts["filtered"]` says how many it did not."""
@@ -610,8 +604,9 @@ class MicroBatchRunner:
                 .groupBy("source_partition", F.col("_order").alias("source_offset"))
                 .agg(F.first("reason").alias("reason")))
 
-    def _aggregate_deltas(self, frame, exclude: list[tuple[int, tuple]] | None = None):
-        """`exclude`: (batch id, key) pairs whose events the state refused (see Transaction.commit);
+    def _partials(self, frame, exclude: list[tuple[int, tuple]] | None = None):
+        """The events' partial aggregates per key, shaped as the Arrow pass's (_k0.., _a0..; see
+        merge_task.partial_rows). `exclude`: (batch id, key) pairs whose events the state refused (see Transaction.commit);
         a recomputation from bronze leaves them out as the batches did."""
         from pyspark.sql import Window, functions as F
 
@@ -645,33 +640,12 @@ class MicroBatchRunner:
                    .where(F.col("_rn") <= agg.n)
                    .groupBy(*key_aliases)
                    .agg(F.collect_list(F.struct(score.cast("double").alias("score"), F.col("_order").alias("o"),
-                                                F.array(*[c.cast("string") for c in rest]).alias("row"),
                                                 F.struct(*rest).alias("typed"))).alias(f"_a{i}")))
             grouped = grouped.join(top, key_aliases, "left")
-        functions = [a.function for a in table.aggregates]
-        partitions = table.partitions
+        return grouped
 
-        def to_delta(row):
-            key = tuple(row[k] for k in key_aliases)
-            partial = []
-            for i, function in enumerate(functions):
-                v = row[f"_a{i}"]
-                if function == "avg":
-                    v = (v["s"], v["n"])
-                elif function == "count_distinct":
-                    v = tuple(v)
-                elif function == "latest_by_offset":
-                    v = (v["o"], v["v"])
-                elif function == "topk":
-                    entries = [(e["score"], e["o"], tuple(e["typed"])) for e in (v or [])]
-                    v = tuple(sorted(entries, key=lambda e: (-e[0], e[1])))
-                partial.append(v)
-            return partition_of(codec.encode_key(key), partitions), (MERGE, key, tuple(partial))
-
-        return grouped.rdd.map(to_delta)
-
-    def _source_deltas(self, classified):
-        """Latest value per key in the batch: a put, or a delete for a tombstone."""
+    def _source_partials(self, classified):
+        """Latest record per key in the batch (_k0, _del for a tombstone, _v0.. the values)."""
         from pyspark.sql import Window, functions as F
 
         table = self.table
@@ -679,39 +653,27 @@ class MicroBatchRunner:
         key_expr = F.when(F.col("reason") == "null_value", F.col("_key").cast("string").try_cast(pk_type)) \
             .otherwise(F.col(f"_parsed.`{pk}`"))
         frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
-            key_expr.alias("_pk"), (F.col("reason") == "null_value").alias("_tomb"), F.col("_offset"),
-            F.col("_partition"), *[F.col(f"_parsed.`{c}`").alias(c) for c in table.value_columns])
-        latest = Window.partitionBy("_pk").orderBy(F.desc("_partition"), F.desc("_offset"))
-        frame = frame.where(F.col("_pk").isNotNull()).withColumn("_rn", F.row_number().over(latest)).where("_rn = 1")
-        columns, partitions = table.value_columns, table.partitions
+            key_expr.alias("_k0"), (F.col("reason") == "null_value").alias("_del"), F.col("_offset"),
+            F.col("_partition"), *[F.col(f"_parsed.`{c}`").alias(f"_v{i}") for i, c in enumerate(table.value_columns)])
+        latest = Window.partitionBy("_k0").orderBy(F.desc("_partition"), F.desc("_offset"))
+        return (frame.where(F.col("_k0").isNotNull()).withColumn("_rn", F.row_number().over(latest))
+                .where("_rn = 1").drop("_rn", "_offset", "_partition"))
 
-        def to_delta(row):
-            key = (row["_pk"],)
-            op = DELETE if row["_tomb"] else PUT
-            payload = None if row["_tomb"] else tuple(row[c] for c in columns)
-            return partition_of(codec.encode_key(key), partitions), (op, key, payload)
+    def partitioned(self, partials):
+        """Partials with their state partition `_sp` (the state library's rule, in Python: mapInArrow)."""
+        from pyspark.sql.types import IntegerType, StructField, StructType
 
-        return frame.rdd.map(to_delta)
+        from spark_jobs.arrow_pass import with_state_partition
+
+        parts = self.table.partitions
+        schema = StructType(partials.schema.fields + [StructField("_sp", IntegerType())])
+        return partials.mapInArrow(lambda batches: with_state_partition(parts, batches), schema)
 
     # ------------------------------------------------------------ merge
     def _purge_at(self, batch_id: int, watermark: int | None) -> int | None:
         """The watermark this batch purges expired windows at (every snapshot_every batches), or None."""
         table = self.table
         return watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
-
-    def _merge(self, deltas, batch_id: int, watermark: int | None):
-        table = self.table
-        purge_at = self._purge_at(batch_id, watermark)
-        ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri, purge_at,
-                           self.rt.namespace, self.spec.changelog)
-        results = (deltas.partitionBy(table.partitions, lambda p: p)
-                   .mapPartitionsWithIndex(lambda index, rows: merge_partition(ctx, index, rows))
-                   .collect())
-        summaries = {r[1]: r[2] for r in results if r[0] == "summary"}
-        rows = [(r[1], r[2]) for r in results if r[0] == "row"]
-        if sorted(summaries) != list(range(table.partitions)):
-            raise RuntimeError(f"{table.name} batch {batch_id}: merge tasks reported partitions {sorted(summaries)}")
-        return summaries, rows
 
     # ------------------------------------------------------------ after commit
     def _finish_last_commit(self) -> None:
@@ -720,10 +682,9 @@ class MicroBatchRunner:
             self._after_commit(last)
 
     def _after_commit(self, commit: BatchCommit) -> None:
-        if self.engine == "arrow":
-            mirror.commit_changes(self.rt, self.table.name, commit.batch_id)
-            faults.point("mirror.after_changes")
-            mirror.fold_if_due(self.spark, self.rt, self.table, commit.batch_id)
+        mirror.commit_changes(self.rt, self.table.name, commit.batch_id)
+        faults.point("mirror.after_changes")
+        mirror.fold_if_due(self.spark, self.rt, self.table, commit.batch_id)
         if self.snapshots:
             self._snapshot_if_due(commit)
         faults.point("batch.after_snapshot")
@@ -772,6 +733,18 @@ def engine_of(table: TableDefinition) -> str:
         log.debug("%s: the Spark-SQL pass runs it (the Arrow pass does not cover %s)", table.name, exc)
         return "spark"
     return "arrow"
+
+
+def _typed_rows(table: TableDefinition, rows):
+    """A table's mirror rows (JSON, see mirror.committed_rows) as typed columns of its schema."""
+    import pyarrow as pa
+
+    from spark_jobs.arrow_pass import parse_values
+
+    typed, _, bad = parse_values(rows.column("row").cast(pa.binary()), table.schema)
+    if bad:
+        raise ValueError(f"{table.name}: {len(bad)} mirror rows do not parse as its schema, e.g. row {bad[0]}")
+    return typed
 
 
 def _snapshot_partitions(ctx, batches):

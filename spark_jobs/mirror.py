@@ -119,6 +119,46 @@ def upsert(spark, path: str, source) -> None:
      .execute())
 
 
+def committed_rows(rt: Runtime, table: str, attempts: int = 5):
+    """(batch, rows): the table's rows (`key`, `row` JSON) as of `batch`, the newest batch whose
+    changes are committed (None: none yet), read by delta-rs on the driver, no Spark job.
+
+    The mirror is loaded before the changes: a fold that lands in between moves rows out of the
+    changes that the loaded mirror lacks, so the mirror's version is checked again afterwards and
+    the read repeated (as when a fold deletes a changes file while it is read)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = pa.table({"key": pa.array([], pa.string()), "row": pa.array([], pa.string()),
+                      "batch_id": pa.array([], pa.int64()), "deleted": pa.array([], pa.bool_())})
+    columns = ["key", "row", "batch_id", "deleted"]
+    for attempt in range(attempts):
+        try:
+            folded = delta_files._table(mirror_path(rt, table))
+            changes = delta_files._table(changes_path(rt, table))
+            batch = changes.transaction_version(f"{table}.mirror_changes") if changes is not None else None
+            parts = [empty]
+            if folded is not None:
+                rows = folded.to_pyarrow_table(columns=columns[:3])
+                parts.append(rows.append_column("deleted", pa.array([False] * rows.num_rows, pa.bool_())))
+            if changes is not None:
+                parts.append(changes.to_pyarrow_table(columns=columns))
+            both = pa.concat_tables([p.cast(empty.schema) for p in parts])
+            again = delta_files._table(mirror_path(rt, table))
+            if (again.version() if again is not None else None) == (folded.version() if folded is not None else None):
+                break
+        except (OSError, ValueError) as exc:      # a changes file deleted by a fold while read
+            if attempt == attempts - 1:
+                raise
+            log.info("%s: mirror changed while read (%s); reading again", table, exc)
+    else:
+        raise RuntimeError(f"{table}: the mirror folded {attempts} times while its state was read")
+    newest = both.sort_by([("batch_id", "descending")]).group_by("key", use_threads=False).aggregate(
+        [("row", "first"), ("deleted", "first")])
+    live = newest.filter(pc.invert(newest.column("deleted_first")))
+    return batch, pa.table({"key": live.column("key"), "row": live.column("row_first")})
+
+
 def frame(spark, rt: Runtime, table: str):
     """The mirror as of the last committed batch (VIEW_SQL as a DataFrame)."""
     import os

@@ -32,7 +32,6 @@ BATCH_POINTS = {
     "batch.after_bronze": "bronze Delta append done",
     "batch.mid_merge": "partition 0 committed, other partitions maybe not",
     "batch.after_merge": "every partition committed, no mirror or commit entry",
-    "batch.after_mirror": "Delta mirror merged (Spark-SQL pass), no commit entry",
     "batch.after_commit": "commit entry written, no mirror changes, snapshot or group offsets",
     "mirror.after_changes": "the batch's mirror change files committed to Delta, the fold not yet due-checked",
     "batch.after_snapshot": "snapshot taken when due, group offsets not committed",

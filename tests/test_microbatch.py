@@ -90,6 +90,13 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
     assert sum(state.values()) == 6400
 
 
+SEED_BOARD = [
+    {"playerId": 3, "productId": 1, "playerName": "Isabelle", "gameName": "Super Smash Bros", "score": 4000},
+    {"playerId": 2, "productId": 1, "playerName": "Mitch", "gameName": "Super Smash Bros", "score": 2000},
+    {"playerId": 1, "productId": 1, "playerName": "Elyse", "gameName": "Super Smash Bros", "score": 1000},
+]
+
+
 def test_leaderboard_sample_gives_the_seed_output(env, spark):
     rt, suffix = env
     samples.produce("leaderboard", rt.bootstrap, suffix=suffix)
@@ -100,11 +107,7 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     from deploy.cli import present
 
     board = present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))
-    assert board == [
-        {"playerId": 3, "productId": 1, "playerName": "Isabelle", "gameName": "Super Smash Bros", "score": 4000},
-        {"playerId": 2, "productId": 1, "playerName": "Mitch", "gameName": "Super Smash Bros", "score": 2000},
-        {"playerId": 1, "productId": 1, "playerName": "Elyse", "gameName": "Super Smash Bros", "score": 1000},
-    ]
+    assert board == SEED_BOARD
     assert [e["score"] for e in present("leaderboard", jobs.query("leaderboard", ("6",), rt=rt))] == [9000, 8000, 7000]
 
     # A deleted player (a tombstone) enriches nothing afterwards: the inner join drops the score.
@@ -127,6 +130,49 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     assert result.ok, result.summary()
     assert [e["playerName"] for e in present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))] == \
         ["Isabelle", "Mitch", "Elyse"]
+
+
+def test_a_join_re_run_after_a_kill_joins_the_reference_state_its_plan_pinned(env, spark):
+    """The leaderboard's first batch is killed (the whole process tree, at batch.after_bronze);
+    player 2 is then renamed and the players table runs. The re-run must join the players as
+    its plan pinned them, so the board equals the clean run's (the seed output), not the rename."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from deploy.cli import present
+    from state import faults
+
+    rt, suffix = env
+    samples.produce("leaderboard", rt.bootstrap, suffix=suffix)
+    for name in ("players", "products"):
+        jobs.run(name, until_caught_up=True, spark=spark, rt=rt)
+    env_vars = {**os.environ, **rt.as_env(), faults.ENV: "batch.after_bronze", faults.SCOPE_ENV: "group"}
+    job = subprocess.run([str(Path(sys.executable).parent / "statetable"), "run", "leaderboard", "--until-caught-up"],
+                         env=env_vars, capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert job.returncode in (faults.EXIT_CODE, -9), job.stderr[-2000:]
+    log = BatchLog(rt.batch_dir("leaderboard"))
+    pending = log.pending_plan()
+    assert pending is not None and log.last_commit() is None
+    assert pending.joins["players"]["batch"] == 0
+
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    producer.produce("players" + suffix, json.dumps({"id": 2, "name": "Mitchell"}).encode(), key=b"2")
+    assert producer.flush(10) == 0
+    (renamed,) = jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
+    assert renamed.batch_id == 1
+
+    (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
+    assert commit.batch_id == 0 and commit.counts["join_unmatched"] == 1
+    assert present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt)) == SEED_BOARD
+    # The next batch joins the players as of their newest batch.
+    producer.produce("score-events" + suffix, json.dumps({"score": 2500, "product_id": 1, "player_id": 2}).encode())
+    assert producer.flush(10) == 0
+    (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
+    assert BatchLog(rt.batch_dir("leaderboard")).plan(1).joins["players"]["batch"] == 1
+    board = present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))
+    assert [(e["playerName"], e["score"]) for e in board] == [("Isabelle", 4000), ("Mitchell", 2500), ("Mitch", 2000)]
 
 
 def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, spark):
@@ -192,7 +238,7 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
     st.close()
     result = batch.verify("payments_per_customer", spark=spark, rt=rt)
     assert not result.ok and result.different == 1
-    assert result.examples[0]["key"] == list(victim) and result.examples[0]["state"] == (999, 1.0, 1.0)
+    assert result.examples[0]["key"] == list(victim) and result.examples[0]["state"] == [999, 1.0, 1.0]
     assert str(list(victim)) in result.summary()
 
 
