@@ -2,6 +2,7 @@
 
 Prints JSON with
   - incremental events/s in one Spark session, JVM start excluded;
+  - the same for the table without bronze (`-- bronze: off`), run next in the warm session;
   - the same as a ratio to Spark's raw read of the same offsets (count only);
   - the fixed cost of a spark-submitted batch with one record.
 
@@ -75,6 +76,8 @@ def main() -> None:
         topic, table = f"bench-events-{suffix}", "bench_counts"
         (root / "tables").mkdir()
         (root / "tables" / f"{table}.sql").write_text(TABLE_SQL.format(topic=topic, table=table, batch=args.batch))
+        (root / "tables" / f"{table}_nb.sql").write_text(     # the same table without bronze
+            "-- bronze: off\n" + TABLE_SQL.format(topic=topic, table=f"{table}_nb", batch=args.batch))
         rt = Runtime(bootstrap=cfg.kafka_bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data/snapshots"),
                      tables_dir=root / "tables", namespace=f"b{suffix}.")
         started = time.perf_counter()
@@ -102,6 +105,12 @@ def main() -> None:
 
         state = {k[0]: v for k, v in jobs.state_rows(table, rt).items()}
         assert state == expected, "state differs from the generator's counts"
+
+        # The same run without bronze, in the now warm session (compare the steady batches).
+        started = time.perf_counter()
+        no_bronze = jobs.run(f"{table}_nb", until_caught_up=True, spark=spark, rt=rt)
+        no_bronze_s = time.perf_counter() - started
+        assert {k[0]: v for k, v in jobs.state_rows(f"{table}_nb", rt).items()} == expected
 
         # A batch of 10 records in the same warm session: the per-batch fixed costs.
         one = Producer({"bootstrap.servers": rt.bootstrap})
@@ -141,9 +150,21 @@ def main() -> None:
             "warm_batch_10_records_step_ms": {k[3:]: v for k, v in small.counts.items() if k.startswith("ms_")},
             "spark_submit_one_record_seconds": round(submit_s, 1),
             "batch_seconds": [c.seconds for c in commits],
+            "steady_batch_seconds_mean": _steady(commits),
+            "bronze_off": {"incremental_seconds": round(no_bronze_s, 2),
+                           "incremental_events_per_s": round(args.events / no_bronze_s),
+                           "ratio_to_raw_read": round(args.events / no_bronze_s / raw_per_s, 2),
+                           "batch_seconds": [c.seconds for c in no_bronze],
+                           "steady_batch_seconds_mean": _steady(no_bronze)},
             "batch_step_ms": [{k[3:]: v for k, v in c.counts.items() if k.startswith("ms_")} for c in commits],
         }, indent=1))
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _steady(commits) -> float | None:
+    """Mean seconds of the batches after the first (which pays the session's warm-up)."""
+    rest = [c.seconds for c in commits[1:]]
+    return round(sum(rest) / len(rest), 2) if rest else None
 
 
 if __name__ == "__main__":

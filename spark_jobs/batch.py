@@ -19,7 +19,7 @@ from spark_jobs.definitions import TableDefinition
 from spark_jobs.microbatch import MicroBatchRunner
 from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
-from spark_jobs import jobs, parse
+from spark_jobs import catalog, parse
 from state import faults
 
 log = logging.getLogger("statetable.batch")
@@ -80,6 +80,9 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
         return runner.partitioned(runner._source_partials(classified)), None
+    if not table.bronze:
+        raise ValueError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
+                         f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
     from spark_jobs import delta_files
 
     path = rt.delta_path(table.name, "bronze")
@@ -169,7 +172,7 @@ def _same(a, b) -> bool:
 
 def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10) -> VerifyResult:
     rt = rt or Runtime.from_env()
-    with jobs.table_lock(name, rt):
+    with catalog.table_lock(name, rt):
         return _verify(name, spark, rt, examples)
 
 
@@ -177,7 +180,7 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     from spark_jobs import session
 
     started = time.monotonic()
-    table, tables = jobs.load_table(name, rt)
+    table, tables = catalog.load_table(name, rt)
     batch_log = BatchLog(rt.batch_dir(table.name))
     pending = batch_log.pending_plan()
     if pending is not None:
@@ -194,11 +197,12 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
                                                    F.lit(None).cast("string").alias("_kind"))
     rows = markers if partials is None else \
         partials.withColumn("_kind", F.lit("partial")).unionByName(markers, allowMissingColumns=True)
-    ctx = (jobs.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
+    ctx = (catalog.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
     summaries = [json.loads(row["summary"]) for row in rows.groupBy("_sp").applyInArrow(
         lambda group: _compare_group(ctx, group), "summary STRING").collect()]
-    if sorted(s["partition"] for s in summaries) != list(range(table.partitions)):
-        raise RuntimeError(f"verify {name}: compare tasks reported partitions {sorted(s['partition'] for s in summaries)}")
+    reported = sorted(s["partition"] for s in summaries)
+    if reported != list(range(table.partitions)):
+        raise RuntimeError(f"verify {name}: compare tasks reported partitions {reported}")
     for s in sorted(summaries, key=lambda s: s["partition"]):
         result.keys_compared += s["keys_compared"]
         result.missing += s["missing"]
@@ -262,7 +266,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
     always rebuild in full.
     """
     rt = rt or Runtime.from_env()
-    table, _ = jobs.load_table(name, rt)
+    table, _ = catalog.load_table(name, rt)
     if window_range is not None:
         lo, hi = window_range
         if lo >= hi:
@@ -270,7 +274,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
         if table.window is None:
             log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
             window_range = None
-    with jobs.table_lock(name, rt):
+    with catalog.table_lock(name, rt):
         return _rebuild(name, spark, rt, window_range)
 
 
@@ -278,7 +282,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     from spark_jobs import session
 
     started = time.monotonic()
-    table, tables = jobs.load_table(name, rt)
+    table, tables = catalog.load_table(name, rt)
     spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
     batch_log = BatchLog(rt.batch_dir(table.name))
     last = batch_log.last_commit()
@@ -286,7 +290,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
         raise ValueError(f"table {name!r} has no committed batch to rebuild from; run it first")
     if batch_log.pending_plan() is not None:
         raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
-    spec = jobs.spec_of(table, rt)
+    spec = catalog.spec_of(table, rt)
     recorded = (last.definition or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:
         return _adopt(table, tables, spark, rt, batch_log, last, started)
@@ -305,7 +309,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     definition = {"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}
     batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
                                    definition=definition))
-    st = jobs.state_table(table, rt)
+    st = catalog.state_table(table, rt)
     summaries = {}
     try:
         for p in range(table.partitions):
@@ -353,7 +357,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     from state.table import StateTable
 
     name = table.name
-    spec = jobs.spec_of(table, rt)
+    spec = catalog.spec_of(table, rt)
     expected = recompute(spark, table, tables, rt)
     batch_id = last.batch_id + 1
     spec = replace(spec, changelog=f"{rt.namespace}{name}-changelog-{spec.fingerprint[:8]}-{uuid.uuid4().hex[:6]}")
@@ -392,7 +396,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     (side / name).rename(live)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(side, ignore_errors=True)
-    st = jobs.state_table(table, rt)
+    st = catalog.state_table(table, rt)
     try:
         for p in range(spec.partitions):
             st.snapshot(p)

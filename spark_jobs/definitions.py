@@ -34,7 +34,7 @@ SUPPORTED = (
 )
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
-    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every",
+    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
@@ -79,6 +79,7 @@ class TableDefinition:
     snapshot_every: int = 10
     snapshot_keep: int = 3
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
+    bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -179,6 +180,15 @@ def _int_option(path: Path, header: _Header, key: str, default: int, low: int = 
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise DefinitionError(f"{header.where(path, key)}: option {key}={value} must be {bound}")
     return value
+
+
+def _switch_option(path: Path, header: _Header, key: str, default: bool) -> bool:
+    raw = header.get(key)
+    if raw is None:
+        return default
+    if raw.lower() not in ("on", "off"):
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be on or off")
+    return raw.lower() == "on"
 
 
 DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -375,6 +385,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
         mirror_every=_int_option(path, header, "mirror_every", 10),
+        bronze=_switch_option(path, header, "bronze", True),
         schedule=_schedule(path, header),
         event_time=header.get("event_time"),
         event_time_skew_ms=_duration_option(path, header, "event_time_skew", DEFAULT_EVENT_TIME_SKEW_MS),

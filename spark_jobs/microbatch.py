@@ -91,12 +91,13 @@ class MicroBatchRunner:
         self.tables = tables
         self.rt = runtime
         self.log = BatchLog(runtime.batch_dir(table.name))
-        from spark_jobs.jobs import drop_stale_cache, spec_of
+        from spark_jobs.catalog import drop_stale_cache, spec_of
 
         self.spec = spec_of(table, runtime)
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
         self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
         self.engine = engine_of(table)
+        self.reader_group = f"{runtime.namespace}statetable.{table.name}.reader"
         if writer:
             drop_stale_cache(self.spec, runtime)
             check_definition(self.log, table.name, self.definition)
@@ -202,7 +203,7 @@ class MicroBatchRunner:
         from pyspark.sql import functions as F
 
         self._describe(plan.batch_id, "read")
-        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges))
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group)
         key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
             else self.table.key_columns
         # The plan's creation time is the batch's clock: a re-run judges future event times alike.
@@ -239,7 +240,8 @@ class MicroBatchRunner:
         if self.table.joins:
             events = self._enrich(events, plan.joins).persist(StorageLevel.MEMORY_AND_DISK)   # bronze keeps it
         self._describe(plan.batch_id, "bronze")
-        self._write_bronze(events, plan.batch_id)
+        if self.table.bronze:
+            self._write_bronze(events, plan.batch_id)
         steps["bronze"] = time.monotonic() - started - sum(steps.values())
         faults.point("batch.after_bronze")
 
@@ -254,7 +256,8 @@ class MicroBatchRunner:
         faults.point("batch.after_merge")
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
-                "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark, "steps": steps, "extra": join_counts,
+                "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
+                "steps": steps, "extra": join_counts,
                 "release": (classified, events, unenriched)}
 
     def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
@@ -271,7 +274,7 @@ class MicroBatchRunner:
         spec = arrow_pass.PassSpec(table, plan.batch_id, now_ms=int(plan.created_at * 1000),
                                    watermark_ms=plan.watermark_ms, bronze=bronze)
         self._describe(plan.batch_id, "read_parse")
-        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges)) \
+        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group) \
             .select("partition", "offset", "timestamp", "key", "value")
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
@@ -442,9 +445,12 @@ class MicroBatchRunner:
     def _bronze_target(self, batch_id: int) -> str | None:
         """Where the pass writes bronze files: the bronze table's folder, after removing what an
         earlier attempt of this batch wrote there and never committed (cut at other boundaries,
-        it would duplicate records); None when the batch's bronze is already committed."""
+        it would duplicate records); None when the batch's bronze is already committed, or the
+        table keeps none (`-- bronze: off`)."""
         from spark_jobs import arrow_pass
 
+        if not self.table.bronze:
+            return None
         path = self.rt.delta_path(self.table.name, "bronze")
         done = delta_files.committed_version(path, f"{self.table.name}.bronze")
         if done is not None and done >= batch_id:
@@ -494,14 +500,22 @@ class MicroBatchRunner:
 
     def _refusal_inputs(self, plan: BatchPlan):
         """(events, raw records) of a batch whose keys the state refused: bronze holds the batch's
-        events, and the refused ones' bytes are read again (only on this rare path)."""
+        events (without bronze, Spark SQL parses the batch again), and the refused ones' bytes are
+        read again (only on this rare path)."""
         from pyspark.sql import functions as F
 
-        events = self.spark.read.format("delta").load(self.rt.delta_path(self.table.name, "bronze")) \
-            .where(F.col("batch_id") == plan.batch_id)
-        raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges)).select(
-            F.col("partition").alias("_partition"), F.col("offset").alias("_offset"), F.col("value").alias("_value"),
-            F.length("value").alias("_size"))
+        records = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group)
+        if self.table.bronze:
+            events = self.spark.read.format("delta").load(self.rt.delta_path(self.table.name, "bronze")) \
+                .where(F.col("batch_id") == plan.batch_id)
+        else:
+            key_fields = [k.split(".")[-1] for k in self.table.key_columns]
+            classified = parse.classify(records, self.table, key_fields, now_ms=int(plan.created_at * 1000))
+            events = parse.good_events(classified, self.table)
+            if self.table.window is not None:
+                events = self._split_late(events, plan.watermark_ms)[0]
+        raw = records.select(F.col("partition").alias("_partition"), F.col("offset").alias("_offset"),
+                             F.col("value").alias("_value"), F.length("value").alias("_size"))
         return events, raw
 
     # ------------------------------------------------------------ deltas
@@ -692,7 +706,7 @@ class MicroBatchRunner:
         faults.point("batch.after_offsets")
 
     def _snapshot_if_due(self, commit: BatchCommit) -> None:
-        from spark_jobs.jobs import due_snapshots
+        from spark_jobs.catalog import due_snapshots
 
         table, ctx = self.table, (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri)
         due = due_snapshots(table, self.rt, commit.batch_id)

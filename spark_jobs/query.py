@@ -30,7 +30,7 @@ from pathlib import Path
 
 from state import codec
 from state.views import TableView
-from spark_jobs import jobs
+from spark_jobs import catalog
 from spark_jobs.batch_log import BatchLog
 from spark_jobs.compile import key_names, row_of, state_spec
 from spark_jobs.definitions import TableDefinition, load_all
@@ -310,7 +310,7 @@ class QueryService:
         if len(parts) > width:
             raise BadQuery(f"table {table.name!r}: {raw!r} has more parts than the key {key_names(table)}")
         try:
-            key = jobs.coerce_key(table, tuple(parts))
+            key = catalog.coerce_key(table, tuple(parts))
         except ValueError as exc:
             raise BadQuery(str(exc)) from None
         if table.window and len(key) == width and not isinstance(key[-1], int):

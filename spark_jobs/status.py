@@ -24,10 +24,10 @@ def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
 
     Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
     a reset is never shown as "nothing to read"."""
-    from spark_jobs import jobs
+    from spark_jobs import catalog
     from spark_jobs.offsets import next_starts, topic_id, watermarks
 
-    topic = topic or jobs.load_table(name, rt)[0].topic
+    topic = topic or catalog.load_table(name, rt)[0].topic
     position = BatchLog(rt.batch_dir(name)).read_position()
     try:
         marks = watermarks(rt.bootstrap, topic)

@@ -201,7 +201,10 @@ class StateTable:
         if bounds is None:
             return
         start = part.meta.changelog_offset
-        if start < bounds[1]:
+        # The offset after the local store's last batch marker is that transaction's commit
+        # marker, never delivered: an end one past it means nothing newer was written. Any later
+        # batch adds at least its marker record and its own commit marker.
+        if bounds[1] - start > 1:
             stats = part.apply_changelog(changelog.replay(self.bootstrap, self.spec.changelog_topic, part.partition,
                                                           start, bounds[1]))
             if stats.records:

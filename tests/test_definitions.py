@@ -63,6 +63,11 @@ def test_bad_options_name_the_option_and_fix(tmp_path):
     path.write_text("-- colour: red\nCREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k")
     with pytest.raises(DefinitionError, match="unknown option 'colour'"):
         parse(path)
+    path.write_text("-- bronze: no\n-- schema: k STRING\nCREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k")
+    with pytest.raises(DefinitionError, match=r"o.sql:1:1: option bronze='no' must be on or off"):
+        parse(path)
+    path.write_text("-- bronze: OFF\n-- schema: k STRING\nCREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k")
+    assert parse(path).bronze is False and "bronze" not in parse(path).meaning()
 
 
 @pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])

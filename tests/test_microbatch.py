@@ -44,6 +44,23 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
     assert jobs.query("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
 
 
+def test_a_table_without_bronze_keeps_no_input_copy_and_says_verify_needs_it(env, spark):
+    from spark_jobs import batch, delta_files
+
+    rt, suffix = env
+    sql = rt.tables_dir / "movie_tickets_sold.sql"
+    sql.write_text("-- bronze: off\n" + sql.read_text())
+    samples.produce("movie_tickets_sold", rt.bootstrap, 3000, suffix=suffix)
+    commits = jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=2000)
+    assert sum(c.counts["parsed"] for c in commits) == 3000
+    assert not delta_files.exists(rt.delta_path("movie_tickets_sold", "bronze"))
+    frame = pd.DataFrame([json.loads(m.value()) for m in read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)])
+    expected = frame.groupby("title")["ticket_total_value"].count().to_dict()
+    assert {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()} == expected
+    with pytest.raises(ValueError, match=r"movie_tickets_sold.*bronze: off.*bronze: on"):
+        batch.verify("movie_tickets_sold", spark=spark, rt=rt)
+
+
 def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark):
     """mirror_every: 2: the changes table gets every batch's changes, a MERGE folds them into the
     mirror after batches 1, 3, 5, ... (the version after batch 3 holds batches 0-3 only, by pandas
@@ -206,7 +223,7 @@ def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, s
 
 
 def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, monkeypatch):
-    from spark_jobs import batch
+    from spark_jobs import batch, catalog
     from state import codec
 
     rt, suffix = env
@@ -219,7 +236,7 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
             raise AssertionError("verify gathered a whole table on the driver")
 
         patched.setattr(batch, "recompute", no_driver_copy)
-        patched.setattr(jobs, "readonly_partitions", no_driver_copy)
+        patched.setattr(catalog, "readonly_partitions", no_driver_copy)
         first = batch.verify("payments_per_customer", spark=spark, rt=rt)
     assert first.ok and first.keys_compared == len(incremental), first.summary()
 

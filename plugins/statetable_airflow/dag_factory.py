@@ -158,14 +158,17 @@ def restore_verify_dag(table: TableDefinition) -> DAG:
 
 def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str, DAG]:
     """Every table's three DAGs, by dag_id; a table whose definition is broken gets none, and goes
-    into `broken` (see `definition_errors`), so it cannot take the other tables down."""
+    into `broken` (see `definition_errors`), so it cannot take the other tables down. An aggregate
+    table without bronze (`-- bronze: off`) gets no rebuild or restore-verify DAG: both recompute
+    it from bronze."""
     from spark_jobs.definitions import load_all
     from spark_jobs.runtime import Runtime
 
     tables = load_all(tables_dir or Runtime.from_env().tables_dir, broken={} if broken is None else broken)
     dags = {}
     for table in tables.values():
-        for build in (incremental_dag, rebuild_dag, restore_verify_dag):
+        recomputable = table.bronze or table.kind == "source"
+        for build in (incremental_dag, rebuild_dag, restore_verify_dag) if recomputable else (incremental_dag,):
             dag = build(table)
             dags[dag.dag_id] = dag
     return dags
