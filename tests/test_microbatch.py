@@ -99,6 +99,9 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
         last_fold = max(i for i in ids if i % 2 == 1)
         state = {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()}
         assert counts(mirror.frame(spark, rt, "movie_tickets_sold")) == state
+        batch, rows = mirror.committed_rows(rt, "movie_tickets_sold")     # delta-rs reads what Spark merged
+        assert batch == ids[-1]
+        assert {json.loads(k)[0]: json.loads(r)["tickets_sold"] for k, r in zip(*rows.to_pydict().values())} == state
         changes = spark.read.format("delta").load(mirror.changes_path(rt, "movie_tickets_sold"))
         assert {r["batch_id"] for r in changes.select("batch_id").distinct().collect()} == \
             {i for i in ids if i > last_fold}
