@@ -720,15 +720,12 @@ class MicroBatchRunner:
                  time.monotonic() - started)
 
     def _commit_group_offsets(self, commit: BatchCommit) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        consumer = Consumer({"bootstrap.servers": self.rt.bootstrap, "group.id": f"statetable.{self.table.name}",
-                             "enable.auto.commit": False})
-        try:
-            consumer.commit(offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()],
-                            asynchronous=False)
-        finally:
-            consumer.close()
+        from state.kafka_admin import group_committer
+
+        group_committer(self.rt.bootstrap, f"statetable.{self.table.name}").commit(
+            offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()], asynchronous=False)
 
 
 def engine_of(table: TableDefinition) -> str:

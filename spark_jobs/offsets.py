@@ -63,17 +63,16 @@ def spark_reader(spark, bootstrap: str, offsets: OffsetRange, group: str | None 
 
 def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
     """Low and high watermark of every partition of `topic`."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "statetable-planner", "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout)
-        topic_meta = metadata.topics.get(topic)
-        if topic_meta is None or topic_meta.error is not None:
-            raise LookupError(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
-        return {p: _watermark(consumer, TopicPartition(topic, p), timeout) for p in sorted(topic_meta.partitions)}
-    finally:
-        consumer.close()
+    from state.kafka_admin import metadata_consumer
+
+    consumer = metadata_consumer(bootstrap)
+    metadata = consumer.list_topics(topic, timeout=timeout)
+    topic_meta = metadata.topics.get(topic)
+    if topic_meta is None or topic_meta.error is not None:
+        raise LookupError(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
+    return {p: _watermark(consumer, TopicPartition(topic, p), timeout) for p in sorted(topic_meta.partitions)}
 
 
 def _watermark(consumer, partition, timeout: float) -> tuple[int, int]:

@@ -13,8 +13,6 @@ init_transactions fences any zombie and aborts its open transaction.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -24,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from state import codec, faults
 from state.digest import from_signed, to_signed
 from state.errors import StateFenced
-from state.kafka_admin import ensure_topic
+from state.kafka_admin import ensure_topic, metadata_consumer
 
 log = logging.getLogger(__name__)
 
@@ -158,29 +156,9 @@ class ChangelogRecord:
     batch_id: int
 
 
-_bounds_clients: dict[tuple[int, str], Consumer] = {}
-_bounds_guard = threading.Lock()
-
-
-def _bounds_client(bootstrap: str) -> Consumer:
-    """One metadata client per process and broker: every partition open asks for bounds, and a
-    new client costs ~60 ms of connecting. Keyed by pid, since a forked child cannot use its
-    parent's client."""
-    key = (os.getpid(), bootstrap)
-    with _bounds_guard:
-        client = _bounds_clients.get(key)
-        if client is None:
-            # Quiet (critical only): a broker gone for good would otherwise log a failed reconnect
-            # every backoff for the life of the process; a failing call still raises.
-            client = _bounds_clients[key] = Consumer({
-                "bootstrap.servers": bootstrap, "group.id": "statetable-restore", "enable.auto.commit": False,
-                "isolation.level": "read_committed", "log_level": 2})
-        return client
-
-
 def partition_bounds(bootstrap: str, topic: str, partition: int) -> tuple[int, int] | None:
     """(log start, end) offsets of a changelog partition; None if the topic is gone."""
-    consumer = _bounds_client(bootstrap)
+    consumer = metadata_consumer(bootstrap, read_committed=True)
     meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
     if meta is None or meta.error is not None or partition not in meta.partitions:
         return None

@@ -1,12 +1,41 @@
-"""Topic administration through confluent-kafka's AdminClient."""
+"""Topic administration through confluent-kafka's AdminClient, and the metadata clients that
+plans and partition opens share."""
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+import os
+import threading
+
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+_clients: dict[tuple, object] = {}
+_guard = threading.Lock()
+
+
+def _cached(kind, bootstrap: str, make):
+    """One client per process, kind and broker: a new one costs ~50-60 ms of connecting, and a
+    batch asks for topics, watermarks and bounds a dozen times. Keyed by pid, since a forked
+    child cannot use its parent's client. Quiet (critical only): a broker gone for good would
+    otherwise log a failed reconnect every backoff for the life of the process; a failing call
+    still raises."""
+    key = (os.getpid(), kind, bootstrap)
+    with _guard:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = make({"bootstrap.servers": bootstrap, "log_level": 2})
+        return client
 
 
 def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+    return _cached("admin", bootstrap, AdminClient)
+
+
+def metadata_consumer(bootstrap: str, read_committed: bool = False) -> Consumer:
+    """A consumer that never subscribes, for topic metadata and watermarks (read_committed: the
+    end is the last stable offset)."""
+    return _cached(("consumer", read_committed), bootstrap, lambda conf: Consumer({
+        **conf, "group.id": "statetable-metadata", "enable.auto.commit": False,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted"}))
 
 
 def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
@@ -28,7 +57,7 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
-    client = admin(bootstrap)  # keep it referenced: a collected client fails its futures with _DESTROY
+    client = admin(bootstrap)
     _wait(client.delete_topics([name], operation_timeout=30), "UNKNOWN_TOPIC_OR_PART")
 
 
@@ -40,3 +69,9 @@ def _wait(futures: dict, tolerated: str) -> None:
         except KafkaException as exc:
             if exc.args[0].name() != tolerated:
                 raise
+
+
+def group_committer(bootstrap: str, group: str) -> Consumer:
+    """A consumer of `group` that only commits offsets (for lag tools), never subscribes."""
+    return _cached(("group", group), bootstrap, lambda conf: Consumer({
+        **conf, "group.id": group, "enable.auto.commit": False}))
