@@ -19,7 +19,8 @@ from spark_jobs.definitions import TableDefinition
 from spark_jobs.microbatch import MicroBatchRunner
 from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
-from spark_jobs import catalog, parse
+from spark_jobs import catalog, mirror, parse
+from spark_jobs.compile import state_spec
 from state import faults
 
 log = logging.getLogger("statetable.batch")
@@ -316,11 +317,12 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
             part = st.open(p)
             tx = part.begin(batch_id)
             mine = {k: v for k, v in expected.items() if st.partition_of(k) == p}
-            for key, _ in part.items():
-                if key not in mine and in_scope(key):
-                    tx.delete(key)
+            gone = [key for key, _ in part.items() if key not in mine and in_scope(key)]
+            for key in gone:
+                tx.delete(key)
             for key, value in mine.items():
                 tx.put(key, value)
+            _mirror_changes(table, rt, batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
             result = tx.commit()
             st.snapshot(p)
             meta = part.meta
@@ -337,9 +339,18 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
     )
     batch_log.write_commit(commit)
+    mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
     log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, len(expected),
              commit.counts["keys_changed"], commit.seconds)
     return commit
+
+
+def _mirror_changes(table: TableDefinition, rt: Runtime, batch_id: int, partition: int, keys: list,
+                    values: list) -> None:
+    """A rebuild's changed rows for the Delta mirror, as a merge task writes them; committed with
+    the batch like theirs, so the mirror (and the joins that read it) follow a rebuild too."""
+    mirror.write_changes(mirror.changes_path(rt, table.name), table, batch_id, partition, keys, values,
+                         state_spec(table).aggregator)
 
 
 def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: BatchLog, last: BatchCommit,
@@ -365,13 +376,18 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     side = rt.state_dir / f".rebuild-{name}-{uuid.uuid4().hex[:8]}"
     st = StateTable(spec, side, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
     summaries = {}
+    # The mirror's rows of the old definition go: every key is written anew, and the others deleted.
+    old_keys = {tuple(json.loads(k)) for k in mirror.committed_rows(rt, name)[1].column("key").to_pylist()}
+    gone = sorted(old_keys - set(expected), key=repr)
     try:
         for p in range(spec.partitions):
             part = st.open(p)
             tx = part.begin(batch_id)
-            for key, value in expected.items():
-                if st.partition_of(key) == p:
-                    tx.put(key, value)
+            mine = {k: v for k, v in expected.items() if st.partition_of(k) == p}
+            for key, value in mine.items():
+                tx.put(key, value)
+            extra = gone if p == 0 else []
+            _mirror_changes(table, rt, batch_id, p, extra + list(mine), [None] * len(extra) + list(mine.values()))
             tx.commit()
             meta = part.meta
             summaries[p] = (meta.changelog_offset, format(meta.digest, "016x"), meta.key_count)
@@ -390,6 +406,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     )
     batch_log.write_commit(commit)
     faults.point("rebuild.after_cutover")
+    mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
     live, old = rt.state_dir / name, rt.state_dir / f".replaced-{name}-{uuid.uuid4().hex[:8]}"
     if live.exists():
         live.rename(old)

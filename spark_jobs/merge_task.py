@@ -133,8 +133,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from spark_jobs.compile import row_of
-    from spark_jobs.mirror import change_schema, write_changes
+    from spark_jobs.mirror import write_changes
 
     yield_cpu_to_queries()
     clock = [time.monotonic()]
@@ -171,13 +170,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         lap("commit")
         changed = list(dict.fromkeys(keys))
         if mirror_dir is not None:
-            aggregator = spec.aggregator
-            values = [part.get(k) for k in changed]
-            write_changes(mirror_dir, ctx.batch_id, partition, pa.table({
-                "key": [json.dumps(list(k), default=str) for k in changed],
-                "row": [json.dumps(row_of(ctx.table, k, v, aggregator), default=str) for k, v in zip(changed, values)],
-                "batch_id": [ctx.batch_id] * len(changed),
-                "deleted": [v is None for v in values]}, schema=change_schema()))
+            write_changes(mirror_dir, ctx.table, ctx.batch_id, partition, changed, [part.get(k) for k in changed],
+                          spec.aggregator)
             lap("mirror_changes")
         summary["delta_keys"] = len(changed)
         summary["ms"] = ms

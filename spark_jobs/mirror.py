@@ -57,10 +57,21 @@ def change_schema():
     return pa.schema([("key", pa.string()), ("row", pa.string()), ("batch_id", pa.int64()), ("deleted", pa.bool_())])
 
 
-def write_changes(folder: str, batch_id: int, partition: int, rows) -> None:
-    """A merge task's changed rows, written atomically under their fixed name."""
-    from spark_jobs.arrow_pass import write_parquet_atomically
+def write_changes(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list, values: list,
+                  aggregator=None) -> None:
+    """A partition's changed rows of a batch (value None: the key is gone), written atomically under
+    their fixed name; `aggregator` as for compile.row_of."""
+    import json
 
+    import pyarrow as pa
+
+    from spark_jobs.arrow_pass import write_parquet_atomically
+    from spark_jobs.compile import row_of
+
+    rows = pa.table({
+        "key": [json.dumps(list(k), default=str) for k in keys],
+        "row": [json.dumps(row_of(table, k, v, aggregator), default=str) for k, v in zip(keys, values)],
+        "batch_id": [batch_id] * len(keys), "deleted": [v is None for v in values]}, schema=change_schema())
     write_parquet_atomically(rows, folder, change_file(batch_id, partition))
 
 

@@ -88,7 +88,13 @@ def test_a_changed_definition_stops_writers_and_readers_until_a_rebuild_adopts_i
     serving.refresh_all([NAME])
     assert _served(serving, old_rows) == old_rows        # the old state still answers for the old definition
 
-    # The next writer drops the stale local store, restores the new state and goes on.
+    # The next writer drops the stale local store, restores the new state and goes on. Before any
+    # new input, the Delta mirror (what joins read) holds the new definition's rows, no old ones.
+    from spark_jobs import mirror
+
+    assert jobs.run(NAME, until_caught_up=True, spark=spark, rt=rt) == []
+    rows = [json.loads(r) for r in mirror.committed_rows(rt, NAME)[1].column("row").to_pylist()]
+    assert _same({r.pop("title"): r for r in rows}, _expected(rt, topic, new=True))
     samples.produce("movie_tickets_sold", rt.bootstrap, 500, suffix=suffix)
     jobs.run(NAME, until_caught_up=True, spark=spark, rt=rt)
     recorded = json.loads((rt.state_dir / NAME / "table.json").read_text())
