@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
 from spark_jobs.definitions import TableDefinition
-from spark_jobs.microbatch import MicroBatchRunner
+from spark_jobs.microbatch import MicroBatchRunner, per_state_partition
 from spark_jobs.offsets import OffsetRange, spark_reader
 from spark_jobs.runtime import Runtime
 from spark_jobs import catalog, mirror, parse
@@ -99,8 +99,6 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
 def _compare_group(ctx, group):
     """applyInArrow body: one state partition against its recomputed partials (a marker row
     makes every partition compare, also one the recomputation has no row for)."""
-    import json
-
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -108,8 +106,7 @@ def _compare_group(ctx, group):
 
     spec, state_dir, examples, table, purged_at = ctx
     partition = group.column("_sp")[0].as_py()
-    keys, values = partial_rows(table, group.filter(pc.invert(pc.is_null(group.column("_kind")))).drop_columns(
-        ["_sp", "_kind"]))
+    keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
     expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
     summary = _compare_partition((spec, state_dir, examples), partition, expected)
     return pa.table({"summary": [json.dumps(summary, default=str)]})
@@ -194,23 +191,17 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
 
     partials, purged_at = recomputed(spark, table, tables, rt)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    markers = spark.range(table.partitions).select(F.col("id").cast("int").alias("_sp"),
-                                                   F.lit(None).cast("string").alias("_kind"))
-    rows = markers if partials is None else \
-        partials.withColumn("_kind", F.lit("partial")).unionByName(markers, allowMissingColumns=True)
     ctx = (catalog.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
-    summaries = [json.loads(row["summary"]) for row in rows.groupBy("_sp").applyInArrow(
-        lambda group: _compare_group(ctx, group), "summary STRING").collect()]
-    reported = sorted(s["partition"] for s in summaries)
-    if reported != list(range(table.partitions)):
-        raise RuntimeError(f"verify {name}: compare tasks reported partitions {reported}")
-    for s in sorted(summaries, key=lambda s: s["partition"]):
+    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
+                                    f"verify {name}: compare")
+    for p, s in sorted(summaries.items()):
         result.keys_compared += s["keys_compared"]
         result.missing += s["missing"]
         result.unexpected += s["unexpected"]
         result.different += s["different"]
         if not s["digest_ok"]:
-            result.digest_mismatches.append(s["partition"])
+            result.digest_mismatches.append(p)
         result.examples.extend(s["examples"][:max(0, examples - len(result.examples))])
     result.seconds = round(time.monotonic() - started, 3)
     log.info("verify %s", result.summary())

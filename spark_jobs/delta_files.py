@@ -27,7 +27,8 @@ class DataFile:
     rows: int
 
 
-def _table(path: str):
+def load(path: str):
+    """The table's newest snapshot (delta-rs), or None where there is no table."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -38,12 +39,12 @@ def _table(path: str):
 
 
 def exists(path: str) -> bool:
-    return _table(path) is not None
+    return load(path) is not None
 
 
 def committed_version(path: str, app_id: str) -> int | None:
     """The newest version `app_id` committed to the table at `path` (None: none, or no table)."""
-    table = _table(path)
+    table = load(path)
     return None if table is None else table.transaction_version(app_id)
 
 
@@ -56,7 +57,7 @@ def commit_files(path: str, files: list[DataFile], schema: pa.Schema, app_id: st
     now = int(time.time() * 1000)
     actions = [AddAction(f.name, f.size, {}, now, True, json.dumps({"numRecords": f.rows})) for f in files]
     properties = CommitProperties(app_transactions=[Transaction(app_id, version, now)])
-    table = _table(path)
+    table = load(path)
     if table is None:
         if "://" not in path:
             os.makedirs(path, exist_ok=True)
@@ -82,7 +83,7 @@ def remove_files(path: str, chosen) -> int:
     (the tables this serves keep no history worth time travel). Returns how many."""
     from deltalake.transaction import RemoveAction
 
-    table = _table(path)
+    table = load(path)
     if table is None:
         return 0
     live = pa.table(table.get_add_actions(flatten=True)).to_pydict()

@@ -49,9 +49,6 @@ def _commit(ctx: MergeContext, partition: int, part, tx) -> dict:
     }
 
 
-SUMMARY_DDL = "summary STRING"
-
-
 def _partial_values(column, function: str) -> list:
     """A partial column from the Arrow pass as the Python values the aggregates fold."""
     values = column.to_pylist()

@@ -148,11 +148,14 @@ class MicroBatchRunner:
         folder = self.log.folder / "joins"
         pins = {}
         for name in sorted({join.table for join in self.table.joins}):
+            def file_of(batch: int | None) -> str:
+                return f"{name}.b{-1 if batch is None else batch}.parquet"
+
             batch = delta_files.committed_version(mirror.changes_path(self.rt, name), f"{name}.mirror_changes")
-            file = f"{name}.b{-1 if batch is None else batch}.parquet"
+            file = file_of(batch)
             if not (folder / file).exists():
                 batch, rows = mirror.committed_rows(self.rt, name)
-                file = f"{name}.b{-1 if batch is None else batch}.parquet"
+                file = file_of(batch)
                 write_parquet_atomically(_typed_rows(self.tables[name], rows), str(folder), file)
                 for old in folder.glob(f"{name}.b*.parquet"):     # no pending plan names them (we are planning)
                     if old.name != file:
@@ -475,24 +478,15 @@ class MicroBatchRunner:
         """The partials (`_kind` = "partial", `_sp`, keys and values), grouped by state partition (a
         shuffle of one row per key and input batch), and one merge task per partition; a marker
         row per partition makes every partition commit."""
-        from pyspark.sql import functions as F
-
-        from spark_jobs.merge_task import SUMMARY_DDL, merge_arrow
+        from spark_jobs.merge_task import merge_arrow
 
         table = self.table
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
                            self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog)
         mirror_dir = mirror.changes_path(self.rt, table.name)
-        markers = self.spark.range(table.partitions).select(F.lit("marker").alias("_kind"),
-                                                             F.col("id").cast("int").alias("_sp"))
-        grouped = partials.unionByName(markers, allowMissingColumns=True).groupBy("_sp")
-        results = grouped.applyInArrow(lambda group: merge_arrow(ctx, mirror_dir, group), SUMMARY_DDL).collect()
-        summaries = {}
-        for row in results:
-            summary = json.loads(row["summary"])
-            summaries[summary.pop("partition")] = summary
-        if sorted(summaries) != list(range(table.partitions)):
-            raise RuntimeError(f"{table.name} batch {batch_id}: merge tasks reported partitions {sorted(summaries)}")
+        summaries = per_state_partition(self.spark, partials, table.partitions,
+                                        lambda group: merge_arrow(ctx, mirror_dir, group),
+                                        f"{table.name} batch {batch_id}: merge")
         slowest = max(summaries.values(), key=lambda s: sum(s["ms"].values()))
         log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s", table.name, batch_id,
                  sum(s["delta_keys"] for s in summaries.values()), len(summaries), slowest["ms"])
@@ -726,6 +720,23 @@ class MicroBatchRunner:
 
         group_committer(self.rt.bootstrap, f"statetable.{self.table.name}").commit(
             offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()], asynchronous=False)
+
+
+def per_state_partition(spark, partials, partitions: int, body, what: str) -> dict[int, dict]:
+    """One Spark task per state partition over `partials` (rows with `_kind` = "partial" and
+    `_sp`), plus a marker row per partition so that every partition runs, also one without rows.
+    `body(group)` returns a one-row Arrow table whose `summary` is JSON with its `partition`."""
+    from pyspark.sql import functions as F
+
+    markers = spark.range(partitions).select(F.lit("marker").alias("_kind"), F.col("id").cast("int").alias("_sp"))
+    rows = markers if partials is None else partials.unionByName(markers, allowMissingColumns=True)
+    summaries = {}
+    for row in rows.groupBy("_sp").applyInArrow(body, "summary STRING").collect():
+        summary = json.loads(row["summary"])
+        summaries[summary.pop("partition")] = summary
+    if sorted(summaries) != list(range(partitions)):
+        raise RuntimeError(f"{what} tasks reported partitions {sorted(summaries)}")
+    return summaries
 
 
 def engine_of(table: TableDefinition) -> str:

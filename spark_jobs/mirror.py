@@ -99,12 +99,13 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
     from pyspark.sql import Window, functions as F
 
     started = time.monotonic()
-    folded = delta_files.committed_version(path, f"{table.name}.mirror")
+    target = delta_files.load(path)
+    folded = None if target is None else target.transaction_version(f"{table.name}.mirror")
     if folded is None or folded < batch_id:
         latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
         source = (spark.read.format("delta").load(changes).where(F.col("batch_id") <= batch_id)
                   .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
-        if not delta_files.exists(path):        # created by delta-rs: no Spark job for an empty table
+        if target is None:        # created by delta-rs: no Spark job for an empty table
             delta_files.commit_files(path, [], change_schema(), f"{table.name}.mirror", -1)
         spark.conf.set("spark.databricks.delta.write.txnAppId", f"{table.name}.mirror")
         spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
@@ -145,8 +146,8 @@ def committed_rows(rt: Runtime, table: str, attempts: int = 5):
     columns = ["key", "row", "batch_id", "deleted"]
     for attempt in range(attempts):
         try:
-            folded = delta_files._table(mirror_path(rt, table))
-            changes = delta_files._table(changes_path(rt, table))
+            folded = delta_files.load(mirror_path(rt, table))
+            changes = delta_files.load(changes_path(rt, table))
             batch = changes.transaction_version(f"{table}.mirror_changes") if changes is not None else None
             parts = [empty]
             if folded is not None:
@@ -155,7 +156,7 @@ def committed_rows(rt: Runtime, table: str, attempts: int = 5):
             if changes is not None:
                 parts.append(changes.to_pyarrow_table(columns=columns))
             both = pa.concat_tables([p.cast(empty.schema) for p in parts])
-            again = delta_files._table(mirror_path(rt, table))
+            again = delta_files.load(mirror_path(rt, table))
             if (again.version() if again is not None else None) == (folded.version() if folded is not None else None):
                 break
         except (OSError, ValueError) as exc:      # a changes file deleted by a fold while read
@@ -172,12 +173,10 @@ def committed_rows(rt: Runtime, table: str, attempts: int = 5):
 
 def frame(spark, rt: Runtime, table: str):
     """The mirror as of the last committed batch (VIEW_SQL as a DataFrame)."""
-    import os
-
     from pyspark.sql import Window, functions as F
 
     def load(path):
-        if os.path.isdir(f"{path}/_delta_log"):
+        if delta_files.exists(path):
             return spark.read.format("delta").load(path).select("key", "row", "batch_id", "deleted")
         return spark.createDataFrame([], CHANGE_DDL)
 
