@@ -29,13 +29,13 @@ def key_names(table: TableDefinition) -> list[str]:
     return names + (["window_start"] if table.window else [])
 
 
-def _finite(value):
+def finite_value(value):
     """NaN and infinities as None: JSON has no such numbers, and state written before they
     were dead-lettered may still hold them."""
     if type(value) is float:
         return value if math.isfinite(value) else None
     if isinstance(value, (tuple, list)):
-        return type(value)(_finite(v) for v in value)
+        return type(value)(finite_value(v) for v in value)
     return value
 
 
@@ -52,5 +52,5 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         row.update((aggregator or state_spec(table).aggregator).result(value))
     for name, item in row.items():
         if type(item) is float or isinstance(item, (tuple, list)):
-            row[name] = _finite(item)
+            row[name] = finite_value(item)
     return row

@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import pyarrow as pa
+
 from state import codec, faults
 from state.table import StateTable
 from state.windows import purge
-from spark_jobs.arrow_pass import key_columns
+from spark_jobs.arrow_pass import encoded_keys, key_columns
 from spark_jobs.compile import state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.priority import yield_cpu_to_queries
@@ -33,8 +35,9 @@ class MergeContext:
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
 
 
-def _commit(ctx: MergeContext, partition: int, part, tx) -> dict:
-    """Purge expired windows, commit the partition's batch, and summarise it for the driver."""
+def _commit(ctx: MergeContext, partition: int, part, tx) -> tuple[dict, dict]:
+    """Purge expired windows, commit the partition's batch, and summarise it for the driver;
+    also the commit's changes (encoded key -> new bytes)."""
     purged = 0
     if ctx.purge_watermark is not None and ctx.table.window is not None:
         purged = purge(part, tx, ctx.table.window, ctx.purge_watermark)
@@ -46,12 +49,14 @@ def _commit(ctx: MergeContext, partition: int, part, tx) -> dict:
         "noop": result.noop, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
         "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "applied_batch": meta.applied_batch,
         "purged": purged, "rejected": [(list(codec.decode_key(k)), reason) for k, reason in result.rejected],
-    }
+    }, result.changes
 
 
 def _partial_values(column, function: str) -> list:
     """A partial column from the Arrow pass as the Python values the aggregates fold."""
     values = column.to_pylist()
+    if function == "sum" and (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        return values
     if function in ("sum",):
         return [None if v is None else _number(v) for v in values]
     if function == "avg":
@@ -79,12 +84,18 @@ def partial_rows(table: TableDefinition, partials) -> tuple[list[tuple], list]:
     if not partials.num_rows:
         return [], []
     keys = list(zip(*[partials.column(c).to_pylist() for c in key_columns(partials)]))
+    return keys, partial_values(table, partials)
+
+
+def partial_values(table: TableDefinition, partials) -> list:
+    """The values of `partial_rows`, without the keys."""
+    if not partials.num_rows:
+        return []
     if table.kind == "source":
         columns = [partials.column(f"_v{i}").to_pylist() for i in range(len(table.value_columns))]
-        return keys, [None if deleted else tuple(col[row] for col in columns)
-                      for row, deleted in enumerate(partials.column("_del").to_pylist())]
-    columns = [_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]
-    return keys, [tuple(col[row] for col in columns) for row in range(len(keys))]
+        rows = list(zip(*columns))
+        return [None if deleted else row for row, deleted in zip(rows, partials.column("_del").to_pylist())]
+    return list(zip(*[_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]))
 
 
 def _combined(partials, table: TableDefinition):
@@ -121,6 +132,28 @@ def _combined(partials, table: TableDefinition):
     return pa.table(out)
 
 
+def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, partition: int, partials,
+                          last: dict, changes: dict | None) -> None:
+    """The batch's mirror change file: the rows its commit changed. A re-run of a committed batch
+    (`changes` None) writes every partial key's row from the state, since the first run may have
+    died before its file was written."""
+    import pyarrow as pa
+
+    from spark_jobs.mirror import write_change_columns
+
+    if changes is None:
+        rows = list(last.values())
+        raw = part.get_raw_many(list(last))
+    else:
+        rows = [row for key, row in last.items() if key in changes]
+        raw = [changes[key] for key in last if key in changes]
+    decode = codec.decode_value
+    take = pa.array(rows, pa.int64())
+    write_change_columns(folder, ctx.table, ctx.batch_id, partition,
+                         [partials.column(c).take(take) for c in key_columns(partials)],
+                         [None if r is None else decode(r) for r in raw], aggregator)
+
+
 def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     """applyInArrow body: one state partition's partials of one batch (`group`, with one marker row
     so that every partition commits, even one without input). Returns the commit summary; the
@@ -129,8 +162,6 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
 
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from spark_jobs.mirror import write_changes
 
     yield_cpu_to_queries()
     clock = [time.monotonic()]
@@ -151,26 +182,27 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     try:
         part = table.open(partition)
         lap("open")
-        keys, values = partial_rows(ctx.table, partials)
+        keys, values = encoded_keys(partials), partial_values(ctx.table, partials)
         tx = part.begin(ctx.batch_id)
         if ctx.table.kind == "source":
             for key, value in zip(keys, values):
                 if value is None:
-                    tx.delete(key)
+                    tx.delete_encoded(key)
                 else:
-                    tx.put(key, value)
+                    tx.put_encoded(key, value)
         else:
             for key, value in zip(keys, values):
-                tx.merge(key, value)
+                tx.merge_encoded(key, value)
         lap("fold")
-        summary = {"partition": partition, **_commit(ctx, partition, part, tx)}
+        commit, changes = _commit(ctx, partition, part, tx)
+        summary = {"partition": partition, **commit}
         lap("commit")
-        changed = list(dict.fromkeys(keys))
+        last = {key: row for row, key in enumerate(keys)}     # a key's last row, once per key
         if mirror_dir is not None:
-            write_changes(mirror_dir, ctx.table, ctx.batch_id, partition, changed, [part.get(k) for k in changed],
-                          spec.aggregator)
+            _write_mirror_changes(ctx, mirror_dir, spec.aggregator, part, partition, partials, last,
+                                  None if commit["noop"] else changes)
             lap("mirror_changes")
-        summary["delta_keys"] = len(changed)
+        summary["delta_keys"] = len(last)
         summary["ms"] = ms
     finally:
         table.close()

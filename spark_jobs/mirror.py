@@ -17,11 +17,16 @@ leaves changes that are already in the mirror; the overlay gives them the same a
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from state import faults
 from spark_jobs import delta_files
+from spark_jobs.compile import finite_value, key_names
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.runtime import Runtime
 
@@ -52,27 +57,106 @@ CHANGE_DDL = "key STRING, row STRING, batch_id BIGINT, deleted BOOLEAN"
 
 
 def change_schema():
-    import pyarrow as pa
-
     return pa.schema([("key", pa.string()), ("row", pa.string()), ("batch_id", pa.int64()), ("deleted", pa.bool_())])
 
 
 def write_changes(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list, values: list,
                   aggregator=None) -> None:
     """A partition's changed rows of a batch (value None: the key is gone), written atomically under
-    their fixed name; `aggregator` as for compile.row_of."""
-    import json
+    their fixed name; `aggregator` as for compile.row_of. Keys are tuples; see write_change_columns."""
+    columns = [list(c) for c in zip(*keys)] if keys else [[] for _ in key_names(table)]
+    write_change_columns(folder, table, batch_id, partition, columns, values, aggregator)
 
-    import pyarrow as pa
 
+def write_change_columns(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list,
+                         values: list, aggregator=None) -> None:
+    """write_changes with the keys as columns (Arrow arrays or lists), as the merge tasks hold them.
+
+    The rows are the JSON that `json.dumps(row_of(...), default=str)` gives, byte for byte (the
+    key column is what the folds MERGE on), but built column-wise: integer and plain-ASCII string
+    columns in Arrow, other values one by one. A million-key batch has a million rows here."""
     from spark_jobs.arrow_pass import write_parquet_atomically
-    from spark_jobs.compile import row_of
 
-    rows = pa.table({
-        "key": [json.dumps(list(k), default=str) for k in keys],
-        "row": [json.dumps(row_of(table, k, v, aggregator), default=str) for k, v in zip(keys, values)],
-        "batch_id": [batch_id] * len(keys), "deleted": [v is None for v in values]}, schema=change_schema())
+    deleted = [v is None for v in values]
+    key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
+    value_names, value_columns = _value_columns(table, values, aggregator)
+    # A dict's order: a value column named like a key column (a source table's key) takes the
+    # key's place, as row_of's dict.update does.
+    row_parts = {**key_parts, **dict(zip(value_names, [_json_fragments(c, finite=True) for c in value_columns]))}
+    key_json = _joined("[", _separated(key_parts.values()), "]")
+    key_row = _joined("{", _separated(key_parts.values(), list(key_parts)), "}")
+    if not value_columns or all(deleted):
+        row_json = key_row
+    else:
+        row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
+                              _joined("{", _separated(row_parts.values(), list(row_parts)), "}"))
+    rows = pa.table({"key": key_json, "row": row_json, "batch_id": pa.array([batch_id] * len(values), pa.int64()),
+                     "deleted": pa.array(deleted, pa.bool_())}, schema=change_schema())
     write_parquet_atomically(rows, folder, change_file(batch_id, partition))
+
+
+_COMMA = pa.scalar(", ")
+_PLAIN = r"^[ !#-\[\]-~]*$"      # printable ASCII but '"' and '\': json.dumps only adds the quotes
+
+
+def _separated(parts, names: list[str] | None = None) -> list:
+    """Fragments with ", " between them, each after its `"name": ` when names are given."""
+    out = []
+    for i, part in enumerate(parts):
+        out += [_COMMA] if i else []
+        out += [pa.scalar(json.dumps(names[i]) + ": ")] if names else []
+        out.append(part)
+    return out
+
+
+def _joined(opening: str, parts: list, closing: str):
+    return pc.binary_join_element_wise(pa.scalar(opening), *parts, pa.scalar(closing), pa.scalar(""))
+
+
+def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[list[str], list[list]]:
+    """The row's value columns as the API shows them, column by column (None for a deleted row)."""
+    if table.kind == "source":
+        names = list(table.value_columns)
+        return names, [[None if v is None else v[i] for v in values] for i in range(len(names))]
+    from state.aggregates import Aggregate
+    from spark_jobs.compile import state_spec
+
+    aggregator = aggregator or state_spec(table).aggregator
+    columns = []
+    for i, agg in enumerate(aggregator.columns.values()):
+        states = [None if v is None else v[i] for v in values]
+        if type(agg).result is not Aggregate.result:
+            states = [None if v is None else agg.result(s) for v, s in zip(values, states)]
+        columns.append(states)
+    return list(aggregator.columns), columns
+
+
+def _json_fragments(column, finite: bool = False):
+    """Each value of a column as json.dumps writes it (`finite`: NaN and infinities as null, as
+    row_of does)."""
+    array = None
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        array, column = column, None
+    else:
+        try:
+            array = pa.array(column)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass
+    if array is not None:
+        kind = array.type
+        text = None
+        if pa.types.is_integer(kind) or pa.types.is_null(kind):
+            text = array.cast(pa.string())
+        elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)) and \
+                pc.all(pc.match_substring_regex(array, _PLAIN)).as_py() is not False:
+            text = pc.binary_join_element_wise(pa.scalar('"'), array, pa.scalar('"'), pa.scalar(""))
+        if text is not None:
+            return pc.fill_null(text, "null")
+        if column is None:
+            column = array.to_pylist()
+    if finite:
+        return pa.array([json.dumps(finite_value(v), default=str) for v in column], pa.string())
+    return pa.array([json.dumps(v, default=str) for v in column], pa.string())
 
 
 def commit_changes(rt: Runtime, table: str, batch_id: int) -> None:
@@ -138,9 +222,6 @@ def committed_rows(rt: Runtime, table: str, attempts: int = 5):
     The mirror is loaded before the changes: a fold that lands in between moves rows out of the
     changes that the loaded mirror lacks, so the mirror's version is checked again afterwards and
     the read repeated (as when a fold deletes a changes file while it is read)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     empty = pa.table({"key": pa.array([], pa.string()), "row": pa.array([], pa.string()),
                       "batch_id": pa.array([], pa.int64()), "deleted": pa.array([], pa.bool_())})
     columns = ["key", "row", "batch_id", "deleted"]

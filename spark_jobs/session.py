@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from deploy import jars
 from spark_jobs.priority import batch_niceness, yield_cpu_to_queries
+
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -32,6 +35,7 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         # The Arrow pass pre-aggregates per Arrow batch: bigger batches, fewer partial rows to shuffle.
         "spark.sql.execution.arrow.maxRecordsPerBatch": os.environ.get("STATETABLE_ARROW_BATCH_RECORDS", "200000"),
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
         **DELTA_CONF,
     }
     # Under spark-submit the master comes from the command line (the Airflow

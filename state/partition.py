@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from state import codec, digest as digests, faults
@@ -52,6 +52,7 @@ class CommitResult:
     key_count: int
     seconds: float = 0.0
     rejected: tuple = ()     # ((encoded key, reason), ...): kept at their old value, see Transaction.commit
+    changes: dict = field(default_factory=dict, repr=False, compare=False)   # encoded key -> new bytes (None: deleted)
 
 
 class StatePartition:
@@ -76,6 +77,10 @@ class StatePartition:
     def get(self, key: tuple):
         raw = self.backend.get(codec.encode_key(key))
         return None if raw is None else codec.decode_value(raw)
+
+    def get_raw_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """Stored bytes of encoded keys, for callers that decode or forward them in bulk."""
+        return self.backend.multi_get(keys)
 
     def items(self, prefix: tuple = ()) -> Iterator[tuple[tuple, object]]:
         start = codec.encode_key(prefix) if prefix else None
@@ -210,10 +215,17 @@ class Transaction:
 
     # -- writes --------------------------------------------------------------
     def put(self, key: tuple, value) -> None:
-        self._ops[codec.encode_key(key)] = (_PUT, value)
+        self.put_encoded(codec.encode_key(key), value)
 
     def delete(self, key: tuple) -> None:
-        self._ops[codec.encode_key(key)] = (_DELETE, None)
+        self.delete_encoded(codec.encode_key(key))
+
+    # Callers that encoded a whole batch's keys at once (see spark_jobs.arrow_pass.encoded_keys).
+    def put_encoded(self, key: bytes, value) -> None:
+        self._ops[key] = (_PUT, value)
+
+    def delete_encoded(self, key: bytes) -> None:
+        self._ops[key] = (_DELETE, None)
 
     def merge(self, key: tuple, partial) -> None:
         self.merge_encoded(codec.encode_key(key), partial)
@@ -308,4 +320,4 @@ class Transaction:
             log.warning("%s[%d] batch %d: %d keys refused (%s); they keep their old values", part.table,
                         part.partition, self.batch_id, len(rejected), sorted({r for _, r in rejected}))
         return CommitResult(self.batch_id, False, len(changes), offset, digest, count,
-                            time.monotonic() - started, tuple(rejected))
+                            time.monotonic() - started, tuple(rejected), changes)
