@@ -725,13 +725,29 @@ class MicroBatchRunner:
 def per_state_partition(spark, partials, partitions: int, body, what: str) -> dict[int, dict]:
     """One Spark task per state partition over `partials` (rows with `_kind` = "partial" and
     `_sp`), plus a marker row per partition so that every partition runs, also one without rows.
-    `body(group)` returns a one-row Arrow table whose `summary` is JSON with its `partition`."""
+    `body(group)` returns a one-row Arrow table whose `summary` is JSON with its `partition`.
+
+    Rows go to the task whose index is their `_sp` (repartitionById). A groupBy would hash the
+    ids: with 4 partitions, ids 0, 1 and 3 hash to one shuffle partition, so one task merged three
+    partitions in turn while another idled."""
     from pyspark.sql import functions as F
 
     markers = spark.range(partitions).select(F.lit("marker").alias("_kind"), F.col("id").cast("int").alias("_sp"))
     rows = markers if partials is None else partials.unionByName(markers, allowMissingColumns=True)
+
+    def run(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        batches = list(batches)
+        if not batches:
+            return
+        rows = pa.Table.from_batches(batches)
+        for sp in sorted(pc.unique(rows.column("_sp")).to_pylist()):     # one, unless tasks were merged
+            yield from body(rows.filter(pc.equal(rows.column("_sp"), sp))).to_batches()
+
     summaries = {}
-    for row in rows.groupBy("_sp").applyInArrow(body, "summary STRING").collect():
+    for row in rows.repartitionById(partitions, "_sp").mapInArrow(run, "summary STRING").collect():
         summary = json.loads(row["summary"])
         summaries[summary.pop("partition")] = summary
     if sorted(summaries) != list(range(partitions)):
