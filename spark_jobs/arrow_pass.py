@@ -362,6 +362,22 @@ def _timestamps(col):
         return pc.cast(pc.cast(col, pa.timestamp("us")), pa.timestamp("us", tz="UTC"))
 
 
+# Measured on 200k records of 25 bytes: 256 KiB blocks parse in 65 ms, one 5 MB block in 94 ms.
+# No reader threads: Spark runs one Python worker per core already.
+READ_BLOCK_BYTES = 1 << 18
+
+
+def _lines(values: pa.Array) -> pa.Buffer:
+    """The values as one newline-delimited buffer for the JSON reader: each value with a newline
+    appended, element-wise, so the new array's data buffer is the text (6 ms per 200k records,
+    where a binary_join over a list of them took 126 ms)."""
+    lines = pc.binary_join_element_wise(values, pa.scalar(b"\n", values.type), pa.scalar(b"", values.type))
+    width = 8 if pa.types.is_large_binary(lines.type) or pa.types.is_large_string(lines.type) else 4
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64 if width == 8 else np.int32,
+                            count=len(lines) + 1, offset=lines.offset * width)
+    return lines.buffers()[2][int(offsets[0]):int(offsets[-1])]
+
+
 def _read_block(values: pa.Array, schema: list[tuple[str, str]]) -> pa.Table:
     """A block of JSON objects as typed columns. TIMESTAMP fields are read as text, or, when the
     block's are JSON numbers (epoch milliseconds), as integers."""
@@ -369,14 +385,14 @@ def _read_block(values: pa.Array, schema: list[tuple[str, str]]) -> pa.Table:
 
     if not len(values):
         return pa.table({n: pa.array([], arrow_type(t)) for n, t in schema})
-    text = pc.binary_join(pa.array([values], type=pa.list_(values.type)), b"\n")[0].as_buffer()
+    text = _lines(values)
     variants = [pa.schema([(n, _reader_type(t)) for n, t in schema])]
     if any(t == "TIMESTAMP" for _, t in schema):
         variants.append(pa.schema([(n, pa.int64() if t == "TIMESTAMP" else _reader_type(t)) for n, t in schema]))
     for attempt, reader_schema in enumerate(variants):
         try:
             parsed = pj.read_json(pa.BufferReader(text),
-                                  read_options=pj.ReadOptions(block_size=max(1 << 20, len(text) + 1)),
+                                  read_options=pj.ReadOptions(block_size=READ_BLOCK_BYTES, use_threads=False),
                                   parse_options=pj.ParseOptions(explicit_schema=reader_schema,
                                                                 unexpected_field_behavior="ignore"))
             break
@@ -399,7 +415,7 @@ def parse_values(values: pa.Array, schema: list[tuple[str, str]]):
         if hi - lo >= SPLIT_BELOW:
             try:
                 good.append(_read_block(chunk, schema))
-                good_index.append(pa.array(range(lo, hi), pa.int64()))
+                good_index.append(pa.array(np.arange(lo, hi, dtype=np.int64)))
                 return
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
                 mid = (lo + hi) // 2
@@ -455,8 +471,12 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     simple = pc.and_(pc.fill_null(simple, False), pc.invert(too_large))
     candidates = pc.indices_nonzero(simple)
     odd = pc.indices_nonzero(pc.and_(pc.invert(simple), pc.and_(pc.invert(is_null), pc.invert(too_large))))
-    idx = pa.concat_arrays([candidates.cast(pa.int64()), odd.cast(pa.int64())])
-    parsed, parsed_pos, bad = parse_values(pc.take(values, idx), table.schema)
+    if len(candidates) == n:          # the common case: every value looks like one object, in order
+        idx = pa.array(np.arange(n, dtype=np.int64))
+        parsed, parsed_pos, bad = parse_values(values, table.schema)
+    else:
+        idx = pa.concat_arrays([candidates.cast(pa.int64()), odd.cast(pa.int64())])
+        parsed, parsed_pos, bad = parse_values(pc.take(values, idx), table.schema)
     good_index = pc.take(idx, parsed_pos)
     dead_index = [int(idx[i].as_py()) for i, _ in bad]
     dead_reason = [r for _, r in bad]
@@ -508,7 +528,7 @@ def _dead_letters(batch: pa.RecordBatch, index, reasons: list[str], spec: PassSp
 
 
 def _any_null(table: pa.Table, names: list[str]):
-    mask = pa.array([False] * table.num_rows)
+    mask = pa.array(np.zeros(table.num_rows, dtype=bool))
     for name in names:
         mask = pc.or_(mask, pc.is_null(table.column(name)))
     return mask
