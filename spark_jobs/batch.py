@@ -97,7 +97,7 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
 
 
 def _compare_group(ctx, group):
-    """applyInArrow body: one state partition against its recomputed partials (a marker row
+    """Verify-task body (see microbatch.per_state_partition): one state partition against its recomputed partials (a marker row
     makes every partition compare, also one the recomputation has no row for)."""
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -155,7 +155,7 @@ def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, part
 
 
 def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
-    """applyInArrow body: one state partition's partials of one batch (`group`, with one marker row
+    """Merge-task body (see microbatch.per_state_partition): one state partition's partials of one batch (`group`, with one marker row
     so that every partition commits, even one without input). Returns the commit summary; the
     changed rows go to a Parquet file of the batch's mirror changes, never through the driver."""
     import json

@@ -266,7 +266,7 @@ class MicroBatchRunner:
     def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
         """One Arrow pass over the batch (arrow_pass.run): parse, classify, filter, window and
         pre-aggregate per input partition; bronze Parquet from the workers; the partials go by
-        state partition to one merge task each (applyInArrow). Nothing re-reads the batch."""
+        state partition to one merge task each (per_state_partition). Nothing re-reads the batch."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
