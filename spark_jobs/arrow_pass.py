@@ -691,9 +691,9 @@ def encoded_keys(partials: pa.Table) -> list[bytes]:
     """`codec.encode_key` of every row's key. String and integer key columns are encoded column by
     column in Arrow: a merge task of a million-key batch encodes each key twice, and one Python
     encode per key cost seconds. Other key types take the codec row by row; the bytes are the same."""
-    names = key_columns(partials)
     if not partials.num_rows:
         return []
+    names = key_columns(partials)
     parts = [_encoded_column(partials.column(c)) for c in names]
     if any(part is None for part in parts):
         return [codec.encode_key(key) for key in zip(*[partials.column(c).to_pylist() for c in names])]

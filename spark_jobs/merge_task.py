@@ -137,8 +137,6 @@ def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, part
     """The batch's mirror change file: the rows its commit changed. A re-run of a committed batch
     (`changes` None) writes every partial key's row from the state, since the first run may have
     died before its file was written."""
-    import pyarrow as pa
-
     from spark_jobs.mirror import write_change_columns
 
     if changes is None:
@@ -155,12 +153,12 @@ def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, part
 
 
 def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
-    """Merge-task body (see microbatch.per_state_partition): one state partition's partials of one batch (`group`, with one marker row
-    so that every partition commits, even one without input). Returns the commit summary; the
-    changed rows go to a Parquet file of the batch's mirror changes, never through the driver."""
+    """Merge-task body (see microbatch.per_state_partition): one state partition's partials of one
+    batch (`group`, with one marker row so that every partition commits, even one without input).
+    Returns the commit summary; the changed rows go to a Parquet file of the batch's mirror
+    changes, never through the driver."""
     import json
 
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     yield_cpu_to_queries()

@@ -742,9 +742,9 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
         batches = list(batches)
         if not batches:
             return
-        rows = pa.Table.from_batches(batches)
-        for sp in sorted(pc.unique(rows.column("_sp")).to_pylist()):     # one, unless tasks were merged
-            yield from body(rows.filter(pc.equal(rows.column("_sp"), sp))).to_batches()
+        task = pa.Table.from_batches(batches)
+        for sp in sorted(pc.unique(task.column("_sp")).to_pylist()):     # one, unless tasks were merged
+            yield from body(task.filter(pc.equal(task.column("_sp"), sp))).to_batches()
 
     summaries = {}
     for row in rows.repartitionById(partitions, "_sp").mapInArrow(run, "summary STRING").collect():

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state import faults
+from state.aggregates import Aggregate
 from spark_jobs import delta_files
-from spark_jobs.compile import finite_value, key_names
+from spark_jobs.compile import finite_value, key_names, state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.runtime import Runtime
 
@@ -118,9 +119,6 @@ def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[li
     if table.kind == "source":
         names = list(table.value_columns)
         return names, [[None if v is None else v[i] for v in values] for i in range(len(names))]
-    from state.aggregates import Aggregate
-    from spark_jobs.compile import state_spec
-
     aggregator = aggregator or state_spec(table).aggregator
     columns = []
     for i, agg in enumerate(aggregator.columns.values()):
