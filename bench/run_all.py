@@ -33,9 +33,14 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
     reference = produce_random(bootstrap, topic, events, keys)
     print(f"[count] produced {events:,} events over {len(reference):,} keys in "
           f"{time.perf_counter() - started:.1f}s", flush=True)
+    # statetable takes the backlog in one micro-batch, as Spark Structured Streaming's availableNow does
+    # without maxOffsetsPerTrigger; a second row keeps the table's default of up to 1M records a batch.
     runs = [
-        run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data",
+        run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data", "--batch", str(events),
                                                 "--event-log", work / "st/events"), work / "st", env=peers.QUIET_SPARK),
+        run_peer("statetable (1M-record batches)", peers.statetable(
+            bootstrap, topic, work / "st1m", work / "st1m/data", "--batch", "1000000"), work / "st1m",
+            env=peers.QUIET_SPARK),
         run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
             bootstrap, topic, work / "sss", work / "sss/checkpoint"), work / "sss", env=peers.QUIET_SPARK),
         run_peer("Apache Flink SQL", peers.flink(bootstrap, topic, work / "flink"), work / "flink"),
@@ -60,7 +65,7 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
     spy = work / "st-pyspy"
     cmd = [Path(sys.executable).parent / "py-spy", "record", "--subprocesses", "--idle", "-r", "50",
            "-f", "speedscope", "-o", spy / "profile.speedscope.json", "--",
-           *peers.statetable(bootstrap, topic, spy, spy / "data")]
+           *peers.statetable(bootstrap, topic, spy, spy / "data", "--batch", str(events))]
     try:
         run_peer("statetable under py-spy", cmd, spy, env=peers.QUIET_SPARK)
         spied = profile.pyspy_summary(spy / "profile.speedscope.json")

@@ -660,6 +660,43 @@ def _topk(events: pa.Table, grouped: pa.Table, keys: list[str], args: list[str],
     return pa.array([best.get(key, []) for key in order], pa.list_(entry))
 
 
+FOLDABLE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "avg": "sum"}   # partial -> how partials fold
+FOLD_ROWS = 1 << 19     # partial rows a pass task holds before it folds them (and, if still this many, hands them on)
+
+
+def foldable(table: TableDefinition) -> bool:
+    """Whether partials of one key fold into one in Arrow: an aggregate table of plain aggregates."""
+    return table.kind == "aggregate" and all(a.function in FOLDABLE for a in table.aggregates)
+
+
+def combine_partials(partials: pa.Table, table: TableDefinition) -> pa.Table:
+    """Partials of one key from several Arrow batches or tasks, folded into one row per key, so the
+    shuffle and the state see one row per key, not one per Arrow batch. Other tables' partials
+    (top-n, latest, distinct counts, sources) are returned as they are."""
+    if not foldable(table) or not partials.num_rows:
+        return partials
+    keys = key_columns(partials)
+    flat, aggs = {k: partials.column(k) for k in keys}, []
+    for i, agg in enumerate(table.aggregates):
+        col, how = partials.column(f"_a{i}"), FOLDABLE[agg.function]
+        if agg.function == "avg":
+            flat[f"_a{i}s"], flat[f"_a{i}n"] = pc.struct_field(col, "s"), pc.struct_field(col, "n")
+            aggs += [(f"_a{i}s", "sum"), (f"_a{i}n", "sum")]
+        else:
+            flat[f"_a{i}"] = col        # a SUM of only nulls stays null (min_count=1)
+            aggs.append((f"_a{i}", how, pc.ScalarAggregateOptions(min_count=1)))
+    grouped = pa.table(flat).group_by(keys, use_threads=False).aggregate(aggs)
+    out = {k: grouped.column(k) for k in keys}
+    for i, agg in enumerate(table.aggregates):
+        if agg.function == "avg":
+            out[f"_a{i}"] = pa.StructArray.from_arrays(
+                [grouped.column(f"_a{i}s_sum").combine_chunks(), grouped.column(f"_a{i}n_sum").combine_chunks()],
+                names=["s", "n"])
+        else:
+            out[f"_a{i}"] = grouped.column(f"_a{i}_{FOLDABLE[agg.function]}")
+    return pa.table(out)
+
+
 def key_columns(partials: pa.Table) -> list[str]:
     """The key columns of partials, in order (_k0, _k1, ...; the window start last)."""
     return sorted((c for c in partials.column_names if c[:2] == "_k" and c[2:].isdigit()), key=lambda c: int(c[2:]))
@@ -718,6 +755,7 @@ def run(spec: PassSpec, batches):
     where = where_expression(spec.table) if spec.table.where else None
     counts: dict[str, int] = {}
     max_event = None
+    fold, held = foldable(spec.table), []       # a task's partials, folded across its Arrow batches
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -745,14 +783,33 @@ def run(spec: PassSpec, batches):
             yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
         if selected.num_rows:
             partials = preaggregate(selected, spec)
-            partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions)) \
-                .append_column("_kind", pa.array(["partial"] * partials.num_rows))
-            yield _shaped(partials, schema)
+            if not fold:
+                yield _tagged_partials(partials, spec, schema)
+                continue
+            held.append(partials)
+            if sum(t.num_rows for t in held) >= FOLD_ROWS:
+                folded = _folded(held, spec.table)
+                held = [folded]
+                if folded.num_rows >= FOLD_ROWS // 2:     # mostly distinct keys: folding again gains little
+                    yield _tagged_partials(folded, spec, schema)
+                    held = []
+    if held:
+        yield _tagged_partials(_folded(held, spec.table), spec, schema)
     if max_event is not None:
         counts["max_event_ms"] = max_event
     if counts:
         yield _shaped(pa.table({"_kind": ["stat"] * len(counts), "stat": list(counts),
                                 "stat_value": pa.array(list(counts.values()), pa.int64())}), schema)
+
+
+def _folded(held: list[pa.Table], table: TableDefinition) -> pa.Table:
+    return held[0] if len(held) == 1 else combine_partials(pa.concat_tables(held, promote_options="permissive"), table)
+
+
+def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> pa.RecordBatch:
+    partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions)) \
+        .append_column("_kind", pa.array(["partial"] * partials.num_rows))
+    return _shaped(partials, schema)
 
 
 def _shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from state import codec, faults
 from state.table import StateTable
 from state.windows import purge
-from spark_jobs.arrow_pass import encoded_keys, key_columns
+from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
 from spark_jobs.compile import state_spec
 from spark_jobs.definitions import TableDefinition
 from spark_jobs.priority import yield_cpu_to_queries
@@ -98,40 +98,6 @@ def partial_values(table: TableDefinition, partials) -> list:
     return list(zip(*[_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]))
 
 
-def _combined(partials, table: TableDefinition):
-    """Partials of one key from several Arrow batches, folded in Arrow when every aggregate is a
-    plain one (count, sum, min, max, avg), so the state sees one merge per key, not one per batch."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    functions = [a.function for a in table.aggregates]
-    if table.kind != "aggregate" or not partials.num_rows or \
-            any(f not in ("count", "sum", "min", "max", "avg") for f in functions):
-        return partials
-    keys = key_columns(partials)
-    flat, aggs = {k: partials.column(k) for k in keys}, []
-    for i, function in enumerate(functions):
-        col = partials.column(f"_a{i}")
-        if function == "avg":
-            flat[f"_a{i}s"], flat[f"_a{i}n"] = pc.struct_field(col, "s"), pc.struct_field(col, "n")
-            aggs += [(f"_a{i}s", "sum"), (f"_a{i}n", "sum")]
-        else:
-            flat[f"_a{i}"] = col
-            aggs.append((f"_a{i}", {"count": "sum", "sum": "sum", "min": "min", "max": "max"}[function],
-                         pc.ScalarAggregateOptions(min_count=1)) if function == "sum" else
-                        (f"_a{i}", {"count": "sum", "min": "min", "max": "max"}[function]))
-    grouped = pa.table(flat).group_by(keys, use_threads=False).aggregate(aggs)
-    out = {k: grouped.column(k) for k in keys}
-    for i, function in enumerate(functions):
-        if function == "avg":
-            out[f"_a{i}"] = pa.StructArray.from_arrays(
-                [grouped.column(f"_a{i}s_sum").combine_chunks(), grouped.column(f"_a{i}n_sum").combine_chunks()],
-                names=["s", "n"])
-        else:
-            out[f"_a{i}"] = grouped.column(f"_a{i}_{ {'count': 'sum', 'sum': 'sum'}.get(function, function) }")
-    return pa.table(out)
-
-
 def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, partition: int, partials,
                           last: dict, changes: dict | None) -> None:
     """The batch's mirror change file: the rows its commit changed. A re-run of a committed batch
@@ -171,7 +137,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         clock[0] = now
 
     partition = group.column("_sp")[0].as_py()
-    partials = _combined(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
+    partials = combine_partials(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
     lap("combine")
     spec = state_spec(ctx.table, ctx.namespace)
     table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), ctx.state_dir, bootstrap=ctx.bootstrap,

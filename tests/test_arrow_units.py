@@ -62,3 +62,41 @@ def test_mirror_change_rows_are_the_json_of_row_of(tmp_path, sql, keys, values):
     got = pq.read_table(tmp_path / mirror.change_file(3, 0)).to_pylist()
     assert got == [{"key": json.dumps(list(k), default=str), "row": json.dumps(row_of(table, k, v), default=str),
                     "batch_id": 3, "deleted": v is None} for k, v in zip(keys, values)]
+
+
+def _kafka_batch(values: list, start: int) -> pa.RecordBatch:
+    """Records shaped as Spark's Kafka source hands them to mapInArrow."""
+    n = len(values)
+    return pa.RecordBatch.from_pydict({
+        "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(start, start + n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000_000] * n, pa.timestamp("us", tz="UTC")),
+        "key": pa.array([None] * n, pa.binary()),
+        "value": pa.array([json.dumps(v).encode() for v in values], pa.binary())})
+
+
+@pytest.mark.parametrize("fold_rows", [4, 1 << 19])
+def test_a_pass_task_folds_its_partials_to_one_row_per_key(tmp_path, monkeypatch, fold_rows):
+    """Partials of several Arrow batches leave a task folded (one row per key, whether the task
+    folds once at its end or several times on the way), and equal pandas over the same events."""
+    import pandas as pd
+    from spark_jobs import arrow_pass
+
+    monkeypatch.setattr(arrow_pass, "FOLD_ROWS", fold_rows)
+    table = _table(tmp_path, AGGREGATE)
+    events = [{"k": f"k{i % 3}", "j": i % 2, "v": float(i) if i % 5 else None, "w": i * 10} for i in range(60)]
+    batches = [_kafka_batch(events[i:i + 7], i) for i in range(0, len(events), 7)]
+    spec = arrow_pass.PassSpec(table, 0, now_ms=1_800_000_000_000, watermark_ms=None, bronze=None)
+    out = pa.Table.from_batches(list(arrow_pass.run(spec, iter(batches))))
+    partials = out.filter(pa.compute.equal(out.column("_kind"), "partial"))
+    got = {(r["_k0"], r["_k1"]): (r["_a0"], r["_a1"], r["_a2"]["s"], r["_a2"]["n"], r["_a3"])
+           for r in partials.to_pylist()}
+    if fold_rows > len(events):
+        assert partials.num_rows == len(got) == 6, "one row per key when the task folds once"
+    frame = pd.DataFrame(events)
+    expected = {(k, j): (int(g.v.count()), int(g.w.sum()), float(g.v.sum()), int(g.v.count()), float(g.v.max()))
+                for (k, j), g in frame.groupby(["k", "j"])}
+    folded = arrow_pass.combine_partials(partials.select([c for c in partials.column_names if c[:2] in ("_k", "_a")]),
+                                         table)
+    refolded = {(r["_k0"], r["_k1"]): (r["_a0"], r["_a1"], r["_a2"]["s"], r["_a2"]["n"], r["_a3"])
+                for r in folded.to_pylist()}
+    assert {k: (n, int(s), a_s, a_n, m) for k, (n, s, a_s, a_n, m) in refolded.items()} == expected
