@@ -29,11 +29,13 @@ def main() -> None:
         "STATETABLE_AIRFLOW_PORT": str(args.airflow_port),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",     # only the runs measured here
     })
-    from deploy import airflow_server, kafka_server, settings
+    from deploy import airflow_server, kafka_server
+    from catalog import settings
     from deploy.airflow_api import AirflowApi
-    from spark_jobs import samples, status
-    from spark_jobs.failures import FAILURES
-    from spark_jobs.runtime import Runtime
+    from deploy import samples
+    from ops import status
+    from ops.failures import FAILURES
+    from catalog.runtime import Runtime
 
     cfg = settings.load()
     table = "movie_tickets_sold"

@@ -11,7 +11,8 @@ def private_broker(port: int):
     os.environ.setdefault("STATETABLE_STACK_DIR", tempfile.mkdtemp(prefix="statetable-bench-"))
     os.environ.setdefault("STATETABLE_KAFKA_PORT", str(port))
     os.environ.setdefault("STATETABLE_KAFKA_CONTROLLER_PORT", str(port + 1))
-    from deploy import kafka_server, settings
+    from deploy import kafka_server
+    from catalog import settings
 
     cfg = settings.load()
     kafka_server.start(cfg)

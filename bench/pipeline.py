@@ -26,10 +26,9 @@ from pathlib import Path
 from confluent_kafka import Producer  # noqa: E402
 
 from bench.broker import private_broker  # noqa: E402
-from deploy import jars  # noqa: E402
 from spark_jobs import submit  # noqa: E402
 from spark_jobs.offsets import full_range, spark_reader  # noqa: E402
-from spark_jobs.runtime import Runtime  # noqa: E402
+from catalog.runtime import Runtime  # noqa: E402
 from state.kafka_admin import ensure_topic  # noqa: E402
 
 TABLE_SQL = """-- topic: {topic}
@@ -127,7 +126,8 @@ def main() -> None:
         one.flush(10)
         env = {**os.environ, **rt.as_env(), "PYSPARK_PYTHON": sys.executable}
         command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[*]",
-                  "--jars", ",".join(str(p) for p in jars.spark_jars()),
+                  "--jars", ",".join(str(p) for p in session.spark_jars()),
+                  "--driver-class-path", os.pathsep.join(str(p) for p in session.spark_jars()),
                   "--conf", "spark.driver.bindAddress=127.0.0.1", str(Path(submit.__file__)),
                   "run", table, "--until-caught-up"]
         spark.stop()

@@ -10,7 +10,7 @@ it from a separate load process at a fixed concurrency:
 
 Prints one JSON object. Target: p99 <= 10 ms at 500 requests/s.
 
-The writer runs at the batch path's CPU priority (spark_jobs.priority), as
+The writer runs at the batch path's CPU priority (catalog.priority), as
 the pipeline's merge tasks do; --batch-nice 0 makes it compete as an equal.
 Each phase also reports the host's steal (CPU time the hypervisor gave to
 other guests) and which slow requests were in flight while it happened: on a
@@ -50,8 +50,8 @@ def _key(i: int) -> str:
 
 
 def build_table(rt, keys: int) -> float:
-    from spark_jobs.compile import state_spec
-    from spark_jobs.definitions import parse
+    from catalog.mapping import state_spec
+    from catalog.definitions import parse
     from state import codec
     from state.table import StateTable
 
@@ -75,10 +75,10 @@ def commit_batches(rt_env: dict, keys: int, stop_at: float, every: float, result
     """Another process, as Spark merge tasks would be: a batch of 50k key updates every `every` seconds
     (back to back when a batch takes longer) until `stop_at`, at the batch path's CPU priority."""
     os.environ.update(rt_env)
-    from spark_jobs.compile import state_spec
-    from spark_jobs.definitions import parse
-    from spark_jobs.priority import yield_cpu_to_queries
-    from spark_jobs.runtime import Runtime
+    from catalog.mapping import state_spec
+    from catalog.definitions import parse
+    from catalog.priority import yield_cpu_to_queries
+    from catalog.runtime import Runtime
     from state import codec
     from state.table import StateTable
 
@@ -269,8 +269,8 @@ def main() -> None:
 
     from bench.broker import private_broker
     from deploy.processes import wait_until
-    from spark_jobs.priority import batch_niceness
-    from spark_jobs.runtime import Runtime
+    from catalog.priority import batch_niceness
+    from catalog.runtime import Runtime
 
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-query-"))
     (root / "tables").mkdir()

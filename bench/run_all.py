@@ -24,7 +24,7 @@ from bench.broker import private_broker
 from bench.compare import freshness, peers, profile, report
 from bench.compare.measure import run_peer
 from bench.workload import compare, produce_distinct, produce_random
-from deploy.settings import PROJECT_ROOT
+from catalog.settings import PROJECT_ROOT
 
 
 def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:

@@ -12,7 +12,7 @@ import time
 
 from confluent_kafka import Producer
 
-from spark_jobs.samples import _send
+from deploy.samples import _send
 from state.kafka_admin import ensure_topic
 
 Reference = dict[str, tuple[int, int]]

@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 
 from deploy import airflow_server
-from deploy.settings import StackSettings
+from catalog.settings import StackSettings
 
 TERMINAL_RUN_STATES = {"success", "failed"}
 

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from deploy.processes import ManagedProcess, require_free_ports, wait_until
-from deploy.settings import PROJECT_ROOT, StackSettings
+from catalog.settings import PROJECT_ROOT, StackSettings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"

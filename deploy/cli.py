@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from deploy import settings as stack_settings
+from catalog import settings as stack_settings
 
 
 def _stack(args) -> int:
@@ -16,6 +16,8 @@ def _stack(args) -> int:
         stack.up(cfg)
     elif args.action == "down":
         stack.down(cfg)
+    elif args.action == "restart-broker":
+        stack.restart_broker(cfg)
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
@@ -77,8 +79,8 @@ def _run(args) -> int:
 
 
 def _produce_sample(args) -> int:
-    from spark_jobs import samples
-    from spark_jobs.runtime import Runtime
+    from deploy import samples
+    from catalog.runtime import Runtime
 
     sent = samples.produce(args.name, Runtime.from_env().bootstrap, args.events)
     for topic, count in sent.items():
@@ -87,9 +89,9 @@ def _produce_sample(args) -> int:
 
 
 def _query(args) -> int:
-    from spark_jobs import jobs
+    from serving.query import lookup
 
-    row = jobs.query(args.table, tuple(args.key))
+    row = lookup(args.table, tuple(args.key))
     if row is None:
         print(f"{args.table}: no row for key {args.key}", file=sys.stderr)
         return 4
@@ -100,7 +102,7 @@ def _query(args) -> int:
 def present(table: str, row: dict):
     """The seed's service shape for the leaderboard; rows as they are otherwise."""
     if table == "leaderboard":
-        from spark_jobs.samples import leaderboard_entries
+        from serving.presenters import leaderboard_entries
 
         return leaderboard_entries(row)
     return row
@@ -143,7 +145,7 @@ def _serve(args) -> int:
     if args.readers:
         from functools import partial
 
-        from spark_jobs.query_processes import ProcessQueryService
+        from serving.readers import ProcessQueryService
 
         app = create_app(auth, service_factory=partial(ProcessQueryService, readers=args.readers))
     else:
@@ -200,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("action", choices=["up", "down", "status", "restart-broker"])
     p.set_defaults(func=_stack)
 
     p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")

@@ -11,7 +11,7 @@ import json
 import time
 
 from deploy.airflow_api import AirflowApi
-from deploy.settings import StackSettings
+from catalog.settings import StackSettings
 
 ORDER = [("players", None), ("products", None), ("leaderboard", "leaderboard"),
          ("movie_tickets_sold", "movie_tickets_sold"), ("payments_per_customer", "payments_per_customer")]
@@ -31,7 +31,7 @@ def _run(api: AirflowApi, dag_id: str, conf: dict | None = None) -> tuple[str, d
 
 
 def run(settings: StackSettings, events: int = 20000) -> None:
-    from spark_jobs import samples
+    from deploy import samples
 
     started = time.monotonic()
     bootstrap = settings.kafka_bootstrap
@@ -44,10 +44,10 @@ def run(settings: StackSettings, events: int = 20000) -> None:
         if states.get("record_stats") == "success":
             print(f"    stats: {json.dumps(api.xcom(f'{table}__incremental', run_id, 'record_stats'))}", flush=True)
     _run(api, "movie_tickets_sold__restore_verify", {"failure": "wipe_local_store"})
-    from spark_jobs import jobs
-    from spark_jobs.samples import leaderboard_entries
+    from serving.presenters import leaderboard_entries
+    from serving.query import lookup
 
-    board = leaderboard_entries(jobs.query("leaderboard", ("1",)))
+    board = leaderboard_entries(lookup("leaderboard", ("1",)))
     print(f"leaderboard for game 1: {json.dumps(board)}")
     print(f"done in {time.monotonic() - started:.0f}s. Look at:")
     print(f"  Airflow:            {settings.airflow_url}/dags?tags=statetable  (login admin, password above)")

@@ -14,11 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.settings import PROJECT_ROOT
+from catalog.settings import CACHE_DIR, JARS_DIR, PROJECT_ROOT
 
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
-CACHE_DIR = PROJECT_ROOT / ".cache"
-JARS_DIR = CACHE_DIR / "jars"
 JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "flink": "flink-kafka.pom.xml"}
 DEFAULT_SETS = ("kafka", "spark")  # flink: only `make bench` needs it
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
@@ -72,14 +70,6 @@ def fetch(names: tuple[str, ...] = DEFAULT_SETS) -> None:
 
 def jars(name: str) -> list[Path]:
     return sorted((JARS_DIR / name).glob("*.jar"))
-
-
-def spark_jars() -> list[Path]:
-    """Local jar files for Spark's `spark.jars`: Kafka source and Delta Lake."""
-    found = jars("spark")
-    if not any(p.name.startswith("spark-sql-kafka") for p in found):
-        raise SystemExit("Spark's Kafka source jar is missing from .cache/jars/spark; run `make setup`")
-    return found
 
 
 def kafka_classpath() -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deploy import jars
 from deploy.processes import ManagedProcess, require_free_ports, wait_until
-from deploy.settings import PROJECT_ROOT, StackSettings
+from catalog.settings import PROJECT_ROOT, StackSettings
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
 JVM_HEAP = os.environ.get("STATETABLE_KAFKA_HEAP", "-Xms256m -Xmx1g").split()

@@ -8,7 +8,7 @@ import time
 from confluent_kafka import Producer
 
 from deploy.airflow_api import AirflowApi
-from deploy.settings import StackSettings
+from catalog.settings import StackSettings
 from state.kafka_admin import ensure_topic
 
 SMOKE_TOPIC = "smoke_events"

@@ -1,4 +1,4 @@
-"""`statetable stack up | down | status` for the local stack (Kafka + Airflow).
+"""`statetable stack up | down | status | restart-broker` for the local stack (Kafka + Airflow).
 
 `status` prints one line per component, `NAME ADDRESS up|down`; scripts parse
 that format, so keep it stable.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from deploy import airflow_server, kafka_server
-from deploy.settings import StackSettings
+from catalog.settings import StackSettings
 
 
 def up(settings: StackSettings) -> None:
@@ -33,6 +33,22 @@ def down(settings: StackSettings) -> None:
     airflow_server.stop(settings)
     kafka_server.process(settings).stop(timeout=25)
     print(f"stack stopped in {time.monotonic() - started:.1f}s")
+
+
+def restart_broker(settings: StackSettings) -> float:
+    """Stop the stack's broker by its pid and start it again on the same data (the failure drill
+    `broker_restart` asks for this); seconds it was down."""
+    proc = kafka_server.process(settings)
+    if not proc.is_running():
+        raise SystemExit(f"the local stack's broker is not running (pid file {proc.pid_file}): there is no broker "
+                         f"here to restart; start the stack with `statetable stack up`")
+    started = time.monotonic()
+    proc.stop(timeout=30)
+    kafka_server.start(settings)
+    kafka_server.wait_healthy(settings)
+    down_seconds = time.monotonic() - started
+    print(f"kafka {settings.kafka_bootstrap} restarted in {down_seconds:.1f}s", flush=True)
+    return down_seconds
 
 
 def status_lines(settings: StackSettings) -> list[str]:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from state import codec
 from state.table import partition_of
-from spark_jobs.definitions import TableDefinition
+from catalog.definitions import TableDefinition
 from spark_jobs.parse import MAX_VALUE_BYTES
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}

@@ -14,13 +14,14 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
-from spark_jobs.definitions import TableDefinition
+from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
+from catalog.definitions import TableDefinition
 from spark_jobs.microbatch import MicroBatchRunner, per_state_partition
 from spark_jobs.offsets import OffsetRange, spark_reader
-from spark_jobs.runtime import Runtime
-from spark_jobs import catalog, mirror, parse
-from spark_jobs.compile import state_spec
+from catalog.runtime import Runtime
+from spark_jobs import mirror, parse
+from catalog import registry
+from catalog.mapping import state_spec
 from state import faults
 
 log = logging.getLogger("statetable.batch")
@@ -170,7 +171,7 @@ def _same(a, b) -> bool:
 
 def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10) -> VerifyResult:
     rt = rt or Runtime.from_env()
-    with catalog.table_lock(name, rt):
+    with registry.table_lock(name, rt):
         return _verify(name, spark, rt, examples)
 
 
@@ -178,7 +179,7 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     from spark_jobs import session
 
     started = time.monotonic()
-    table, tables = catalog.load_table(name, rt)
+    table, tables = registry.load_table(name, rt)
     batch_log = BatchLog(rt.batch_dir(table.name))
     pending = batch_log.pending_plan()
     if pending is not None:
@@ -191,7 +192,7 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
 
     partials, purged_at = recomputed(spark, table, tables, rt)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    ctx = (catalog.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
+    ctx = (registry.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
     rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
     summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
                                     f"verify {name}: compare")
@@ -258,7 +259,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
     always rebuild in full.
     """
     rt = rt or Runtime.from_env()
-    table, _ = catalog.load_table(name, rt)
+    table, _ = registry.load_table(name, rt)
     if window_range is not None:
         lo, hi = window_range
         if lo >= hi:
@@ -266,7 +267,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
         if table.window is None:
             log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
             window_range = None
-    with catalog.table_lock(name, rt):
+    with registry.table_lock(name, rt):
         return _rebuild(name, spark, rt, window_range)
 
 
@@ -274,7 +275,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     from spark_jobs import session
 
     started = time.monotonic()
-    table, tables = catalog.load_table(name, rt)
+    table, tables = registry.load_table(name, rt)
     spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
     batch_log = BatchLog(rt.batch_dir(table.name))
     last = batch_log.last_commit()
@@ -282,7 +283,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
         raise ValueError(f"table {name!r} has no committed batch to rebuild from; run it first")
     if batch_log.pending_plan() is not None:
         raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
-    spec = catalog.spec_of(table, rt)
+    spec = registry.spec_of(table, rt)
     recorded = (last.definition or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:
         return _adopt(table, tables, spark, rt, batch_log, last, started)
@@ -301,7 +302,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     definition = {"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}
     batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
                                    definition=definition))
-    st = catalog.state_table(table, rt)
+    st = registry.state_table(table, rt)
     summaries = {}
     try:
         for p in range(table.partitions):
@@ -359,7 +360,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     from state.table import StateTable
 
     name = table.name
-    spec = catalog.spec_of(table, rt)
+    spec = registry.spec_of(table, rt)
     expected = recompute(spark, table, tables, rt)
     batch_id = last.batch_id + 1
     spec = replace(spec, changelog=f"{rt.namespace}{name}-changelog-{spec.fingerprint[:8]}-{uuid.uuid4().hex[:6]}")
@@ -404,7 +405,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     (side / name).rename(live)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(side, ignore_errors=True)
-    st = catalog.state_table(table, rt)
+    st = registry.state_table(table, rt)
     try:
         for p in range(spec.partitions):
             st.snapshot(p)

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from state import faults
-from spark_jobs.catalog import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
+from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
                                  readonly_partitions, spec_of, state_rows, state_table, table_lock)
-from spark_jobs.definitions import DefinitionError
-from spark_jobs.runtime import Runtime
+from catalog.definitions import DefinitionError
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.jobs")
 
@@ -36,7 +36,7 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
     if max_records_per_batch:
         table.max_records_per_batch = max_records_per_batch
     with table_lock(name, rt):
-        from spark_jobs.batch_log import BatchLog
+        from catalog.batch_log import BatchLog
 
         if finish_pending_only and BatchLog(rt.batch_dir(name)).pending_plan() is None:
             return []
@@ -104,7 +104,7 @@ def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict
     (problem, old and new positions, time, note) beside the last commit, and in the next batch."""
     import getpass
 
-    from spark_jobs.batch_log import BatchLog
+    from catalog.batch_log import BatchLog
     from spark_jobs.offsets import OffsetDiscontinuity, next_starts, topic_id, watermarks
 
     rt = rt or Runtime.from_env()
@@ -141,7 +141,7 @@ def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict
 
 def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
     """Snapshot the partitions that are due, in this process (no Spark needed)."""
-    from spark_jobs.batch_log import BatchLog
+    from catalog.batch_log import BatchLog
 
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
@@ -159,14 +159,6 @@ def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
         finally:
             st.close()
         return {"batch": last.batch_id, "partitions": due, "seconds": round(time.monotonic() - started, 3)}
-
-
-def query(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
-    """One row of committed state, through the query API's read path (never the writer's lock)."""
-    from spark_jobs.query import query_once
-
-    raw = str(key[0]) if len(key) == 1 else json.dumps(list(key))
-    return query_once(name, raw, rt)[1]
 
 
 def _write_result(path: str | None, result: dict) -> None:

@@ -18,9 +18,9 @@ from state import codec, faults
 from state.table import StateTable
 from state.windows import purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
-from spark_jobs.compile import state_spec
-from spark_jobs.definitions import TableDefinition
-from spark_jobs.priority import yield_cpu_to_queries
+from catalog.mapping import state_spec
+from catalog.definitions import TableDefinition
+from catalog.priority import yield_cpu_to_queries
 
 
 @dataclass(frozen=True)

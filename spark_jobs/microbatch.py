@@ -34,12 +34,12 @@ from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged
 from spark_jobs import delta_files, parse
-from spark_jobs.batch_log import BatchCommit, BatchLog, BatchPlan
-from spark_jobs.definitions import TableDefinition
+from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
+from catalog.definitions import TableDefinition
 from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
-from spark_jobs.runtime import Runtime
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.microbatch")
 
@@ -91,7 +91,7 @@ class MicroBatchRunner:
         self.tables = tables
         self.rt = runtime
         self.log = BatchLog(runtime.batch_dir(table.name))
-        from spark_jobs.catalog import drop_stale_cache, spec_of
+        from catalog.registry import drop_stale_cache, spec_of
 
         self.spec = spec_of(table, runtime)
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
@@ -167,7 +167,7 @@ class MicroBatchRunner:
         return pins
 
     def lag(self) -> int:
-        from spark_jobs.status import lag
+        from spark_jobs.offsets import lag
 
         return lag(self.table.name, self.rt, self.table.topic)
 
@@ -700,7 +700,7 @@ class MicroBatchRunner:
         faults.point("batch.after_offsets")
 
     def _snapshot_if_due(self, commit: BatchCommit) -> None:
-        from spark_jobs.catalog import due_snapshots
+        from catalog.registry import due_snapshots
 
         table, ctx = self.table, (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri)
         due = due_snapshots(table, self.rt, commit.batch_id)

@@ -27,9 +27,9 @@ import pyarrow.compute as pc
 from state import faults
 from state.aggregates import Aggregate
 from spark_jobs import delta_files
-from spark_jobs.compile import finite_value, key_names, state_spec
-from spark_jobs.definitions import TableDefinition
-from spark_jobs.runtime import Runtime
+from catalog.mapping import finite_value, key_names, state_spec
+from catalog.definitions import TableDefinition
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.mirror")
 

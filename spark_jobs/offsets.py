@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from catalog.runtime import Runtime
+
 
 @dataclass(frozen=True)
 class OffsetRange:
@@ -153,3 +155,25 @@ def next_starts(table: str, topic: str, marks: dict[int, tuple[int, int]], curre
             f"earliest offsets the topic holds now, adding its records to the current state, run "
             f"`statetable accept-offsets {table}`; the batch log records the acceptance.")
     return {p: read_ends.get(p, 0) for p in marks}
+
+
+def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
+    """Records in the table's topic after its last committed batch (the pending plan's too).
+
+    Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
+    a reset is never shown as "nothing to read"."""
+    from catalog import registry
+    from catalog.batch_log import BatchLog
+
+    topic = topic or registry.load_table(name, rt)[0].topic
+    position = BatchLog(rt.batch_dir(name)).read_position()
+    try:
+        marks = watermarks(rt.bootstrap, topic)
+    except LookupError:
+        if position is None:
+            return 0        # not produced to yet
+        raise
+    read_topic, read_id, read_ends, _ = position or (None, None, None, None)
+    starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
+                         read_id, read_ends)
+    return sum(high - starts[p] for p, (_, high) in marks.items())

@@ -26,7 +26,7 @@ The batch's clock is its plan's creation time, so a re-run classifies alike.
 """
 from __future__ import annotations
 
-from spark_jobs.definitions import TableDefinition
+from catalog.definitions import TableDefinition
 
 MAX_VALUE_BYTES = 1 << 20
 CORRUPT = "_corrupt_record"

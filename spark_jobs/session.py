@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from deploy import jars
-from spark_jobs.priority import batch_niceness, yield_cpu_to_queries
+from catalog.priority import batch_niceness, yield_cpu_to_queries
+from catalog.settings import JARS_DIR
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -21,8 +21,16 @@ DELTA_CONF = {
 }
 
 
+def spark_jars() -> list[Path]:
+    """Local jar files for Spark's `spark.jars`: Kafka source and Delta Lake."""
+    found = sorted((JARS_DIR / "spark").glob("*.jar"))
+    if not any(p.name.startswith("spark-sql-kafka") for p in found):
+        raise SystemExit(f"Spark's Kafka source jar is missing from {JARS_DIR / 'spark'}; run `make setup`")
+    return found
+
+
 def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
-    jar_paths = [str(p) for p in jars.spark_jars()]
+    jar_paths = [str(p) for p in spark_jars()]
     conf = {
         "spark.app.name": app_name,
         "spark.jars": ",".join(jar_paths),

@@ -28,7 +28,8 @@ os.environ.update({
 # py4j logs from __del__ at interpreter exit, after pytest closed the stream it captured.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-from deploy import airflow_server, kafka_server, settings as stack_settings  # noqa: E402
+from deploy import airflow_server, kafka_server  # noqa: E402
+from catalog import settings as stack_settings
 
 
 @pytest.fixture(scope="session")

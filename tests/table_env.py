@@ -6,7 +6,7 @@ import re
 import uuid
 from pathlib import Path
 
-from spark_jobs.runtime import Runtime
+from catalog.runtime import Runtime
 
 SHIPPED = Path(__file__).resolve().parent.parent / "dags" / "tables"
 

@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from state import codec
-from spark_jobs import definitions, mirror
+from spark_jobs import mirror
+from catalog import definitions
 from spark_jobs.arrow_pass import encoded_keys
-from spark_jobs.compile import row_of, state_spec
+from catalog.mapping import row_of, state_spec
 
 
 def _table(tmp_path, sql: str):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from spark_jobs import jobs
-from spark_jobs.definitions import DefinitionError
-from spark_jobs.query import QueryService, StateUnavailable
-from spark_jobs.runtime import Runtime
+from catalog.definitions import DefinitionError
+from serving.query import QueryService, StateUnavailable
+from catalog.runtime import Runtime
 
 SHIPPED = Path(__file__).resolve().parent.parent / "dags"
 BAD = "-- topic: t\n-- schema: a STRING\nCREATE TABLE broken_one AS SELECT a, COUNT(nope) AS n FROM s GROUP BY a\n"

@@ -16,10 +16,10 @@ import pytest
 
 from deploy import airflow_server
 from deploy.airflow_api import AirflowApi
-from spark_jobs import samples
-from spark_jobs.definitions import load_all
-from spark_jobs.failures import FAILURES
-from spark_jobs.runtime import Runtime
+from deploy import samples
+from catalog.definitions import load_all
+from ops.failures import FAILURES
+from catalog.runtime import Runtime
 from tests.table_env import read_topic
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
@@ -153,9 +153,9 @@ def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verif
 
 @pytest.mark.parametrize("failure", list(FAILURES))
 def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(api, stack_rt, kafka, failure):
-    from spark_jobs import status
+    from ops import status
 
-    from spark_jobs import failures
+    from ops import failures
     from state.snapshots import SnapshotStore
 
     if failure == "kill_mid_batch":

@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spark_jobs import jobs, samples
-from spark_jobs.batch_log import BatchLog
-from spark_jobs.query import QueryService, StateUnavailable
+from spark_jobs import jobs
+from deploy import samples
+from catalog.batch_log import BatchLog
+from serving.query import QueryService, StateUnavailable
 from state.table import DefinitionChanged
 from tests.table_env import isolated_runtime, read_topic
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.definitions import DefinitionError, load_all, parse
+from catalog.definitions import DefinitionError, load_all, parse
 
 TABLES = Path(__file__).resolve().parent.parent / "dags" / "tables"
 
@@ -72,7 +72,7 @@ def test_bad_options_name_the_option_and_fix(tmp_path):
 
 @pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])
 def test_a_bad_batch_niceness_fails_fast_naming_the_setting_and_the_fix(monkeypatch, raw):
-    from spark_jobs.priority import batch_niceness
+    from catalog.priority import batch_niceness
 
     monkeypatch.setenv("STATETABLE_BATCH_NICE", raw)
     with pytest.raises(ValueError, match=r"STATETABLE_BATCH_NICE=.*integer from 0 .* to 19"):
@@ -86,7 +86,7 @@ def test_yielding_the_cpu_lowers_every_thread_and_never_raises_one_back():
 
     script = """
 import os, threading
-from spark_jobs.priority import yield_cpu_to_queries
+from catalog.priority import yield_cpu_to_queries
 started = threading.Event(); stop = threading.Event(); tids = []
 def spin():
     tids.append(threading.get_native_id()); started.set(); stop.wait()
@@ -174,7 +174,7 @@ def test_one_bad_definition_costs_only_its_own_table_and_the_tables_that_join_it
 
 
 def test_the_fingerprint_changes_with_meaning_and_not_with_operations(tmp_path):
-    from spark_jobs.definitions import meaning_changes
+    from catalog.definitions import meaning_changes
 
     base = STREAM + "CREATE TABLE t AS SELECT k, COUNT(v) AS c FROM s GROUP BY k"
     path = tmp_path / "t.sql"

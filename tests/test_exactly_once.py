@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spark_jobs import jobs, samples
-from spark_jobs.batch_log import BatchLog
+from spark_jobs import jobs
+from deploy import samples
+from catalog.batch_log import BatchLog
 from state import faults
 from tests.table_env import isolated_runtime, read_topic
 

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
-from spark_jobs import jobs, samples
-from spark_jobs.batch_log import BatchLog
+from spark_jobs import jobs
+from deploy import samples
+from catalog.batch_log import BatchLog
 from state.kafka_admin import ensure_topic
 from tests.table_env import isolated_runtime, read_topic
 
@@ -89,8 +90,8 @@ def test_nan_infinity_and_overflowing_doubles_are_wrong_type_and_never_reach_max
 
 
 def test_stored_nan_is_served_as_null_not_as_an_error():
-    from spark_jobs.compile import row_of
-    from spark_jobs.definitions import load_all
+    from catalog.mapping import row_of
+    from catalog.definitions import load_all
     from tests.table_env import SHIPPED
 
     tables = load_all(SHIPPED)
@@ -173,7 +174,7 @@ def _recreate(rt, topic: str, partitions: int) -> None:
 def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accepts_it(env, spark):
     from confluent_kafka import TopicPartition
 
-    from spark_jobs import status
+    from spark_jobs import offsets
     from spark_jobs.offsets import OffsetDiscontinuity
     from state.kafka_admin import admin
 
@@ -195,7 +196,7 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
     assert f"table '{name}', topic '{topic}'" in message and "accept-offsets" in message
     assert "deleted and recreated" in message or "before offset" in message
     with pytest.raises(OffsetDiscontinuity):
-        status.lag(name, rt)                    # a reset is never "nothing to read"
+        offsets.lag(name, rt)                    # a reset is never "nothing to read"
     assert counts() == before
 
     entry = jobs.accept_offsets(name, rt=rt, note="topic recreated by the test")
@@ -204,7 +205,7 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
     assert commit.counts["read"] == 300 and commit.accepted["note"] == "topic recreated by the test"
     history += [json.loads(m.value()) for m in read_topic(rt.bootstrap, topic)]
     assert counts() == pd.DataFrame(history).groupby("title")["ticket_total_value"].count().to_dict()
-    assert status.lag(name, rt) == 0
+    assert offsets.lag(name, rt) == 0
 
     # Recreated again and grown past the old end: only the topic id can tell.
     _recreate(rt, topic, 4)

@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
-from spark_jobs import jobs, samples
-from spark_jobs.batch_log import BatchLog
+from spark_jobs import jobs
+from deploy import samples
+from catalog.batch_log import BatchLog
+from serving.query import lookup
 from tests.table_env import isolated_runtime, read_topic
 
 
@@ -41,7 +43,7 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
     # A second run finds nothing new and changes nothing.
     assert jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt) == []
     title = sorted(expected)[0]
-    assert jobs.query("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
+    assert lookup("movie_tickets_sold", (title,), rt=rt) == {"title": title, "tickets_sold": expected[title]}
 
 
 def test_a_table_without_bronze_keeps_no_input_copy_and_says_verify_needs_it(env, spark):
@@ -126,9 +128,9 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     assert commit.counts["join_unmatched"] == 1          # player 404 is unknown: dropped, and counted
     from deploy.cli import present
 
-    board = present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))
+    board = present("leaderboard", lookup("leaderboard", ("1",), rt=rt))
     assert board == SEED_BOARD
-    assert [e["score"] for e in present("leaderboard", jobs.query("leaderboard", ("6",), rt=rt))] == [9000, 8000, 7000]
+    assert [e["score"] for e in present("leaderboard", lookup("leaderboard", ("6",), rt=rt))] == [9000, 8000, 7000]
 
     # A deleted player (a tombstone) enriches nothing afterwards: the inner join drops the score.
     producer = Producer({"bootstrap.servers": rt.bootstrap})
@@ -138,7 +140,7 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
     (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
     assert commit.counts["join_unmatched"] == 1
-    assert present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt)) == board
+    assert present("leaderboard", lookup("leaderboard", ("1",), rt=rt)) == board
 
     # Each batch joined the players of its time; a rename later must not make verify disagree.
     from spark_jobs import batch
@@ -148,7 +150,7 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
     result = batch.verify("leaderboard", spark=spark, rt=rt)
     assert result.ok, result.summary()
-    assert [e["playerName"] for e in present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))] == \
+    assert [e["playerName"] for e in present("leaderboard", lookup("leaderboard", ("1",), rt=rt))] == \
         ["Isabelle", "Mitch", "Elyse"]
 
 
@@ -185,13 +187,13 @@ def test_a_join_re_run_after_a_kill_joins_the_reference_state_its_plan_pinned(en
 
     (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
     assert commit.batch_id == 0 and commit.counts["join_unmatched"] == 1
-    assert present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt)) == SEED_BOARD
+    assert present("leaderboard", lookup("leaderboard", ("1",), rt=rt)) == SEED_BOARD
     # The next batch joins the players as of their newest batch.
     producer.produce("score-events" + suffix, json.dumps({"score": 2500, "product_id": 1, "player_id": 2}).encode())
     assert producer.flush(10) == 0
     (commit,) = jobs.run("leaderboard", until_caught_up=True, spark=spark, rt=rt)
     assert BatchLog(rt.batch_dir("leaderboard")).plan(1).joins["players"]["batch"] == 1
-    board = present("leaderboard", jobs.query("leaderboard", ("1",), rt=rt))
+    board = present("leaderboard", lookup("leaderboard", ("1",), rt=rt))
     assert [(e["playerName"], e["score"]) for e in board] == [("Isabelle", 4000), ("Mitchell", 2500), ("Mitch", 2000)]
 
 
@@ -226,7 +228,8 @@ def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, s
 
 
 def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, monkeypatch):
-    from spark_jobs import batch, catalog
+    from spark_jobs import batch
+    from catalog import registry
     from state import codec
 
     rt, suffix = env
@@ -239,7 +242,7 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
             raise AssertionError("verify gathered a whole table on the driver")
 
         patched.setattr(batch, "recompute", no_driver_copy)
-        patched.setattr(catalog, "readonly_partitions", no_driver_copy)
+        patched.setattr(registry, "readonly_partitions", no_driver_copy)
         first = batch.verify("payments_per_customer", spark=spark, rt=rt)
     assert first.ok and first.keys_compared == len(incremental), first.summary()
 

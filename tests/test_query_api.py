@@ -17,10 +17,11 @@ import pytest
 
 from deploy import airflow_server
 from deploy.processes import wait_until
-from spark_jobs import jobs, samples
-from spark_jobs.compile import state_spec
-from spark_jobs.definitions import parse as parse_definition
-from spark_jobs.query_processes import ProcessQueryService, state_signature
+from spark_jobs import jobs
+from deploy import samples
+from catalog.mapping import state_spec
+from catalog.definitions import parse as parse_definition
+from serving.readers import ProcessQueryService, state_signature
 from state.table import StateTable
 from tests.table_env import isolated_runtime
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import settings as stack_settings, stack
+from deploy import stack
+from catalog import settings as stack_settings
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 

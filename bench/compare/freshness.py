@@ -45,7 +45,7 @@ def _summary(name: str, latencies: list[float]) -> dict:
 
 def _visible_in(table: str, rt):
     from spark_jobs import jobs
-    from spark_jobs.query import StateUnavailable
+    from serving.query import StateUnavailable
 
     def visible(key: str) -> bool:
         try:
@@ -59,9 +59,10 @@ def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port:
     """Airflow schedules the table every minute; events arrive at random moments of the minute."""
     import random
 
-    from deploy import airflow_server, settings
+    from deploy import airflow_server
+    from catalog import settings
     from deploy.airflow_api import AirflowApi
-    from spark_jobs.runtime import Runtime
+    from catalog.runtime import Runtime
 
     table, topic = "bench_sched", "bench-fresh-sched"
     tables = work / "scheduled-tables"

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from deploy import jars
-from deploy.settings import PROJECT_ROOT
+from catalog.settings import PROJECT_ROOT
 
 VENVS = PROJECT_ROOT / ".bench" / "venvs"
 PEERS = PROJECT_ROOT / "bench" / "peers"

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from spark_jobs.runtime import Runtime
+from catalog.runtime import Runtime
 
 TABLE_SQL = """-- topic: {topic}
 -- schema: k STRING, v BIGINT
@@ -60,7 +60,7 @@ def main() -> None:
 
     result: dict = {"system": "statetable", "version": version("statetable"), "mode": args.mode}
     if args.mode == "recover":
-        from spark_jobs import failures
+        from ops import failures
 
         failures.inject(args.table, "wipe_local_store", rt)
         started = time.perf_counter()

@@ -3,7 +3,7 @@
 One FastAPI app, two ways to run it: mounted in Airflow's api-server by the
 plugin (auth by Airflow's own JWT) and standalone with `statetable serve`
 (auth by a configured token). Every route is read-only and needs a bearer
-token. Answers come from spark_jobs.query, which guarantees that one answer
+token. Answers come from serving.query, which guarantees that one answer
 is one committed batch; the batch is named in the body and in the
 X-Statetable-Batch header (the seed-shaped leaderboard routes keep the
 seed's body exactly and name it in the header only).
@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from spark_jobs.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+from serving.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
 
 BATCH_HEADER = "X-Statetable-Batch"
 LEADERBOARD_TABLE = "leaderboard"
@@ -216,7 +216,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
     async def leaderboard(request: Request):
-        from spark_jobs.samples import leaderboard_entries
+        from serving.presenters import leaderboard_entries
 
         await authorize(request, LEADERBOARD_TABLE)
         boards, batch, cursor = {}, None, None
@@ -234,7 +234,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/leaderboard/{productId}", summary="one game's top 3, in the seed's shape")
     async def leaderboard_of(request: Request, productId: str = Path(..., max_length=40)):
-        from spark_jobs.samples import leaderboard_entries
+        from serving.presenters import leaderboard_entries
 
         await authorize(request, LEADERBOARD_TABLE)
         batch, found = await holder.ask("get", LEADERBOARD_TABLE, productId)

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
-from spark_jobs.definitions import TableDefinition
+from catalog.definitions import TableDefinition
 from statetable_airflow.operators import (
     BatchStatsOperator, InjectFailureOperator, RecordVerifyOperator, RestoreOperator, SnapshotOperator, result_file,
     spark_job,
@@ -130,7 +130,7 @@ def rebuild_dag(table: TableDefinition) -> DAG:
 
 
 def restore_verify_dag(table: TableDefinition) -> DAG:
-    from spark_jobs.failures import FAILURES
+    from ops.failures import FAILURES
 
     t = table.name
     rows = "\n".join(f"| `{name}` | {what} |" for name, what in FAILURES.items())
@@ -161,8 +161,8 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
     into `broken` (see `definition_errors`), so it cannot take the other tables down. An aggregate
     table without bronze (`-- bronze: off`) gets no rebuild or restore-verify DAG: both recompute
     it from bronze."""
-    from spark_jobs.definitions import load_all
-    from spark_jobs.runtime import Runtime
+    from catalog.definitions import load_all
+    from catalog.runtime import Runtime
 
     tables = load_all(tables_dir or Runtime.from_env().tables_dir, broken={} if broken is None else broken)
     dags = {}
@@ -177,8 +177,8 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
 def definition_errors(tables_dir=None) -> None:
     """Raise, naming every broken table and why: the DAG file that calls this shows it as an
     import error in Airflow, while the good tables' DAGs come from their own file."""
-    from spark_jobs.definitions import DefinitionError, load_all
-    from spark_jobs.runtime import Runtime
+    from catalog.definitions import DefinitionError, load_all
+    from catalog.runtime import Runtime
 
     broken: dict[str, str] = {}
     load_all(tables_dir or Runtime.from_env().tables_dir, broken=broken)

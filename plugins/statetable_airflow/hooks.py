@@ -40,7 +40,7 @@ class StateTableHook(BaseHook):
     """A deployment's state tables, with Kafka settings from an Airflow connection.
 
     Everything else (state folder, snapshot store, table definitions) comes
-    from the environment through spark_jobs.runtime, which spark-submitted
+    from the environment through catalog.runtime, which spark-submitted
     jobs read too, so a task and the Spark job it starts agree on where
     things are.
     """
@@ -54,7 +54,7 @@ class StateTableHook(BaseHook):
     def runtime(self):
         import dataclasses
 
-        from spark_jobs.runtime import Runtime
+        from catalog.runtime import Runtime
 
         bootstrap = KafkaConnectionHook(self.kafka_config_id).bootstrap_servers()
         return dataclasses.replace(Runtime.from_env(), bootstrap=bootstrap)
@@ -65,11 +65,11 @@ class StateTableHook(BaseHook):
         return jobs.load_table(name, self.runtime())[0]
 
     def lag(self, name: str) -> int:
-        from spark_jobs import status
+        from spark_jobs.offsets import lag
 
-        return status.lag(name, self.runtime())
+        return lag(name, self.runtime())
 
     def status(self, name: str) -> dict:
-        from spark_jobs import status
+        from ops import status
 
         return status.table_status(self.table(name), self.runtime())

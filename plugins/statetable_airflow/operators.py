@@ -17,7 +17,7 @@ BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
 
 def result_file(table: str, task_id: str) -> str:
     """Where a spark-submitted job leaves its outcome for the next task (templated by run)."""
-    from spark_jobs.runtime import Runtime
+    from catalog.runtime import Runtime
 
     return str(Runtime.from_env().data_dir / "runs" / table / "{{ dag.dag_id }}" /
                ("{{ run_id | replace(':', '_') | replace('+', '_') }}." + task_id + ".json"))
@@ -106,7 +106,7 @@ class BatchStatsOperator(_TableOperator):
 
 
 class InjectFailureOperator(_TableOperator):
-    """Injects one of spark_jobs.failures.FAILURES into the live table."""
+    """Injects one of ops.failures.FAILURES into the live table."""
 
     template_fields = ("table", "failure")
 
@@ -115,7 +115,7 @@ class InjectFailureOperator(_TableOperator):
         self.failure = failure
 
     def execute(self, context) -> dict:
-        from spark_jobs import failures
+        from ops import failures
 
         try:
             return failures.inject(self.table, self.failure, self.hook.runtime()).to_json()
@@ -134,7 +134,7 @@ class RestoreOperator(_TableOperator):
     def execute(self, context) -> dict:
         from dataclasses import asdict
 
-        from spark_jobs import failures
+        from ops import failures
 
         injected = context["ti"].xcom_pull(task_ids=self.inject_task) or {}
         scratch = injected.get("facts", {}).get("snapshot_uri")
@@ -155,7 +155,7 @@ class RecordVerifyOperator(_TableOperator):
         self.restore_task = restore_task
 
     def execute(self, context) -> dict:
-        from spark_jobs import status
+        from ops import status
 
         ti = context["ti"]
         states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.inject_task], run_ids=[ti.run_id])

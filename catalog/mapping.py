@@ -5,7 +5,7 @@ import math
 
 from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
 from state.table import TableSpec, freeze_meaning
-from spark_jobs.definitions import AggregateColumn, TableDefinition
+from catalog.definitions import AggregateColumn, TableDefinition
 
 
 def aggregate_of(column: AggregateColumn):

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from state import codec
 from state.views import TableView
-from spark_jobs import catalog
-from spark_jobs.batch_log import BatchLog
-from spark_jobs.compile import key_names, row_of, state_spec
-from spark_jobs.definitions import TableDefinition, load_all
-from spark_jobs.definitions import parse as parse_definition
+from catalog import registry
+from catalog.batch_log import BatchLog
+from catalog.mapping import key_names, row_of, state_spec
+from catalog.definitions import TableDefinition, load_all
+from catalog.definitions import parse as parse_definition
 from state.table import DefinitionChanged
-from spark_jobs.runtime import Runtime
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
 
@@ -310,7 +310,7 @@ class QueryService:
         if len(parts) > width:
             raise BadQuery(f"table {table.name!r}: {raw!r} has more parts than the key {key_names(table)}")
         try:
-            key = catalog.coerce_key(table, tuple(parts))
+            key = registry.coerce_key(table, tuple(parts))
         except ValueError as exc:
             raise BadQuery(str(exc)) from None
         if table.window and len(key) == width and not isinstance(key[-1], int):
@@ -389,7 +389,7 @@ class QueryService:
                 (reader.current.batch if reader.current is not None else None) for name, reader in readers.items()}
 
     def tables(self) -> list[dict]:
-        from spark_jobs import status
+        from ops import status
 
         out = []
         for name, table in sorted(self.definitions.items()):
@@ -452,3 +452,9 @@ def query_once(name: str, raw_key: str, rt: Runtime | None = None) -> tuple[int 
     finally:
         service.close()
 
+
+def lookup(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
+    """One row of committed state by its key columns' values, through the query API's read path
+    (never the writer's lock)."""
+    raw = str(key[0]) if len(key) == 1 else json.dumps(list(key))
+    return query_once(name, raw, rt)[1]

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from state.table import StateTable
-from spark_jobs.compile import state_spec
-from spark_jobs.definitions import DefinitionError, TableDefinition, load_all
-from spark_jobs.runtime import Runtime
+from catalog.mapping import state_spec
+from catalog.definitions import DefinitionError, TableDefinition, load_all
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.catalog")
 
@@ -36,7 +36,7 @@ def spec_of(table: TableDefinition, rt: Runtime):
     changed definition moved the state to a changelog topic of its own."""
     from dataclasses import replace
 
-    from spark_jobs.batch_log import BatchLog
+    from catalog.batch_log import BatchLog
 
     spec = state_spec(table, rt.namespace)
     changelog = None
@@ -62,7 +62,7 @@ def drop_stale_cache(spec, rt: Runtime) -> None:
     import json
     import shutil
 
-    from spark_jobs.batch_log import BatchLog
+    from catalog.batch_log import BatchLog
 
     path = rt.state_dir / spec.name / "table.json"
     try:

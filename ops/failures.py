@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -23,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 from state import faults
 from spark_jobs import jobs
-from spark_jobs.batch_log import BatchLog
-from spark_jobs.runtime import Runtime
+from catalog.batch_log import BatchLog
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.failures")
 
@@ -39,6 +40,7 @@ FAILURES = {
     "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
 }
 KILL_POINT = "batch.mid_merge"
+BROKER_RESTART_ENV = "STATETABLE_BROKER_RESTART"
 SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 
 
@@ -87,7 +89,7 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
 
 
 def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
-    from spark_jobs.status import lag
+    from spark_jobs.offsets import lag
 
     batch_log = BatchLog(rt.batch_dir(name))
     if batch_log.pending_plan() is None and lag(name, rt) == 0:
@@ -157,19 +159,19 @@ def _lose_snapshots(name: str, table, store, facts: dict) -> str:
 
 
 def _restart_broker(facts: dict) -> str:
-    from deploy import kafka_server, settings
-
-    stack = settings.load()
-    proc = kafka_server.process(stack)
-    if not proc.is_running():
-        raise RuntimeError(f"broker_restart needs the broker of the local stack (pid file {proc.pid_file}); "
-                           f"it is not running here, so there is nothing this job may restart")
+    """The deployment restarts its broker: the drill runs STATETABLE_BROKER_RESTART (a command line;
+    e.g. `docker compose restart kafka`), by default the local stack's `statetable stack
+    restart-broker`, so job code never reaches into the stack launcher."""
+    command = shlex.split(os.environ.get(BROKER_RESTART_ENV, "")) or \
+        [sys.executable, "-m", "deploy.cli", "stack", "restart-broker"]
     started = time.monotonic()
-    proc.stop(timeout=30)
-    kafka_server.start(stack)
-    kafka_server.wait_healthy(stack)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    if done.returncode != 0:
+        raise RuntimeError(f"broker_restart: `{shlex.join(command)}` failed (exit {done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[-500:]}; set {BROKER_RESTART_ENV} to the "
+                           f"command that restarts this deployment's broker")
     facts["broker_down_seconds"] = round(time.monotonic() - started, 3)
-    return f"broker restarted in {facts['broker_down_seconds']}s"
+    return f"broker restarted in {facts['broker_down_seconds']}s ({shlex.join(command[-2:])})"
 
 
 @dataclass

@@ -13,7 +13,7 @@ caught up at once: until then that reader serves the table alone.
 Reads stay monotonic: a request goes to a serving reader whose batch for the
 table is the newest known, so a client never sees a batch older than one it
 has already been shown. Within a reader, every answer still comes from one
-committed batch (see spark_jobs.query).
+committed batch (see serving.query).
 
 The routing runs on the server's event loop: a call awaits its reader's pipe
 instead of blocking on it, so the loop parses the next requests while readers
@@ -31,8 +31,8 @@ import os
 import time
 from pathlib import Path
 
-from spark_jobs.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
-from spark_jobs.runtime import Runtime
+from serving.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
+from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
 

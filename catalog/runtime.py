@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy import settings as stack_settings
-from deploy.settings import PROJECT_ROOT
+from catalog import settings as stack_settings
+from catalog.settings import PROJECT_ROOT
 
 
 @dataclass(frozen=True)

@@ -13,32 +13,10 @@ import os
 import time
 from pathlib import Path
 
-from spark_jobs.batch_log import BatchLog
-from spark_jobs.definitions import TableDefinition
-from spark_jobs.offsets import OffsetDiscontinuity
-from spark_jobs.runtime import Runtime
-
-
-def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
-    """Records in the table's topic after its last committed batch (the pending plan's too).
-
-    Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
-    a reset is never shown as "nothing to read"."""
-    from spark_jobs import catalog
-    from spark_jobs.offsets import next_starts, topic_id, watermarks
-
-    topic = topic or catalog.load_table(name, rt)[0].topic
-    position = BatchLog(rt.batch_dir(name)).read_position()
-    try:
-        marks = watermarks(rt.bootstrap, topic)
-    except LookupError:
-        if position is None:
-            return 0        # not produced to yet
-        raise
-    read_topic, read_id, read_ends, _ = position or (None, None, None, None)
-    starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
-                         read_id, read_ends)
-    return sum(high - starts[p] for p, (_, high) in marks.items())
+from catalog.batch_log import BatchLog
+from catalog.definitions import TableDefinition
+from catalog.runtime import Runtime
+from spark_jobs.offsets import OffsetDiscontinuity, lag
 
 
 def _verify_file(rt: Runtime, name: str) -> Path:

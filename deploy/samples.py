@@ -89,12 +89,3 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
         sent["score-events"] = _send(producer, topic("score-events"), scores)
         return sent
     raise SystemExit(f"no sample for {name!r}; samples exist for movie_tickets_sold, payments_per_customer, leaderboard")
-
-
-def leaderboard_entries(row: dict) -> list[dict]:
-    """A leaderboard row in the seed's service shape (TOPK entries are (score, *columns))."""
-    return [
-        {"playerId": player_id, "productId": product_id, "playerName": player_name, "gameName": game_name,
-         "score": int(score) if float(score).is_integer() else score}
-        for score, player_id, product_id, player_name, game_name in row["top3"]
-    ]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = PROJECT_ROOT / ".cache"      # fetched once by `make setup` (deploy/jars.py), then read offline
+JARS_DIR = CACHE_DIR / "jars"
 
 
 def _port(name: str, default: int) -> int:
