@@ -39,8 +39,8 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
         run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data", "--batch", str(events),
                                                 "--event-log", work / "st/events"), work / "st", env=peers.QUIET_SPARK),
         run_peer("statetable (1M-record batches)", peers.statetable(
-            bootstrap, topic, work / "st1m", work / "st1m/data", "--batch", "1000000"), work / "st1m",
-            env=peers.QUIET_SPARK),
+            bootstrap, topic, work / "st1m", work / "st1m/data", "--batch", "1000000", "--table", "bench_counts_1m"),
+            work / "st1m", env=peers.QUIET_SPARK),
         run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
             bootstrap, topic, work / "sss", work / "sss/checkpoint"), work / "sss", env=peers.QUIET_SPARK),
         run_peer("Apache Flink SQL", peers.flink(bootstrap, topic, work / "flink"), work / "flink"),
@@ -65,7 +65,8 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
     spy = work / "st-pyspy"
     cmd = [Path(sys.executable).parent / "py-spy", "record", "--subprocesses", "--idle", "-r", "50",
            "-f", "speedscope", "-o", spy / "profile.speedscope.json", "--",
-           *peers.statetable(bootstrap, topic, spy, spy / "data", "--batch", str(events))]
+           *peers.statetable(bootstrap, topic, spy, spy / "data", "--batch", str(events),
+                             "--table", "bench_counts_spy")]
     try:
         run_peer("statetable under py-spy", cmd, spy, env=peers.QUIET_SPARK)
         spied = profile.pyspy_summary(spy / "profile.speedscope.json")
