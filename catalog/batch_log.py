@@ -17,6 +17,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
+class BatchLogLost(RuntimeError):
+    """A table's changelog holds committed state its batch log knows nothing of: the log was lost
+    or another deployment writes under the same namespace. Going on would apply the first batches
+    again on top of the restored state (or skip them as already applied), so the writer stops."""
+
+    def __init__(self, table: str, folder: Path, topic: str, records: int, namespace: str) -> None:
+        super().__init__(
+            f"{table}: its batch log ({folder}) holds no batch, but its changelog topic {topic} holds {records} "
+            f"records of committed state. The batch log was lost, or another deployment writes this table under "
+            f"the same namespace ({namespace!r}). Restore the batch log folder, give this deployment a namespace "
+            f"of its own (STATETABLE_NAMESPACE), or delete the changelog topic to start the table over.")
+
+
 @dataclass
 class BatchPlan:
     batch_id: int

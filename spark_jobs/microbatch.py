@@ -34,7 +34,7 @@ from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged
 from spark_jobs import delta_files, parse
-from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
+from catalog.batch_log import BatchCommit, BatchLog, BatchLogLost, BatchPlan
 from catalog.definitions import TableDefinition
 from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
@@ -103,6 +103,17 @@ class MicroBatchRunner:
             check_definition(self.log, table.name, self.definition)
             ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
             ensure_changelog(runtime.bootstrap, self.spec.changelog_topic, table.partitions)
+            self._check_log_matches_changelog()
+
+    def _check_log_matches_changelog(self) -> None:
+        """A first batch starts from empty state: if the changelog already holds state, the batch
+        log that explains it is missing (BatchLogLost), and nothing is guessed."""
+        if self.log.last_commit() is not None or self.log.pending_plan() is not None:
+            return
+        written = sum(high for _, high in watermarks(self.rt.bootstrap, self.spec.changelog_topic).values())
+        if written:
+            raise BatchLogLost(self.table.name, self.log.folder, self.spec.changelog_topic, written,
+                               self.rt.namespace)
 
     # ------------------------------------------------------------------ plan
     def _next_plan(self) -> BatchPlan | None:

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from spark_jobs import jobs
 from deploy import samples
 from catalog.batch_log import BatchLog
+from serving.query import lookup
 from state.kafka_admin import ensure_topic
 from tests.table_env import isolated_runtime, read_topic
 
@@ -86,7 +87,7 @@ def test_nan_infinity_and_overflowing_doubles_are_wrong_type_and_never_reach_max
     expected = frame.groupby("game")["score"].agg(["max", "sum"])
     state = jobs.state_rows("best", rt)
     assert {k[0]: (v[0], v[1]) for k, v in state.items()} == {g: (r["max"], r["sum"]) for g, r in expected.iterrows()}
-    assert jobs.query("best", ("1",), rt=rt)["podium"] == [(30.0, 1), (10.0, 1)]
+    assert lookup("best", ("1",), rt=rt)["podium"] == [(30.0, 1), (10.0, 1)]
 
 
 def test_stored_nan_is_served_as_null_not_as_an_error():
@@ -257,3 +258,31 @@ def test_a_sum_past_64_bits_dead_letters_its_events_and_the_rest_of_the_batch_co
     assert state == expected
     result = batch.verify("ledger", spark=spark, rt=rt)
     assert result.ok, result.summary()
+
+
+def test_a_lost_batch_log_stops_the_writer_instead_of_applying_batches_again(env, spark):
+    """The changelog holds committed state, but the batch log that explains it is gone (a lost data
+    folder, or a second deployment under the same namespace). Going on would restore that state and
+    apply the topic's first batches on top of it again; the writer stops instead, names the table,
+    the topic and the fixes, and writes nothing."""
+    import shutil
+
+    from catalog import registry
+    from catalog.batch_log import BatchLogLost
+    from spark_jobs.offsets import watermarks
+
+    rt, suffix = env
+    name = "movie_tickets_sold"
+    samples.produce(name, rt.bootstrap, 300, suffix=suffix)
+    (commit,) = jobs.run(name, spark=spark, rt=rt)
+    assert commit.counts["read"] == 300
+    changelog = registry.spec_of(registry.load_table(name, rt)[0], rt).changelog_topic
+    written = watermarks(rt.bootstrap, changelog)
+    assert sum(high for _, high in written.values()) > 0
+
+    shutil.rmtree(rt.batch_dir(name))
+    with pytest.raises(BatchLogLost, match=rf"{name}: its batch log .* holds no batch, but its changelog topic "
+                                           rf"{changelog} holds \d+ records.*STATETABLE_NAMESPACE"):
+        jobs.run(name, spark=spark, rt=rt)
+    assert watermarks(rt.bootstrap, changelog) == written, "the stopped writer wrote nothing"
+    assert BatchLog(rt.batch_dir(name)).last_commit() is None and BatchLog(rt.batch_dir(name)).pending_plan() is None

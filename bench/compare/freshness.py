@@ -44,12 +44,11 @@ def _summary(name: str, latencies: list[float]) -> dict:
 
 
 def _visible_in(table: str, rt):
-    from spark_jobs import jobs
-    from serving.query import StateUnavailable
+    from serving.query import StateUnavailable, lookup
 
     def visible(key: str) -> bool:
         try:
-            return jobs.query(table, (key,), rt) is not None
+            return lookup(table, (key,), rt) is not None
         except StateUnavailable:     # before the first commit there is no state yet
             return False
     return visible

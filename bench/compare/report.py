@@ -180,7 +180,7 @@ until the table is queryable and correct again; every key is then checked.
 Produce one event for a new key; time until the system's queryable output shows it (first sample of each
 system dropped as warm-up).
 - **statetable (warm runner):** `statetable run T --follow` (one warm Spark session, a micro-batch whenever
-  the topic has input, 0.1 s poll), read through the query API's read path (`jobs.query`).
+  the topic has input, 0.1 s poll), read through the query API's read path (`serving.query.lookup`).
 - **Quix Streams:** the updated row on the output topic it commits with its state, read with
   `read_committed` (default 5 s commit interval for exactly-once).
 - **statetable (scheduled):** the local stack's Airflow (LocalExecutor) runs the table's `__incremental` DAG
