@@ -171,7 +171,7 @@ def _restart_broker(facts: dict) -> str:
                            f"{(done.stderr or done.stdout).strip()[-500:]}; set {BROKER_RESTART_ENV} to the "
                            f"command that restarts this deployment's broker")
     facts["broker_down_seconds"] = round(time.monotonic() - started, 3)
-    return f"broker restarted in {facts['broker_down_seconds']}s ({shlex.join(command[-2:])})"
+    return f"broker restarted in {facts['broker_down_seconds']}s by `{shlex.join(command)}`"
 
 
 @dataclass

@@ -755,7 +755,7 @@ def run(spec: PassSpec, batches):
     where = where_expression(spec.table) if spec.table.where else None
     counts: dict[str, int] = {}
     max_event = None
-    fold, held = foldable(spec.table), []       # a task's partials, folded across its Arrow batches
+    fold, held, held_rows = foldable(spec.table), [], 0     # a task's partials, folded across its Arrow batches
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -787,12 +787,13 @@ def run(spec: PassSpec, batches):
                 yield _tagged_partials(partials, spec, schema)
                 continue
             held.append(partials)
-            if sum(t.num_rows for t in held) >= FOLD_ROWS:
+            held_rows += partials.num_rows
+            if held_rows >= FOLD_ROWS:
                 folded = _folded(held, spec.table)
-                held = [folded]
-                if folded.num_rows >= FOLD_ROWS // 2:     # mostly distinct keys: folding again gains little
+                held, held_rows = [folded], folded.num_rows
+                if held_rows >= FOLD_ROWS // 2:     # mostly distinct keys: folding again gains little
                     yield _tagged_partials(folded, spec, schema)
-                    held = []
+                    held, held_rows = [], 0
     if held:
         yield _tagged_partials(_folded(held, spec.table), spec, schema)
     if max_event is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 
 
@@ -163,7 +164,6 @@ def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
     Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
     a reset is never shown as "nothing to read"."""
     from catalog import registry
-    from catalog.batch_log import BatchLog
 
     topic = topic or registry.load_table(name, rt)[0].topic
     position = BatchLog(rt.batch_dir(name)).read_position()
