@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -54,6 +55,22 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
             )
         return
     _wait(client.create_topics([NewTopic(name, partitions, 1, config=config or {})]), "TOPIC_ALREADY_EXISTS")
+    _wait_visible(bootstrap, name, partitions)
+
+
+def _wait_visible(bootstrap: str, name: str, partitions: int, timeout: float = 30.0) -> None:
+    """The controller accepts a topic before the broker's metadata shows it: a watermark read
+    straight after creating would find no topic. Wait until every partition has a leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topic = metadata_consumer(bootstrap).list_topics(name, timeout=10).topics.get(name)
+        if (topic is not None and topic.error is None and len(topic.partitions) == partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {name!r} was created but its {partitions} partitions have no leader "
+                               f"after {timeout:.0f} s; check the broker at {bootstrap}")
+        time.sleep(0.1)
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
