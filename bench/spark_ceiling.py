@@ -34,7 +34,7 @@ def main() -> None:
 
         from spark_jobs import session
 
-        spark = session.get_or_create("statetable-spark-ceiling")
+        spark = session.get_or_create("statetable-spark-ceiling", local=True)
         offsets = full_range(cfg.kafka_bootstrap, topic)
         spark_reader(spark, cfg.kafka_bootstrap, offsets).count()      # JIT and consumers warm
         runs = []

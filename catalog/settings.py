@@ -53,6 +53,16 @@ class StackSettings:
     kafka_controller_port: int
     airflow_port: int
     state_dir: Path
+    connect_port: int = 15002
+
+    @property
+    def connect_url(self) -> str:
+        """The stack's Spark Connect server, without its token (see `connect_token`)."""
+        return f"sc://{self.host}:{self.connect_port}"
+
+    @property
+    def connect_dir(self) -> Path:
+        return self.state_dir / "spark-connect"
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -83,5 +93,15 @@ def load() -> StackSettings:
         kafka_port=_port("STATETABLE_KAFKA_PORT", 19092),
         kafka_controller_port=_port("STATETABLE_KAFKA_CONTROLLER_PORT", 19093),
         airflow_port=_port("STATETABLE_AIRFLOW_PORT", 18080),
+        connect_port=_port("STATETABLE_SPARK_CONNECT_PORT", 15002),
         state_dir=state_dir,
     )
+
+
+def connect_token(settings: StackSettings) -> str | None:
+    """The bearer token of the stack's Spark Connect server (made by `stack up`, readable by its
+    owner only): a server that runs any client's Python must not serve every local user."""
+    try:
+        return (settings.connect_dir / ".token").read_text().strip() or None
+    except FileNotFoundError:
+        return None

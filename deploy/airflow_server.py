@@ -45,7 +45,18 @@ def connections(settings: StackSettings) -> dict[str, str]:
         "conn_type": "kafka",
         "extra": {"bootstrap.servers": settings.kafka_bootstrap},
     }
+    from deploy import connect_server
+
+    # The provider's Spark Connect connection: the token is the password (the hook sends it as a
+    # bearer token), the host `localhost`, to which pyspark sends a token without TLS.
+    spark_connect = {
+        "conn_type": "spark_connect",
+        "host": "localhost" if settings.host in ("127.0.0.1", "localhost") else settings.host,
+        "port": settings.connect_port,
+        "password": connect_server.token(settings),
+    }
     return {
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(spark_connect),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
     }

@@ -18,10 +18,19 @@ def _stack(args) -> int:
         stack.down(cfg)
     elif args.action == "restart-broker":
         stack.restart_broker(cfg)
+    elif args.action == "restart-engine":
+        stack.restart_engine(cfg)
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
         return 0 if all(line.endswith(" up") for line in lines) else 3
+    return 0
+
+
+def _engine(args) -> int:
+    from deploy import connect_server
+
+    connect_server.foreground(stack_settings.load(), args.host)
     return 0
 
 
@@ -202,8 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
-    p.add_argument("action", choices=["up", "down", "status", "restart-broker"])
+    p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine"])
     p.set_defaults(func=_stack)
+
+    p = sub.add_parser("engine", help="run the Spark Connect server in the foreground (a container's command; "
+                                      "the local stack starts its own with `stack up`)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (0.0.0.0 inside a container network)")
+    p.set_defaults(func=_engine)
 
     p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")
     p.add_argument("--events", type=int, default=1000)

@@ -1,4 +1,5 @@
-"""`statetable stack up | down | status | restart-broker` for the local stack (Kafka + Airflow).
+"""`statetable stack up | down | status | restart-broker | restart-engine` for the local stack
+(Kafka, Airflow, and the Spark Connect server every job runs on).
 
 `status` prints one line per component, `NAME ADDRESS up|down`; scripts parse
 that format, so keep it stable.
@@ -7,22 +8,26 @@ from __future__ import annotations
 
 import time
 
-from deploy import airflow_server, kafka_server
+from deploy import airflow_server, connect_server, kafka_server
 from catalog.settings import StackSettings
 
 
 def up(settings: StackSettings) -> None:
     started = time.monotonic()
     kafka_server.start(settings)
+    connect_server.start(settings)
     airflow_server.start(settings)
     kafka_server.wait_healthy(settings)
     print(f"kafka   {settings.kafka_bootstrap} up ({time.monotonic() - started:.1f}s)", flush=True)
+    connect_server.wait_healthy(settings)
+    print(f"spark-connect {settings.connect_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
     print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     password = airflow_server.admin_password(settings)
     print(
         f"\nAirflow UI:  {settings.airflow_url}  (user: {airflow_server.ADMIN_USER}, password: {password})\n"
         f"Kafka:       {settings.kafka_bootstrap}\n"
+        f"Spark:       {settings.connect_url} (Spark Connect; token in {settings.connect_dir / '.token'})\n"
         f"Logs:        {settings.state_dir}/*/*.log\n"
         f"Stop with:   statetable stack down"
     )
@@ -31,6 +36,7 @@ def up(settings: StackSettings) -> None:
 def down(settings: StackSettings) -> None:
     started = time.monotonic()
     airflow_server.stop(settings)
+    connect_server.stop(settings)
     kafka_server.process(settings).stop(timeout=25)
     print(f"stack stopped in {time.monotonic() - started:.1f}s")
 
@@ -51,11 +57,23 @@ def restart_broker(settings: StackSettings) -> float:
     return down_seconds
 
 
+def restart_engine(settings: StackSettings) -> float:
+    """Start the Spark Connect server again after it died (the `kill_engine` drill, or a crash);
+    seconds until it answers. A server still running is left alone."""
+    started = time.monotonic()
+    connect_server.start(settings)
+    connect_server.wait_healthy(settings)
+    seconds = time.monotonic() - started
+    print(f"spark-connect {settings.connect_url} up in {seconds:.1f}s", flush=True)
+    return seconds
+
+
 def status_lines(settings: StackSettings) -> list[str]:
     kafka_up = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
     airflow_up = airflow_server.is_healthy(settings)
     return [
         f"kafka {settings.kafka_bootstrap} {'up' if kafka_up else 'down'}",
+        f"spark-connect {settings.connect_url} {'up' if connect_server.is_healthy(settings) else 'down'}",
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
     ]
 
@@ -69,7 +87,7 @@ def _safe(check, settings: StackSettings) -> bool:
 
 def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
-    procs = [kafka_server.process(settings)] + [
+    procs = [kafka_server.process(settings), connect_server.process(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

@@ -38,9 +38,12 @@ FAILURES = {
     "lose_all_snapshots": "delete every snapshot (in a scratch copy of the snapshot store), then lose the local "
                           "store (restore from the changelog alone)",
     "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
+    "kill_engine": "SIGKILL the Spark Connect server (and its Python workers) mid-batch, after partition 0 "
+                   "committed; the deployment starts it again and the next run finishes the batch",
 }
 KILL_POINT = "batch.mid_merge"
 BROKER_RESTART_ENV = "STATETABLE_BROKER_RESTART"
+ENGINE_RESTART_ENV = "STATETABLE_ENGINE_RESTART"
 SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 
 
@@ -75,6 +78,8 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
         detail = "no failure injected"
     elif failure == "kill_mid_batch":
         detail = _kill_mid_batch(name, rt, facts)
+    elif failure == "kill_engine":
+        detail = _kill_engine(name, rt, facts)
     elif failure == "wipe_local_store":
         detail = _wipe(name, table, rt)
     elif failure in SNAPSHOT_DRILLS:
@@ -88,14 +93,16 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
     return injected
 
 
-def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
+def _kill_mid_batch(name: str, rt: Runtime, facts: dict, scope: str = "group") -> str:
+    """A batch run in a child process dies at KILL_POINT with its process group (`scope` group);
+    with scope `engine` a merge task SIGKILLs the Spark Connect server it runs in instead."""
     from spark_jobs.offsets import lag
 
     batch_log = BatchLog(rt.batch_dir(name))
     if batch_log.pending_plan() is None and lag(name, rt) == 0:
         raise NothingToInject(f"table {name!r} has no unread input, so there is no batch to kill; "
                               f"produce events to its topic first")
-    env = {**os.environ, **rt.as_env(), faults.ENV: KILL_POINT, faults.SCOPE_ENV: "group"}
+    env = {**os.environ, **rt.as_env(), faults.ENV: KILL_POINT, faults.SCOPE_ENV: scope}
     child = subprocess.run([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
                             "--no-snapshot"], env=env, start_new_session=True, capture_output=True, text=True)
     facts["exit_code"] = child.returncode
@@ -105,6 +112,28 @@ def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
                            f"{child.returncode} with pending plan {pending}; stderr tail:\n{child.stderr[-2000:]}")
     facts["killed_batch"] = pending.batch_id
     return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {child.returncode})"
+
+
+def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
+    """SIGKILL the Spark Connect server mid-batch (a merge task kills the server's process group),
+    then have the deployment start it again (STATETABLE_ENGINE_RESTART, by default the local
+    stack's `statetable stack restart-engine`)."""
+    from spark_jobs.session import answers, engine
+
+    url, why = engine()
+    if url is None:
+        raise NothingToInject(f"table {name!r}: jobs run in a local Spark session here ({why}), so there is no "
+                              f"Spark Connect server to kill; start one (`statetable stack up`)")
+    address = url.split(";")[0]
+    detail = _kill_mid_batch(name, rt, facts, scope="engine")
+    facts["engine_was_down"] = not answers(url)
+    if not facts["engine_was_down"]:
+        raise RuntimeError(f"table {name!r}: the batch died but the Spark Connect server at {address} still "
+                           f"answers; the kill did not reach the engine")
+    restart = _run_deployment_command("kill_engine", ENGINE_RESTART_ENV, "restart-engine", "Spark Connect server")
+    facts["engine_restart_seconds"] = restart[0]
+    return f"{detail}; Spark Connect server {address} killed with it, started again in {restart[0]}s " \
+           f"by `{restart[1]}`"
 
 
 def _wipe(name: str, table, rt: Runtime) -> str:
@@ -162,16 +191,22 @@ def _restart_broker(facts: dict) -> str:
     """The deployment restarts its broker: the drill runs STATETABLE_BROKER_RESTART (a command line;
     e.g. `docker compose restart kafka`), by default the local stack's `statetable stack
     restart-broker`, so job code never reaches into the stack launcher."""
-    command = shlex.split(os.environ.get(BROKER_RESTART_ENV, "")) or \
-        [sys.executable, "-m", "deploy.cli", "stack", "restart-broker"]
+    seconds, command = _run_deployment_command("broker_restart", BROKER_RESTART_ENV, "restart-broker", "broker")
+    facts["broker_down_seconds"] = seconds
+    return f"broker restarted in {seconds}s by `{command}`"
+
+
+def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: str) -> tuple[float, str]:
+    """Run the deployment's command in `env_name` (default: `statetable stack <stack_action>`);
+    (seconds it took, the command)."""
+    command = shlex.split(os.environ.get(env_name, "")) or [sys.executable, "-m", "deploy.cli", "stack", stack_action]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
-        raise RuntimeError(f"broker_restart: `{shlex.join(command)}` failed (exit {done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip()[-500:]}; set {BROKER_RESTART_ENV} to the "
-                           f"command that restarts this deployment's broker")
-    facts["broker_down_seconds"] = round(time.monotonic() - started, 3)
-    return f"broker restarted in {facts['broker_down_seconds']}s by `{shlex.join(command)}`"
+        raise RuntimeError(f"{drill}: `{shlex.join(command)}` failed (exit {done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[-500:]}; set {env_name} to the "
+                           f"command that restarts this deployment's {what}")
+    return round(time.monotonic() - started, 3), shlex.join(command)
 
 
 @dataclass

@@ -713,7 +713,8 @@ class MicroBatchRunner:
     def _snapshot_if_due(self, commit: BatchCommit) -> None:
         from catalog.registry import due_snapshots
 
-        table, ctx = self.table, (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri)
+        table = self.table
+        ctx = (self.spec, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri, task_faults(self.spark))
         due = due_snapshots(table, self.rt, commit.batch_id)
         if not due:
             return
@@ -733,6 +734,16 @@ class MicroBatchRunner:
             offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()], asynchronous=False)
 
 
+def task_faults(spark) -> tuple[str | None, str | None]:
+    """The fault point a job's tasks arm (state.faults.armed): workers of a Spark Connect server
+    never saw the client's environment, and reused workers must forget an earlier job's point.
+    On a shared server a task dies alone (scope group), or takes the server with it (engine)."""
+    from spark_jobs.session import is_connect
+
+    point, scope = faults.armed()
+    return point, None if is_connect(spark) and scope == "group" else scope
+
+
 def per_state_partition(spark, partials, partitions: int, body, what: str) -> dict[int, dict]:
     """One Spark task per state partition over `partials` (rows with `_kind` = "partial" and
     `_sp`), plus a marker row per partition so that every partition runs, also one without rows.
@@ -745,11 +756,13 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
 
     markers = spark.range(partitions).select(F.lit("marker").alias("_kind"), F.col("id").cast("int").alias("_sp"))
     rows = markers if partials is None else partials.unionByName(markers, allowMissingColumns=True)
+    armed = task_faults(spark)
 
     def run(batches):
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        faults.arm(*armed)
         batches = list(batches)
         if not batches:
             return
@@ -800,7 +813,8 @@ def _snapshot_partitions(ctx, batches):
     """mapInArrow body: snapshot the partitions named in `batches` on this executor."""
     from state.table import StateTable
 
-    spec, state_dir, bootstrap, snapshot_uri = ctx
+    spec, state_dir, bootstrap, snapshot_uri, armed = ctx
+    faults.arm(*armed)
     for batch in batches:
         for partition in batch.column("p").to_pylist():
             table = StateTable(spec, state_dir, bootstrap=bootstrap, snapshot_uri=snapshot_uri)

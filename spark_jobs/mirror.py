@@ -203,14 +203,17 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
 
 
 def upsert(spark, path: str, source) -> None:
-    """MERGE change rows (newest per key) into the mirror at `path`: a delete removes the key."""
-    from delta.tables import DeltaTable
-
-    (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.key = s.key")
-     .whenMatchedDelete(condition="s.deleted")
-     .whenMatchedUpdateAll(condition="NOT s.deleted")
-     .whenNotMatchedInsertAll(condition="NOT s.deleted")
-     .execute())
+    """MERGE change rows (newest per key) into the mirror at `path`: a delete removes the key.
+    SQL rather than delta-spark's DeltaTable API, which over Spark Connect needs Delta's own
+    Connect plugin on the server; MERGE INTO runs on any session with the Delta extensions."""
+    view = "statetable_mirror_changes"      # the session is the table's own (session.session_id)
+    source.createOrReplaceTempView(view)
+    target = path.replace("`", "``")
+    spark.sql(f"MERGE INTO delta.`{target}` t USING {view} s ON t.key = s.key "
+              "WHEN MATCHED AND s.deleted THEN DELETE "
+              "WHEN MATCHED AND NOT s.deleted THEN UPDATE SET * "
+              "WHEN NOT MATCHED AND NOT s.deleted THEN INSERT *")
+    spark.catalog.dropTempView(view)
 
 
 def committed_rows(rt: Runtime, table: str, attempts: int = 5):

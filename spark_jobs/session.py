@@ -10,8 +10,17 @@ import os
 import sys
 from pathlib import Path
 
+import logging
+import socket
+from urllib.parse import urlparse
+
 from catalog.priority import batch_niceness, yield_cpu_to_queries
 from catalog.settings import JARS_DIR
+
+log = logging.getLogger("statetable.session")
+
+REMOTE_ENV = "STATETABLE_SPARK_REMOTE"
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"      # pyspark's own: the client sends it as a bearer token
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -74,9 +83,128 @@ def submit_options(app_name: str) -> dict:
     return {"jars": jars_csv, "conf": conf, "name": app_name}
 
 
-def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str, str] | None = None):
-    """A SparkSession with the Kafka source and Delta Lake on its classpath."""
+def is_connect(spark) -> bool:
+    """Whether `spark` is a Spark Connect client session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class EngineUnavailable(RuntimeError):
+    """The Spark Connect server a job was pointed at does not answer."""
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts connections at the sc:// URL's host and port."""
+    parsed = urlparse(url.partition(";")[0].replace("sc://", "http://", 1))
+    try:
+        socket.create_connection((parsed.hostname, parsed.port or 15002), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def client_url(url: str, token: str | None) -> str:
+    """`url` with `token` added (unless it has one). pyspark sends a token without TLS only to the
+    host name `localhost` (a local channel), so a loopback address is spelled that way; a token for
+    another host needs use_ssl=true in the URL."""
+    base, _, params = url.partition(";")
+    parsed = urlparse(base.replace("sc://", "http://", 1))
+    host = "localhost" if parsed.hostname in ("127.0.0.1", "::1", "localhost") else parsed.hostname
+    options = [p for p in params.split(";") if p]
+    if token and not any(p.startswith("token=") for p in options):
+        options.append(f"token={token}")
+    return f"sc://{host}:{parsed.port or 15002}/" + "".join(f";{p}" for p in options)
+
+
+def engine() -> tuple[str | None, str]:
+    """(sc:// URL with its token, or None for a local session; how it was chosen).
+
+    STATETABLE_SPARK_REMOTE=sc://HOST:PORT must answer, or the job fails now and says how to start
+    the server; =local always starts a local session; unset, the local stack's server is used
+    when it is up, and a local session started when it is not."""
+    from catalog import settings
+
+    raw = os.environ.get(REMOTE_ENV, "").strip()
+    if raw == "local":
+        return None, f"{REMOTE_ENV}=local"
+    if raw:
+        if not raw.startswith("sc://"):
+            raise ValueError(f"{REMOTE_ENV}={raw!r} is neither an sc://HOST:PORT address of a Spark Connect server "
+                             f"nor 'local'; set one of them, or unset it to use the local stack's server when it is up")
+        if not answers(raw):
+            raise EngineUnavailable(
+                f"the Spark Connect server at {raw} ({REMOTE_ENV}) does not answer; start it with "
+                f"`statetable stack up` (or your cluster's Connect server), or set {REMOTE_ENV}=local to run "
+                f"a local Spark session in this process")
+        return client_url(raw, os.environ.get(TOKEN_ENV)), f"{REMOTE_ENV}={raw}"
+    stack = settings.load()
+    if answers(stack.connect_url, timeout=0.5):
+        return client_url(stack.connect_url, settings.connect_token(stack)), "the local stack's server is up"
+    return None, f"no Spark Connect server answers at {stack.connect_url}"
+
+
+_remote_sessions: dict[str, object] = {}
+
+
+def session_id(key: str) -> str:
+    """The server-side session of `key` (a table in its namespace): every run of a table attaches
+    to the same one. The server starts a Python worker daemon per session and keeps it, so a
+    session per run would leave a daemon behind each time and import the Arrow pass anew; runs of
+    one table are serialised by its lock, and different tables get different sessions."""
+    import uuid
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"statetable:{key}"))
+
+
+def remote_session(url: str, key: str):
+    """A client of `key`'s server session, one per process. Never `stop()` it: that ends the
+    server's session, and the next run would find its id closed."""
     from pyspark.sql import SparkSession
+
+    full = f"{url};session_id={session_id(key)}"
+    if full not in _remote_sessions:
+        _remote_sessions[full] = SparkSession.builder.remote(full).create()
+    return _remote_sessions[full]
+
+
+def interrupt_all() -> None:
+    """Interrupt every operation this process's Connect clients have running on their server."""
+    for spark in list(_remote_sessions.values()):
+        try:
+            spark.interruptAll()
+        except Exception as exc:       # the server may be gone already: nothing left to interrupt
+            log.warning("interrupting the Spark Connect session's operations failed: %s", exc)
+
+
+def done(spark) -> None:
+    """End a job's use of `spark`: a local session stops; a Connect client lets go of its channel
+    and leaves the server's session (and its warm Python workers) to the table's next run."""
+    if is_connect(spark):
+        spark.client.close()
+        _remote_sessions.clear()
+    else:
+        spark.stop()
+
+
+def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str, str] | None = None,
+                  local: bool = False, key: str | None = None):
+    """A Spark Connect session on the chosen server (see `engine`), else a local SparkSession with
+    the Kafka source and Delta Lake on its classpath. Logs which one, and why. A master, extra
+    configuration or `local` (a benchmark peer measuring Spark itself) ask for a local session.
+    `key` names the server-side session to attach to (see `session_id`); the app name otherwise."""
+    from pyspark.sql import SparkSession
+
+    if master or extra_conf or local:
+        url, why = None, "a local session was asked for"
+    elif os.environ.get("SPARK_ENV_LOADED"):
+        url, why = None, "spark-submit started this driver"
+    else:
+        url, why = engine()
+    if url is not None:
+        spark = remote_session(url, key or app_name)
+        log.info("engine: Spark Connect server %s (%s)", url.split(";")[0], why)
+        return spark
+    log.info("engine: local Spark session, %s (%s)", master or spark_conf(app_name).get("spark.master", "spark-submit"),
+             why)
 
     builder = SparkSession.builder
     for key, value in {**spark_conf(app_name, master), **(extra_conf or {})}.items():

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result_file).write_text(json.dumps(result))
     print("SMOKE_RESULT " + json.dumps(result), flush=True)
-    spark.stop()
+    session.done(spark)
     return 0 if result["count"] == result["planned"] else 1
 
 

@@ -102,6 +102,34 @@ def _open_existing(rdict, primary: Path, options, cfs, access):
         raise
 
 
+LOCK_WAIT_ENV = "STATETABLE_STATE_LOCK_WAIT"
+
+
+def _open_writer(rdict, path: Path, options, cfs):
+    """Open for writing, waiting while another process holds the database's lock: on a shared
+    Spark Connect server, the task of a run whose client was killed may still be finishing the
+    same batch (a commit of the same batch id, then a no-op for whoever comes next). Waits up to
+    STATETABLE_STATE_LOCK_WAIT seconds (default 60), then fails naming the folder."""
+    import logging
+    import os
+    import time
+
+    deadline = time.monotonic() + float(os.environ.get(LOCK_WAIT_ENV, "60"))
+    warned = False
+    while True:
+        try:
+            return rdict(str(path), options=options, column_families=cfs)
+        except Exception as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            if not warned:
+                logging.getLogger("statetable.state").warning(
+                    "%s is locked by another process (%s); waiting up to %s s", path, exc,
+                    os.environ.get(LOCK_WAIT_ENV, "60"))
+                warned = True
+            time.sleep(0.2)
+
+
 def _manifest_state(primary: Path) -> tuple:
     """Which MANIFEST the primary writes and how far: it moves on every flush, compaction and reopen."""
     try:
@@ -146,7 +174,7 @@ class RocksBackend:
             self.db = _open_existing(Rdict, self.path, options, cfs, AccessType.read_only())
         else:
             self.path.mkdir(parents=True, exist_ok=True)
-            self.db = Rdict(str(self.path), options=options, column_families=cfs)
+            self.db = _open_writer(Rdict, self.path, options, cfs)
         self.meta_cf = self.db.get_column_family("meta")
         self._meta_handle = self.db.get_column_family_handle("meta")
 

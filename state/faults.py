@@ -6,7 +6,9 @@ atexit runs, exactly as with a kill -9 or a lost machine. With
 STATETABLE_FAULT_SCOPE=group every process of the session is SIGKILLed
 instead, so a fault inside a Spark task takes down the driver, its JVM and
 the PySpark daemon too (they share a session; the daemon's workers do not
-share a process group).
+share a process group). A task on a Spark Connect server shares the server's
+session, not the client's: there `group` kills the task alone (its failed job
+fails the client's run), and `engine` kills the whole server.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ REBUILD_POINTS = {
 POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS}
 
 _armed: str | None = None
+_armed_scope: str | None = None
 
 
 def validate(name: str | None) -> None:
@@ -53,16 +56,23 @@ def validate(name: str | None) -> None:
         raise ValueError(f"{ENV}={name!r} is not a fault point; use one of: {known}")
 
 
-def arm(name: str | None) -> None:
+def arm(name: str | None, scope: str | None = None) -> None:
     validate(name)
-    global _armed
-    _armed = name
+    global _armed, _armed_scope
+    _armed, _armed_scope = name, scope
+
+
+def armed() -> tuple[str | None, str | None]:
+    """The point and scope this process would die at, for a task that runs elsewhere: a Spark
+    Connect server's workers do not inherit the client's environment, so the job hands them
+    this and they `arm` it."""
+    return _armed or os.environ.get(ENV), _armed_scope or os.environ.get(SCOPE_ENV)
 
 
 def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
-        if os.environ.get(SCOPE_ENV) == "group":
+        if (_armed_scope or os.environ.get(SCOPE_ENV)) in ("group", "engine"):
             kill_session(os.getsid(0))
         os._exit(EXIT_CODE)
 

@@ -21,6 +21,10 @@ os.environ.update({
     "STATETABLE_KAFKA_PORT": os.environ.get("STATETABLE_TEST_KAFKA_PORT", "29092"),
     "STATETABLE_KAFKA_CONTROLLER_PORT": os.environ.get("STATETABLE_TEST_KAFKA_CONTROLLER_PORT", "29093"),
     "STATETABLE_AIRFLOW_PORT": os.environ.get("STATETABLE_TEST_AIRFLOW_PORT", "28080"),
+    "STATETABLE_SPARK_CONNECT_PORT": os.environ.get("STATETABLE_TEST_SPARK_CONNECT_PORT", "28002"),
+    # Jobs a test starts run in a local session unless the test asks for the Spark Connect
+    # server (the `engine` fixture); Airflow's tasks use it through their connection.
+    "STATETABLE_SPARK_REMOTE": "local",
     # Tests trigger every run they check; scheduled runs would race them for the same tables.
     "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
 })
@@ -28,7 +32,7 @@ os.environ.update({
 # py4j logs from __del__ at interpreter exit, after pytest closed the stream it captured.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-from deploy import airflow_server, kafka_server  # noqa: E402
+from deploy import airflow_server, connect_server, kafka_server  # noqa: E402
 from catalog import settings as stack_settings
 
 
@@ -49,8 +53,21 @@ def kafka(stack_settings_):
 
 
 @pytest.fixture(scope="session")
-def airflow(stack_settings_, kafka):
-    """Airflow's four processes against the test broker; yields the settings."""
+def engine(stack_settings_):
+    """The stack's Spark Connect server; yields its address with the token (a client URL)."""
+    from spark_jobs.session import client_url
+
+    connect_server.start(stack_settings_)
+    try:
+        connect_server.wait_healthy(stack_settings_)
+        yield client_url(stack_settings_.connect_url, connect_server.token(stack_settings_))
+    finally:
+        connect_server.stop(stack_settings_)
+
+
+@pytest.fixture(scope="session")
+def airflow(stack_settings_, kafka, engine):
+    """Airflow's four processes against the test broker and Spark Connect server; yields the settings."""
     airflow_server.start(stack_settings_)
     try:
         airflow_server.wait_healthy(stack_settings_)

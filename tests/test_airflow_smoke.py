@@ -21,19 +21,30 @@ def smoke_topic(kafka):
     return smoke.SMOKE_TOPIC
 
 
-def test_dags_test_runs_every_task(stack_settings_, smoke_topic, tmp_path):
+@pytest.mark.parametrize("dag_id", [DAG, "movie_tickets_sold__incremental"])
+def test_dags_test_runs_every_task_with_spark_submit(stack_settings_, smoke_topic, tmp_path, monkeypatch, dag_id):
+    """The spark-submit path (STATETABLE_SPARK_MODE=submit, for clusters without a Spark Connect
+    server) still runs the smoke DAG and a table's incremental run, every task."""
+    from deploy import samples
+
+    monkeypatch.setenv("STATETABLE_SPARK_MODE", "submit")
+    if dag_id != DAG:
+        samples.produce("movie_tickets_sold", stack_settings_.kafka_bootstrap, 20)
     # Its own Airflow home and database, so no scheduler can pick up this run.
     isolated = dataclasses.replace(stack_settings_, state_dir=tmp_path)
     airflow_server.airflow_cli(isolated, "db", "migrate", capture=True)
-    done = airflow_server.airflow_cli(isolated, "dags", "test", DAG, capture=True, check=False)
+    done = airflow_server.airflow_cli(isolated, "dags", "test", dag_id, capture=True, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    runs = airflow_server.airflow_json(isolated, "dags", "list-runs", DAG)
+    runs = airflow_server.airflow_json(isolated, "dags", "list-runs", dag_id)
     assert len(runs) == 1
-    states = airflow_server.airflow_json(isolated, "tasks", "states-for-dag-run", DAG, runs[0]["run_id"])
-    assert {s["task_id"]: s["state"] for s in states} == {
-        "plan_offsets": "success", "read_range_to_delta": "success", "report": "success",
-    }
+    states = airflow_server.airflow_json(isolated, "tasks", "states-for-dag-run", dag_id, runs[0]["run_id"])
+    states = {s["task_id"]: s["state"] for s in states}
+    assert set(states.values()) == {"success"}, states
+    expected = {"plan_offsets", "read_range_to_delta", "report"} if dag_id == DAG else \
+        {"wait_for_offsets", "run_batches", "snapshot_if_due", "record_stats"}
+    assert set(states) == expected
+    assert "Spark-Submit cmd" in done.stdout + done.stderr     # the provider's hook ran spark-submit
 
 
 def test_trigger_over_rest_succeeds(airflow, smoke_topic):

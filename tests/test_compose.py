@@ -32,11 +32,16 @@ def test_has_every_component_of_the_cluster():
     assert "org.apache.spark.deploy.master.Master" in services["spark-master"]["command"]
     workers = [name for name, svc in services.items() if "org.apache.spark.deploy.worker.Worker" in svc.get("command", [])]
     assert sorted(workers) == ["spark-worker-1", "spark-worker-2"]
+    assert services["spark-connect"]["command"][:2] == ["statetable", "engine"]
+    assert services["spark-connect"]["environment"]["STATETABLE_SPARK_MASTER"] == "spark://spark-master:7077"
+    assert "ports" not in services["spark-connect"]     # the compose network only
     for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
         svc = services[f"airflow-{component}"]
         assert svc["command"][:2] == ["airflow", component]
         assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
         assert svc["environment"]["STATETABLE_SNAPSHOT_URI"].startswith("s3://")
+        assert '"host": "spark-connect"' in svc["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
+        assert svc["environment"]["STATETABLE_SPARK_MODE"] == "connect"
 
 
 def test_statetable_image_builds_from_the_project_dockerfile():

@@ -42,7 +42,8 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
         assert inc.max_active_runs == 1 and inc.catchup is False
         assert inc.timetable.expression == table.schedule
-        assert type(inc.get_task("run_batches")).__name__ == "SparkSubmitOperator"
+        assert type(inc.get_task("run_batches")).__name__ == "SparkConnectJobOperator"     # the default mode
+        assert inc.get_task("run_batches").conn_id == "spark_connect_default"
         assert inc.get_task("wait_for_offsets").soft_fail is True
         assert "Retries are safe" in inc.doc_md
         assert set(rv.params.get_param("failure").schema["enum"]) == set(FAILURES)
@@ -158,7 +159,7 @@ def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(ap
     from ops import failures
     from state.snapshots import SnapshotStore
 
-    if failure == "kill_mid_batch":
+    if failure in ("kill_mid_batch", "kill_engine"):
         samples.produce(MOVIES, kafka, 3000)          # a batch to kill
     live = SnapshotStore(stack_rt.snapshot_uri)
     before = {p: live.list(MOVIES, p) for p in range(4)}
@@ -180,8 +181,11 @@ def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(ap
             assert m.path in still, f"{failure} deleted live snapshot {m.path}"
             live.download(m, stack_rt.data_dir / "drill-check" / f"p{p}")
     assert not SnapshotStore(failures.scratch_uri(stack_rt)).list(MOVIES, 0), "the scratch copy outlived recovery"
-    if failure == "kill_mid_batch":
+    if failure in ("kill_mid_batch", "kill_engine"):
         assert record["injected"]["facts"]["exit_code"] != 0
+    if failure == "kill_engine":
+        facts = record["injected"]["facts"]
+        assert facts["engine_was_down"] is True and facts["engine_restart_seconds"] > 0
     assert _state(stack_rt) == _expected_movies(kafka)
     TIMINGS[f"restore_verify {failure}: restore seconds"] = record["restore_seconds"]
 

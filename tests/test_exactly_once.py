@@ -1,6 +1,7 @@
 """Exactly once under kills: 1M events in >= 20 micro-batches; the job's whole
 process tree is SIGKILLed at every named fault point and at random moments,
-then re-run until caught up. The table must equal an independent pandas
+in a local Spark session and as a client of the Spark Connect server, whose
+own process tree is SIGKILLed at random moments too; then re-run until caught up. The table must equal an independent pandas
 recomputation over the topic, the changelog must restore it exactly, and the
 bronze table must hold every (partition, offset) exactly once."""
 from __future__ import annotations
@@ -31,19 +32,19 @@ TABLE = "payments_per_customer"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 
 
-def _job_env(rt, fault: str | None = None) -> dict:
-    env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group"}
+def _job_env(rt, fault: str | None = None, remote: str = "local") -> dict:
+    env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group", "STATETABLE_SPARK_REMOTE": remote}
     env.pop(faults.ENV, None)
     if fault:
         env[faults.ENV] = fault
     return env
 
 
-def _start(rt, fault=None, max_batches=None):
+def _start(rt, fault=None, max_batches=None, remote="local"):
     args = [STATETABLE, "run", TABLE, "--max-records-per-batch", str(PER_BATCH)]
     args += ["--max-batches", str(max_batches)] if max_batches else ["--until-caught-up"]
-    return subprocess.Popen(args, env=_job_env(rt, fault), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, text=True)
+    return subprocess.Popen(args, env=_job_env(rt, fault, remote), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True, text=True)
 
 
 def _wait_session_gone(sid: int, timeout: float = 60) -> None:
@@ -56,7 +57,9 @@ def _wait_session_gone(sid: int, timeout: float = 60) -> None:
 
 
 @pytest.mark.timeout(3000)
-def test_exactly_once_under_kills(kafka, tmp_path, spark):
+def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings_):
+    from deploy import connect_server
+
     rt, suffix = isolated_runtime(kafka, tmp_path, overrides={"snapshot_every": "3"})
     sql = rt.tables_dir / f"{TABLE}.sql"          # the mirror folds after every odd batch: a 2-batch run reaches
     sql.write_text("-- mirror_every: 2\n" + sql.read_text())     # mirror.after_merge
@@ -78,7 +81,32 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark):
         job.wait(timeout=60)
         _wait_session_gone(job.pid)
 
-    final = _start(rt)
+    # As a client of the Spark Connect server: a fault point in the client kills the client's tree
+    # (the server's operation runs on, detached, until the server interrupts it); one in a merge
+    # task kills that task's Python worker and fails the run. Then random kills of the client, and
+    # of the server's whole tree (JVM, Python daemon and workers), which is started again.
+    for point in sorted(faults.BATCH_POINTS):
+        job = _start(rt, point, max_batches=2, remote=engine)
+        _, err = job.communicate(timeout=600)
+        assert job.returncode != 0, f"{point} over Spark Connect: exit {job.returncode}\n{err[-3000:]}"
+        _wait_session_gone(job.pid)
+    for kill in range(RANDOM_KILLS):
+        job = _start(rt, remote=engine)
+        time.sleep(rng.uniform(1, 6))
+        if kill % 2:
+            server = connect_server.process(stack_settings_).pid()
+            assert server is not None, "the Spark Connect server is not running"
+            faults.kill_session(server)
+            _wait_session_gone(server)
+            job.wait(timeout=120)
+            connect_server.start(stack_settings_)
+            connect_server.wait_healthy(stack_settings_)
+        elif job.poll() is None:
+            faults.kill_session(job.pid)
+        job.wait(timeout=120)
+        _wait_session_gone(job.pid)
+
+    final = _start(rt, remote=engine)
     _, err = final.communicate(timeout=1800)
     assert final.returncode == 0, err[-3000:]
     commits = log.commits()

@@ -13,6 +13,7 @@ from deploy import stack
 from catalog import settings as stack_settings
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
+DOWN = ["kafka 127.0.0.1:27092 down", "spark-connect sc://127.0.0.1:27002 down", "airflow http://127.0.0.1:27080 down"]
 
 
 @pytest.fixture
@@ -24,6 +25,7 @@ def own_stack_env(tmp_path):
         "STATETABLE_KAFKA_PORT": "27092",
         "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
         "STATETABLE_AIRFLOW_PORT": "27080",
+        "STATETABLE_SPARK_CONNECT_PORT": "27002",
     })
     yield env
     subprocess.run([STATETABLE, "stack", "down"], env=env, capture_output=True)
@@ -74,18 +76,32 @@ def _listening_addresses(pids) -> set[tuple[str, int]]:
 def test_up_status_down_leaves_nothing_running(own_stack_env):
     before = _cli(own_stack_env, "stack", "status", check=False)
     assert before.returncode != 0
-    assert before.stdout.splitlines() == ["kafka 127.0.0.1:27092 down", "airflow http://127.0.0.1:27080 down"]
+    assert before.stdout.splitlines() == DOWN
 
     up = _cli(own_stack_env, "stack", "up")
     assert "Airflow UI:  http://127.0.0.1:27080" in up.stdout
     assert "password:" in up.stdout
 
+    assert "Spark:       sc://127.0.0.1:27002" in up.stdout
+
     status = _cli(own_stack_env, "stack", "status")
-    assert status.stdout.splitlines() == ["kafka 127.0.0.1:27092 up", "airflow http://127.0.0.1:27080 up"]
-    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]))
+    assert status.stdout.splitlines() == [line.replace(" down", " up") for line in DOWN]
+    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]),
+                                       connect_port=27002)
     listening = _listening_addresses(stack.running_pids(cfg).values())
-    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080)} <= listening
+    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080), ("127.0.0.1", 27002)} <= listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
+
+    # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.
+    probe = "from pyspark.sql import SparkSession as S; print(S.builder.remote('{}').create().range(3).count())"
+    stranger = subprocess.run([sys.executable, "-c", probe.format("sc://localhost:27002")], env=own_stack_env,
+                              capture_output=True, text=True, timeout=120)
+    assert stranger.returncode != 0 and "UNAUTHENTICATED" in stranger.stderr.upper(), stranger.stderr[-2000:]
+    token = (Path(own_stack_env["STATETABLE_STACK_DIR"]) / "spark-connect" / ".token")
+    assert oct(token.stat().st_mode & 0o777) == "0o600"
+    owner = subprocess.run([sys.executable, "-c", probe.format(f"sc://localhost:27002/;token={token.read_text()}")],
+                           env=own_stack_env, capture_output=True, text=True, timeout=120)
+    assert owner.stdout.strip() == "3", owner.stderr[-2000:]
 
     started = time.monotonic()
     _cli(own_stack_env, "stack", "down")
@@ -94,4 +110,4 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     assert _processes_mentioning(state_dir) == []
     assert stack.running_pids(cfg) == {}
     after = _cli(own_stack_env, "stack", "status", check=False)
-    assert after.stdout.splitlines() == ["kafka 127.0.0.1:27092 down", "airflow http://127.0.0.1:27080 down"]
+    assert after.stdout.splitlines() == DOWN

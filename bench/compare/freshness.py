@@ -2,7 +2,7 @@
 
 statetable is read through the query API's read path, in two modes: scheduled
 (the local stack's Airflow runs the table's `__incremental` DAG every minute,
-one spark-submit per run) and with a warm runner (`statetable run T --follow`:
+each task a thin client of the stack's Spark Connect server) and with a warm runner (`statetable run T --follow`:
 one Spark session, a batch whenever there is input). Quix Streams is read from
 the output topic it commits together with its state (read_committed). The
 first sample of each is a warm-up and is dropped.
@@ -58,7 +58,7 @@ def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port:
     """Airflow schedules the table every minute; events arrive at random moments of the minute."""
     import random
 
-    from deploy import airflow_server
+    from deploy import airflow_server, connect_server
     from catalog import settings
     from deploy.airflow_api import AirflowApi
     from catalog.runtime import Runtime
@@ -69,12 +69,15 @@ def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port:
     (tables / f"{table}.sql").write_text(statetable_count.TABLE_SQL.format(
         topic=topic, table=table, batch=1_000_000, snapshot_every=10).replace(
         "-- partitions: 4", "-- partitions: 4\n-- schedule: * * * * *"))
-    os.environ.update({"STATETABLE_TABLES_DIR": str(tables), "STATETABLE_AIRFLOW_PORT": str(airflow_port)})
+    os.environ.update({"STATETABLE_TABLES_DIR": str(tables), "STATETABLE_AIRFLOW_PORT": str(airflow_port),
+                       "STATETABLE_SPARK_CONNECT_PORT": str(airflow_port + 5)})
     ensure_topic(bootstrap, topic, 4)
     cfg = settings.load()
     rng = random.Random(7)
+    connect_server.start(cfg)
     airflow_server.start(cfg)
     try:
+        connect_server.wait_healthy(cfg)
         airflow_server.wait_healthy(cfg)
         AirflowApi(cfg).wait_for_dag(f"{table}__incremental")
         visible = _visible_in(table, Runtime.from_env())
@@ -85,6 +88,7 @@ def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port:
             print(f"[freshness] statetable scheduled: {[round(x, 1) for x in latencies]}", flush=True)
     finally:
         airflow_server.stop(cfg)
+        connect_server.stop(cfg)
     return _summary("statetable (scheduled, every minute)", latencies[1:])
 
 

@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("count", "recover"), default="count")
     args = parser.parse_args()
 
-    spark = session.get_or_create("bench-spark-structured-streaming")
+    spark = session.get_or_create("bench-spark-structured-streaming", local=True)
     for key, value in STATE_CONF.items():
         spark.conf.set(key, value)
     from pyspark.sql import functions as F

@@ -12,20 +12,39 @@ from airflow.sdk.exceptions import AirflowSkipException
 from statetable_airflow.hooks import KAFKA_CONN_ID, StateTableHook
 
 SPARK_CONN_ID = "spark_default"
+SPARK_CONNECT_CONN_ID = "spark_connect_default"
+MODE_ENV = "STATETABLE_SPARK_MODE"
 BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
 
 
 def result_file(table: str, task_id: str) -> str:
-    """Where a spark-submitted job leaves its outcome for the next task (templated by run)."""
+    """Where a table job leaves its outcome for the next task (templated by run)."""
     from catalog.runtime import Runtime
 
     return str(Runtime.from_env().data_dir / "runs" / table / "{{ dag.dag_id }}" /
                ("{{ run_id | replace(':', '_') | replace('+', '_') }}." + task_id + ".json"))
 
 
+def spark_mode() -> str:
+    """How this deployment runs table jobs: `connect` (default) as a thin client of the Spark
+    Connect server, or `submit` with spark-submit, for clusters without a Connect server."""
+    import os
+
+    mode = os.environ.get(MODE_ENV, "connect")
+    if mode not in ("connect", "submit"):
+        raise ValueError(f"{MODE_ENV}={mode!r} is not a way to run table jobs; use connect (a Spark Connect "
+                         f"server, connection {SPARK_CONNECT_CONN_ID!r}) or submit (spark-submit, {SPARK_CONN_ID!r})")
+    return mode
+
+
 def spark_job(task_id: str, action: str, table: str, *args: str, kafka_config_id: str = KAFKA_CONN_ID,
-              **kwargs) -> SparkSubmitOperator:
-    """A spark-submit of `spark_jobs/submit.py <action> <table>`, Kafka from the Airflow connection."""
+              **kwargs) -> BaseOperator:
+    """`spark_jobs.jobs <action> <table>`, Kafka from the Airflow connection: over Spark Connect
+    (no JVM in the task process), or spark-submitted (see `spark_mode`)."""
+    application_args = [action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
+                        "--result-file", result_file(table, task_id), *args]
+    if spark_mode() == "connect":
+        return SparkConnectJobOperator(task_id=task_id, application_args=application_args, **kwargs)
     from spark_jobs import session, submit
 
     return SparkSubmitOperator(
@@ -33,10 +52,55 @@ def spark_job(task_id: str, action: str, table: str, *args: str, kafka_config_id
         application=submit.__file__,
         conn_id=SPARK_CONN_ID,
         **session.submit_options(f"statetable-{action}-{table}"),
-        application_args=[action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
-                          "--result-file", result_file(table, task_id), *args],
+        application_args=application_args,
         **kwargs,
     )
+
+
+class SparkConnectJobOperator(BaseOperator):
+    """Runs a job's `main(argv)` (spark_jobs.jobs by default, the file spark-submit would run) in
+    the task process, as a client of the Spark Connect server of the provider's connection: the
+    task starts no JVM, and the server's warm session does the Spark work. A non-zero exit code
+    fails the task."""
+
+    template_fields = ("application_args",)
+    ui_color = "#fde9d9"
+
+    def __init__(self, *, application_args: list[str], entry: str = "spark_jobs.jobs",
+                 conn_id: str = SPARK_CONNECT_CONN_ID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.application_args = application_args
+        self.entry = entry
+        self.conn_id = conn_id
+
+    def execute(self, context) -> None:
+        import importlib
+
+        use_spark_connect(self.conn_id)
+        argv = [str(a) for a in self.application_args]
+        code = importlib.import_module(self.entry).main(argv)
+        if code:
+            raise RuntimeError(f"{self.entry} {' '.join(argv[:2])} exited {code}; see the log above")
+
+    def on_kill(self) -> None:
+        """Airflow stops the task (timeout, marked failed): interrupt its operations on the server,
+        rather than leave them running detached. The batch's plan stays; the next run finishes it."""
+        from spark_jobs import session
+
+        session.interrupt_all()
+
+
+def use_spark_connect(conn_id: str = SPARK_CONNECT_CONN_ID) -> str:
+    """Point this task process (and the jobs it starts) at the connection's server."""
+    import os
+
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from spark_jobs.session import REMOTE_ENV
+
+    url = SparkConnectHook(conn_id).get_connection_url()
+    os.environ[REMOTE_ENV] = url
+    return url
 
 
 def read_result(path: str) -> dict:
@@ -117,6 +181,8 @@ class InjectFailureOperator(_TableOperator):
     def execute(self, context) -> dict:
         from ops import failures
 
+        if spark_mode() == "connect":
+            use_spark_connect()     # a killed batch, or the killed engine, is the server the jobs use
         try:
             return failures.inject(self.table, self.failure, self.hook.runtime()).to_json()
         except failures.NothingToInject as exc:

@@ -1,4 +1,4 @@
-"""The smoke DAG: plan an exact offset range, spark-submit it into Delta, report.
+"""The smoke DAG: plan an exact offset range, read it into Delta with Spark, report.
 
 It is the first end-to-end check of the stack (Kafka, Spark with its Kafka
 source and Delta, Airflow's LocalExecutor and the Spark provider).
@@ -16,6 +16,7 @@ from airflow.sdk import DAG, task
 import spark_jobs.smoke
 from spark_jobs import session
 from statetable_airflow.hooks import KafkaConnectionHook
+from statetable_airflow.operators import SparkConnectJobOperator, spark_mode
 
 DAG_ID = "statetable_smoke"
 SMOKE_TOPIC = "smoke_events"
@@ -56,19 +57,24 @@ def build_smoke_dag() -> DAG:
 
         plan = plan_offsets()
         result_file = str(_data_dir() / "smoke" / "result-{{ run_id | replace(':', '_') }}.json")
-        submit = SparkSubmitOperator(
-            task_id="read_range_to_delta",
-            application=spark_jobs.smoke.__file__,
-            conn_id="spark_default",
-            **session.submit_options("statetable-smoke"),
-            application_args=[
-                "--bootstrap", "{{ ti.xcom_pull(task_ids='plan_offsets')['bootstrap'] }}",
-                "--offsets", "{{ ti.xcom_pull(task_ids='plan_offsets')['offsets'] }}",
-                "--delta-path", str(_data_dir() / "delta" / "smoke_events"),
-                "--result-file", result_file,
-                "--run-key", "{{ run_id }}",
-            ],
-        )
+        arguments = [
+            "--bootstrap", "{{ ti.xcom_pull(task_ids='plan_offsets')['bootstrap'] }}",
+            "--offsets", "{{ ti.xcom_pull(task_ids='plan_offsets')['offsets'] }}",
+            "--delta-path", str(_data_dir() / "delta" / "smoke_events"),
+            "--result-file", result_file,
+            "--run-key", "{{ run_id }}",
+        ]
+        if spark_mode() == "connect":
+            submit = SparkConnectJobOperator(task_id="read_range_to_delta", entry="spark_jobs.smoke",
+                                             application_args=arguments)
+        else:
+            submit = SparkSubmitOperator(
+                task_id="read_range_to_delta",
+                application=spark_jobs.smoke.__file__,
+                conn_id="spark_default",
+                **session.submit_options("statetable-smoke"),
+                application_args=arguments,
+            )
 
         @task
         def report(result_path: str) -> dict:

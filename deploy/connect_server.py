@@ -1,0 +1,133 @@
+"""The stack's Spark Connect server: one warm engine that every job and Airflow task uses.
+
+A task that spark-submits pays a JVM start and Spark's cold start per run (25 s of a 36 s DAG
+run); a client of a warm server pays neither. The server is pyspark's own SparkConnectServer,
+started with spark-submit from the venv: local[*], the project's jars (Kafka source, Delta) on
+the driver's classpath, the Delta extensions, and the venv's Python for its workers, so a job's
+mapInArrow imports state/ and spark_jobs/ as a local session's would.
+
+It binds the stack's host only and takes a bearer token kept in its folder (mode 600): a server
+that runs its clients' Python must not serve every local user. The token reaches the server
+through its environment, never its command line (which every user can read).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from catalog.priority import batch_niceness
+from catalog.settings import PROJECT_ROOT, StackSettings, connect_token
+from deploy.processes import ManagedProcess, require_free_ports, wait_until
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+VENV_BIN = Path(sys.executable).parent
+
+
+def process(settings: StackSettings) -> ManagedProcess:
+    return ManagedProcess("spark-connect", settings.connect_dir)
+
+
+def token(settings: StackSettings) -> str:
+    """The server's token, made on first use."""
+    existing = connect_token(settings)
+    if existing:
+        return existing
+    path = settings.connect_dir / ".token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
+    from spark_jobs.session import spark_conf
+
+    conf = spark_conf("statetable-connect", os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"))
+    conf.update({
+        "spark.connect.grpc.binding.address": host or settings.host,
+        "spark.connect.grpc.binding.port": str(settings.connect_port),
+        # A client killed mid-batch (an Airflow task) leaves its operation running; the server
+        # interrupts it soon after, so the next run's merge tasks find the partitions free.
+        "spark.connect.execute.manager.detachedTimeout": os.environ.get("STATETABLE_CONNECT_DETACHED_TIMEOUT",
+                                                                        "20s"),
+        "spark.connect.session.manager.defaultSessionTimeout": "30m",
+        # Python workers stay up between batches: the 1 s import of the Arrow pass is paid once.
+        # Sessions share them: with artifact isolation each client session got its own worker
+        # daemon (a second import, and ~180 MB per worker left behind). Clients add no artifacts;
+        # their code is the project's, which every worker imports from PYTHONPATH.
+        "spark.python.worker.reuse": "true",
+        "spark.sql.artifact.isolation.enabled": "false",
+    })
+    return conf
+
+
+def command(settings: StackSettings, host: str | None = None) -> list[str]:
+    conf = server_conf(settings, host)
+    cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
+           "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name"), "--jars", conf.pop("spark.jars")]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd + ["spark-internal"]
+
+
+def environment(settings: StackSettings, with_token: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATETABLE_FAULT")}
+    if with_token:
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token(settings)
+    env.update({
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "NO_PROXY": "*",
+    })
+    return env
+
+
+def start(settings: StackSettings) -> None:
+    if process(settings).is_running():
+        return
+    require_free_ports("spark-connect", settings.host, settings.connect_port)
+    settings.connect_dir.mkdir(parents=True, exist_ok=True)
+    process(settings).start(command(settings), env=environment(settings), cwd=settings.connect_dir)
+
+
+def foreground(settings: StackSettings, host: str) -> None:
+    """Become the server (a container's command): against STATETABLE_SPARK_MASTER, bound to
+    `host`, with the token in SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one."""
+    env = environment(settings, with_token=False)
+    cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
+    os.execvpe(cmd[0], cmd, env)
+
+
+def is_healthy(settings: StackSettings) -> bool:
+    """The gRPC port answers (the server opens it once its SparkContext is up)."""
+    from spark_jobs.session import answers
+
+    return process(settings).is_running() and answers(settings.connect_url, timeout=1.0)
+
+
+def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
+    from spark_jobs.session import answers
+
+    proc = process(settings)
+
+    def check() -> bool:
+        if not proc.is_running():
+            raise RuntimeError(f"the Spark Connect server exited; last log lines:\n{proc.log_tail()}")
+        return answers(settings.connect_url, timeout=1.0)
+
+    wait_until(check, timeout, interval=0.5, what=f"Spark Connect at {settings.connect_url}")
+
+
+def stop(settings: StackSettings) -> bool:
+    """Stop the server by its pid; returns once its port is free again (a JVM lets go of its
+    listening socket a moment after its process group is gone)."""
+    from deploy.processes import port_in_use
+
+    was_running = process(settings).stop(timeout=20)
+    wait_until(lambda: not port_in_use(settings.host, settings.connect_port), 15, interval=0.1,
+               what=f"port {settings.connect_port} to be free after the Spark Connect server stopped")
+    return was_running
