@@ -52,13 +52,15 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
         # interrupts it soon after, so the next run's merge tasks find the partitions free.
         "spark.connect.execute.manager.detachedTimeout": os.environ.get("STATETABLE_CONNECT_DETACHED_TIMEOUT",
                                                                         "20s"),
-        "spark.connect.session.manager.defaultSessionTimeout": "30m",
-        # Python workers stay up between batches: the 1 s import of the Arrow pass is paid once.
-        # Sessions share them: with artifact isolation each client session got its own worker
-        # daemon (a second import, and ~180 MB per worker left behind). Clients add no artifacts;
-        # their code is the project's, which every worker imports from PYTHONPATH.
+        "spark.connect.session.manager.defaultSessionTimeout": "7d",     # one shared session (see session_id)
+        # Python workers stay up between batches. The server still keys its worker daemons by
+        # client session (artifact isolation or not): jobs attach to one session per table
+        # (spark_jobs.session.session_id). Clients add no artifacts; their code is the
+        # project's, which every worker imports from PYTHONPATH.
         "spark.python.worker.reuse": "true",
-        "spark.sql.artifact.isolation.enabled": "false",
+        # Each session's daemon imports the Arrow pass before it forks: workers that Spark stopped
+        # after a minute idle come back warm (spark_jobs/worker_daemon.py).
+        "spark.python.daemon.module": "spark_jobs.worker_daemon",
     })
     return conf
 

@@ -185,7 +185,7 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     if pending is not None:
         raise ValueError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
                          f"finish it (`statetable run {name}`) before verifying")
-    spark = spark or session.get_or_create(f"statetable-verify-{name}", key=rt.namespace + name)
+    spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
     result = VerifyResult(table.name, last.batch_id if last else None)
     from pyspark.sql import functions as F
@@ -276,7 +276,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
 
     started = time.monotonic()
     table, tables = registry.load_table(name, rt)
-    spark = spark or session.get_or_create(f"statetable-rebuild-{name}", key=rt.namespace + name)
+    spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
     batch_log = BatchLog(rt.batch_dir(table.name))
     last = batch_log.last_commit()
     if last is None:

@@ -40,7 +40,7 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
 
         if finish_pending_only and BatchLog(rt.batch_dir(name)).pending_plan() is None:
             return []
-        spark = spark or session.get_or_create(f"statetable-{name}", key=rt.namespace + name)
+        spark = spark or session.get_or_create(f"statetable-{name}")
         runner = MicroBatchRunner(spark, table, tables, rt, snapshots=snapshots)
         started = time.monotonic()
         commits = runner.run(max_batches=1 if finish_pending_only else max_batches,
@@ -69,7 +69,7 @@ def follow(name: str, poll_seconds: float = 0.5, spark=None, rt: Runtime | None 
     stop = stop or threading.Event()
     committed = 0
     with table_lock(name, rt):
-        spark = spark or session.get_or_create(f"statetable-{name}-follow", key=rt.namespace + name)
+        spark = spark or session.get_or_create(f"statetable-{name}-follow")
         runner = MicroBatchRunner(spark, table, tables, rt)
         log.info("%s: following %s, polling every %.2fs", name, table.topic, poll_seconds)
         while not stop.is_set():
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from spark_jobs import batch, session
 
-        spark = session.get_or_create(f"statetable-verify-{args.table}", key=rt.namespace + args.table)
+        spark = session.get_or_create(f"statetable-verify-{args.table}")
         finished = run(args.table, rt=rt, spark=spark, snapshots=False, finish_pending_only=True) \
             if args.finish_pending else []
         result = batch.verify(args.table, spark=spark, rt=rt)

@@ -189,24 +189,23 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
                   .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
         if target is None:        # created by delta-rs: no Spark job for an empty table
             delta_files.commit_files(path, [], change_schema(), f"{table.name}.mirror", -1)
-        spark.conf.set("spark.databricks.delta.write.txnAppId", f"{table.name}.mirror")
-        spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-        try:
-            upsert(spark, path, source)
-        finally:
-            spark.conf.unset("spark.databricks.delta.write.txnAppId")
-            spark.conf.unset("spark.databricks.delta.write.txnVersion")
+        # The fold is recorded by its own commit after the MERGE, not by txnAppId in the session's
+        # conf: every table shares one Spark Connect session, and a conf set by one would mark
+        # another's MERGE. A crash between the two repeats the MERGE, which is idempotent (the
+        # newest change per key up to `batch_id`, applied again, gives the same rows).
+        upsert(spark, path, source, table.name)
+        delta_files.commit_files(path, [], change_schema(), f"{table.name}.mirror", batch_id)
     faults.point("mirror.after_merge")
     removed = delta_files.remove_files(changes, lambda name: int(name[1:13]) <= batch_id)
     log.info("%s: mirror folded the changes of batches up to %d (%d files) in %.2fs", table.name, batch_id,
              removed, time.monotonic() - started)
 
 
-def upsert(spark, path: str, source) -> None:
+def upsert(spark, path: str, source, table: str) -> None:
     """MERGE change rows (newest per key) into the mirror at `path`: a delete removes the key.
     SQL rather than delta-spark's DeltaTable API, which over Spark Connect needs Delta's own
     Connect plugin on the server; MERGE INTO runs on any session with the Delta extensions."""
-    view = "statetable_mirror_changes"      # the session is the table's own (session.session_id)
+    view = f"statetable_mirror_changes_{table}"      # tables share the session: a view each
     source.createOrReplaceTempView(view)
     target = path.replace("`", "``")
     spark.sql(f"MERGE INTO delta.`{target}` t USING {view} s ON t.key = s.key "

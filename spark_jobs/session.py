@@ -143,27 +143,48 @@ def engine() -> tuple[str | None, str]:
 
 
 _remote_sessions: dict[str, object] = {}
+SESSION_GENERATIONS = 1000
 
 
-def session_id(key: str) -> str:
-    """The server-side session of `key` (a table in its namespace): every run of a table attaches
-    to the same one. The server starts a Python worker daemon per session and keeps it, so a
-    session per run would leave a daemon behind each time and import the Arrow pass anew; runs of
-    one table are serialised by its lock, and different tables get different sessions."""
+def session_id(generation: int = 0) -> str:
+    """The one server-side session every statetable job attaches to. The server starts a Python
+    worker daemon per session and never stops it, so a session per run would leave a daemon
+    behind each time and import the Arrow pass anew; a session per table would keep a daemon per
+    table. Jobs of different tables share it and run at once (nothing they keep in it, a temp
+    view or a conf, is shared by name). A session the server closed (idle past its timeout) is
+    never reopened under its id: the next generation's id takes over."""
     import uuid
 
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"statetable:{key}"))
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"statetable:jobs#{generation}"))
 
 
-def remote_session(url: str, key: str):
-    """A client of `key`'s server session, one per process. Never `stop()` it: that ends the
-    server's session, and the next run would find its id closed."""
+def remote_session(url: str):
+    """A client of the shared server session, one per process. Never `stop()` it: that closes the
+    server's session for every job."""
+    from pyspark.errors.exceptions.connect import SparkConnectException
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    full = f"{url};session_id={session_id(key)}"
-    if full not in _remote_sessions:
-        _remote_sessions[full] = SparkSession.builder.remote(full).create()
-    return _remote_sessions[full]
+    if url in _remote_sessions:
+        return _remote_sessions[url]
+    for generation in range(SESSION_GENERATIONS):
+        spark = SparkSession.builder.remote(f"{url};session_id={session_id(generation)}").create()
+        # pyspark retries an unreachable server for 10 minutes, also while exiting (releasing its
+        # operations): a run whose engine died would hang that long. A server back within ~15 s
+        # is waited for; after that the run fails and its plan waits for the next one.
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=6, backoff_multiplier=2.0, initial_backoff=250,
+                                                       max_backoff=4000)])
+        try:
+            spark.conf.get("spark.sql.shuffle.partitions")
+        except SparkConnectException as exc:
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+            spark.client.close()
+            continue
+        _remote_sessions[url] = spark
+        return spark
+    raise EngineUnavailable(f"the Spark Connect server at {url.split(';')[0]} has closed {SESSION_GENERATIONS} "
+                            f"statetable sessions; restart it (`statetable stack restart-engine` after `down`)")
 
 
 def interrupt_all() -> None:
@@ -186,11 +207,10 @@ def done(spark) -> None:
 
 
 def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str, str] | None = None,
-                  local: bool = False, key: str | None = None):
+                  local: bool = False):
     """A Spark Connect session on the chosen server (see `engine`), else a local SparkSession with
     the Kafka source and Delta Lake on its classpath. Logs which one, and why. A master, extra
-    configuration or `local` (a benchmark peer measuring Spark itself) ask for a local session.
-    `key` names the server-side session to attach to (see `session_id`); the app name otherwise."""
+    configuration or `local` (a benchmark peer measuring Spark itself) ask for a local session."""
     from pyspark.sql import SparkSession
 
     if master or extra_conf or local:
@@ -200,7 +220,7 @@ def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str
     else:
         url, why = engine()
     if url is not None:
-        spark = remote_session(url, key or app_name)
+        spark = remote_session(url)
         log.info("engine: Spark Connect server %s (%s)", url.split(";")[0], why)
         return spark
     log.info("engine: local Spark session, %s (%s)", master or spark_conf(app_name).get("spark.master", "spark-submit"),
