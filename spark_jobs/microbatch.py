@@ -457,33 +457,34 @@ class MicroBatchRunner:
 
     # ------------------------------------------------------------ the Arrow pass's sinks
     def _bronze_target(self, batch_id: int) -> str | None:
-        """Where the pass writes bronze files: the bronze table's folder, after removing what an
-        earlier attempt of this batch wrote there and never committed (cut at other boundaries,
-        it would duplicate records); None when the batch's bronze is already committed, or the
-        table keeps none (`-- bronze: off`)."""
-        from spark_jobs import arrow_pass
-
+        """Where the pass writes bronze files: the bronze table's folder; None when the batch's
+        bronze is already committed, or the table keeps none (`-- bronze: off`). Nothing is
+        removed before the pass: on a shared Spark Connect session, a re-run of a batch whose
+        client died can reuse that attempt's cached pass output, files and all, so its files must
+        still be there (see `_commit_bronze`)."""
         if not self.table.bronze:
             return None
         path = self.rt.delta_path(self.table.name, "bronze")
         done = delta_files.committed_version(path, f"{self.table.name}.bronze")
         if done is not None and done >= batch_id:
             return None
-        for name, _ in delta_files.listed(path, arrow_pass.bronze_file_prefix(batch_id)):
-            os.remove(os.path.join(path, name))
         return path
 
     def _commit_bronze(self, files: dict[str, dict[str, int]], batch_id: int) -> None:
         """The workers' Parquet files of the batch, added to bronze in one Delta transaction
-        (app id and version: a re-run after a crash adds nothing twice)."""
+        (app id and version: a re-run after a crash adds nothing twice). Only the files this
+        run's pass reported are committed; what an earlier attempt left with other names (cut at
+        other boundaries) is removed afterwards, never read."""
         from spark_jobs import arrow_pass
 
-        if not files:
-            return
-        delta_files.commit_files(
-            self.rt.delta_path(self.table.name, "bronze"),
-            [delta_files.DataFile(name, f["bytes"], f["rows"]) for name, f in sorted(files.items())],
-            arrow_pass.bronze_schema(self.table), f"{self.table.name}.bronze", batch_id)
+        path = self.rt.delta_path(self.table.name, "bronze")
+        if files:
+            delta_files.commit_files(
+                path, [delta_files.DataFile(name, f["bytes"], f["rows"]) for name, f in sorted(files.items())],
+                arrow_pass.bronze_schema(self.table), f"{self.table.name}.bronze", batch_id)
+        for name, _ in delta_files.listed(path, arrow_pass.bronze_file_prefix(batch_id)):
+            if name not in files:
+                os.remove(os.path.join(path, name))
 
     def _merge_arrow(self, partials, batch_id: int, watermark: int | None) -> dict[int, dict]:
         """The partials (`_kind` = "partial", `_sp`, keys and values), grouped by state partition (a

@@ -97,6 +97,10 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
             server = connect_server.process(stack_settings_).pid()
             assert server is not None, "the Spark Connect server is not running"
             faults.kill_session(server)
+            try:
+                os.waitpid(server, 0)      # the server is this process's child (started here): reap it
+            except ChildProcessError:
+                pass
             _wait_session_gone(server)
             job.wait(timeout=120)
             connect_server.start(stack_settings_)
