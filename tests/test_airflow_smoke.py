@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -28,6 +29,9 @@ def test_dags_test_runs_every_task_with_spark_submit(stack_settings_, smoke_topi
     from deploy import samples
 
     monkeypatch.setenv("STATETABLE_SPARK_MODE", "submit")
+    # A namespace of its own: the table's changelog on the shared broker belongs to the session's
+    # stack, whose writer would rightly refuse a changelog that its batch log does not explain.
+    monkeypatch.setenv("STATETABLE_NAMESPACE", f"ns{uuid.uuid4().hex[:8]}.")
     if dag_id != DAG:
         samples.produce("movie_tickets_sold", stack_settings_.kafka_bootstrap, 20)
     # Its own Airflow home and database, so no scheduler can pick up this run.
