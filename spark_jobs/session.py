@@ -132,10 +132,10 @@ def engine() -> tuple[str | None, str]:
                              f"nor 'local'; set one of them, or unset it to use the local stack's server when it is up")
         if not answers(raw):
             raise EngineUnavailable(
-                f"the Spark Connect server at {raw} ({REMOTE_ENV}) does not answer; start it with "
+                f"the Spark Connect server at {raw.partition(';')[0]} ({REMOTE_ENV}) does not answer; start it with "
                 f"`statetable stack up` (or your cluster's Connect server), or set {REMOTE_ENV}=local to run "
                 f"a local Spark session in this process")
-        return client_url(raw, os.environ.get(TOKEN_ENV)), f"{REMOTE_ENV}={raw}"
+        return client_url(raw, os.environ.get(TOKEN_ENV)), f"{REMOTE_ENV}={raw.partition(';')[0]}"   # no token
     stack = settings.load()
     if answers(stack.connect_url, timeout=0.5):
         return client_url(stack.connect_url, settings.connect_token(stack)), "the local stack's server is up"
