@@ -117,9 +117,10 @@ def test_incremental_over_rest_equals_recomputation_then_skips_without_new_data(
     assert set(states.values()) == {"success"}
     assert _state(stack_rt) == _expected_movies(kafka)
     stats = api.xcom(f"{MOVIES}__incremental", run_id, "record_stats")
-    assert stats["read"] == 5000 and stats["lag"] == 0
+    in_topic = len(read_topic(kafka, "movie_ticket_sales"))      # 5000, and what earlier tests produced
+    assert stats["read"] == in_topic >= 5000 and stats["lag"] == 0
     log = api.task_log(f"{MOVIES}__incremental", run_id, "run_batches")
-    assert "records/s" in log and "read 5000" in log
+    assert "records/s" in log and f"read {in_topic}" in log
 
     _, run, states = _run(api, f"{MOVIES}__incremental")
     assert run["state"] == "success"
