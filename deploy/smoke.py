@@ -40,7 +40,7 @@ def run(settings: StackSettings, events: int = 1000) -> dict:
     api = AirflowApi(settings)
     api.wait_for_dag(SMOKE_DAG)
     run_id = api.trigger(SMOKE_DAG)
-    print(f"triggered {SMOKE_DAG} run {run_id}; waiting (spark-submit takes ~20s)...", flush=True)
+    print(f"triggered {SMOKE_DAG} run {run_id}; waiting (a warm Spark Connect server takes a few seconds)...", flush=True)
     run = api.wait_run(SMOKE_DAG, run_id)
     states = api.task_states(SMOKE_DAG, run_id)
     if run["state"] != "success":
