@@ -19,7 +19,7 @@ from pathlib import Path
 
 from catalog.priority import batch_niceness
 from catalog.settings import PROJECT_ROOT, StackSettings, connect_token
-from deploy.processes import ManagedProcess, require_free_ports, wait_until
+from deploy.processes import ManagedProcess, port_in_use, require_free_ports, wait_until
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 VENV_BIN = Path(sys.executable).parent
@@ -34,11 +34,11 @@ def token(settings: StackSettings) -> str:
     existing = connect_token(settings)
     if existing:
         return existing
-    path = settings.connect_dir / ".token"
+    path, made = settings.connect_dir / ".token", secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    path.touch(mode=0o600)      # owner-only before the secret is in it
+    path.write_text(made)
+    return made
 
 
 def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
@@ -53,8 +53,8 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
         "spark.connect.execute.manager.detachedTimeout": os.environ.get("STATETABLE_CONNECT_DETACHED_TIMEOUT",
                                                                         "20s"),
         "spark.connect.session.manager.defaultSessionTimeout": "7d",     # one shared session (see session_id)
-        # Python workers stay up between batches. The server still keys its worker daemons by
-        # client session (artifact isolation or not): jobs attach to one session per table
+        # Python workers stay up between batches. The server keys its worker daemons by client
+        # session (artifact isolation or not), so every job attaches to one shared session
         # (spark_jobs.session.session_id). Clients add no artifacts; their code is the
         # project's, which every worker imports from PYTHONPATH.
         "spark.python.worker.reuse": "true",
@@ -127,8 +127,6 @@ def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
 def stop(settings: StackSettings) -> bool:
     """Stop the server by its pid; returns once its port is free again (a JVM lets go of its
     listening socket a moment after its process group is gone)."""
-    from deploy.processes import port_in_use
-
     was_running = process(settings).stop(timeout=20)
     wait_until(lambda: not port_in_use(settings.host, settings.connect_port), 15, interval=0.1,
                what=f"port {settings.connect_port} to be free after the Spark Connect server stopped")

@@ -6,12 +6,11 @@ spark-submit, Airflow and tests.
 """
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
 from pathlib import Path
-
-import logging
-import socket
 from urllib.parse import urlparse
 
 from catalog.priority import batch_niceness, yield_cpu_to_queries
@@ -92,11 +91,16 @@ class EngineUnavailable(RuntimeError):
     """The Spark Connect server a job was pointed at does not answer."""
 
 
+def _host_port(url: str) -> tuple[str, int]:
+    """Host and port of an sc:// URL (its ;params left out)."""
+    parsed = urlparse(url.partition(";")[0].replace("sc://", "http://", 1))
+    return parsed.hostname, parsed.port or 15002
+
+
 def answers(url: str, timeout: float = 2.0) -> bool:
     """Whether something accepts connections at the sc:// URL's host and port."""
-    parsed = urlparse(url.partition(";")[0].replace("sc://", "http://", 1))
     try:
-        socket.create_connection((parsed.hostname, parsed.port or 15002), timeout=timeout).close()
+        socket.create_connection(_host_port(url), timeout=timeout).close()
         return True
     except OSError:
         return False
@@ -106,13 +110,12 @@ def client_url(url: str, token: str | None) -> str:
     """`url` with `token` added (unless it has one). pyspark sends a token without TLS only to the
     host name `localhost` (a local channel), so a loopback address is spelled that way; a token for
     another host needs use_ssl=true in the URL."""
-    base, _, params = url.partition(";")
-    parsed = urlparse(base.replace("sc://", "http://", 1))
-    host = "localhost" if parsed.hostname in ("127.0.0.1", "::1", "localhost") else parsed.hostname
-    options = [p for p in params.split(";") if p]
+    host, port = _host_port(url)
+    host = "localhost" if host in ("127.0.0.1", "::1") else host
+    options = [p for p in url.partition(";")[2].split(";") if p]
     if token and not any(p.startswith("token=") for p in options):
         options.append(f"token={token}")
-    return f"sc://{host}:{parsed.port or 15002}/" + "".join(f";{p}" for p in options)
+    return f"sc://{host}:{port}/" + "".join(f";{p}" for p in options)
 
 
 def engine() -> tuple[str | None, str]:
@@ -201,7 +204,8 @@ def done(spark) -> None:
     and leaves the server's session (and its warm Python workers) to the table's next run."""
     if is_connect(spark):
         spark.client.close()
-        _remote_sessions.clear()
+        for url in [u for u, held in _remote_sessions.items() if held is spark]:
+            del _remote_sessions[url]
     else:
         spark.stop()
 
@@ -223,11 +227,10 @@ def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str
         spark = remote_session(url)
         log.info("engine: Spark Connect server %s (%s)", url.split(";")[0], why)
         return spark
-    log.info("engine: local Spark session, %s (%s)", master or spark_conf(app_name).get("spark.master", "spark-submit"),
-             why)
-
+    conf = {**spark_conf(app_name, master), **(extra_conf or {})}
+    log.info("engine: local Spark session, %s (%s)", conf.get("spark.master", "spark-submit"), why)
     builder = SparkSession.builder
-    for key, value in {**spark_conf(app_name, master), **(extra_conf or {})}.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run the venv's interpreter (state/, confluent-kafka, rocksdict live there).

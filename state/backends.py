@@ -114,8 +114,8 @@ def _open_writer(rdict, path: Path, options, cfs):
     import os
     import time
 
-    deadline = time.monotonic() + float(os.environ.get(LOCK_WAIT_ENV, "60"))
-    warned = False
+    wait = float(os.environ.get(LOCK_WAIT_ENV, "60"))
+    deadline, warned = time.monotonic() + wait, False
     while True:
         try:
             return rdict(str(path), options=options, column_families=cfs)
@@ -124,8 +124,7 @@ def _open_writer(rdict, path: Path, options, cfs):
                 raise
             if not warned:
                 logging.getLogger("statetable.state").warning(
-                    "%s is locked by another process (%s); waiting up to %s s", path, exc,
-                    os.environ.get(LOCK_WAIT_ENV, "60"))
+                    "%s is locked by another process (%s); waiting up to %.0f s", path, exc, wait)
                 warned = True
             time.sleep(0.2)
 

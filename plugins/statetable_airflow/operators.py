@@ -39,22 +39,24 @@ def spark_mode() -> str:
 
 def spark_job(task_id: str, action: str, table: str, *args: str, kafka_config_id: str = KAFKA_CONN_ID,
               **kwargs) -> BaseOperator:
-    """`spark_jobs.jobs <action> <table>`, Kafka from the Airflow connection: over Spark Connect
-    (no JVM in the task process), or spark-submitted (see `spark_mode`)."""
-    application_args = [action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
-                        "--result-file", result_file(table, task_id), *args]
-    if spark_mode() == "connect":
-        return SparkConnectJobOperator(task_id=task_id, application_args=application_args, **kwargs)
-    from spark_jobs import session, submit
+    """`spark_jobs.jobs <action> <table>`, Kafka from the Airflow connection (see `spark_task`)."""
+    from spark_jobs import submit
 
-    return SparkSubmitOperator(
-        task_id=task_id,
-        application=submit.__file__,
-        conn_id=SPARK_CONN_ID,
-        **session.submit_options(f"statetable-{action}-{table}"),
-        application_args=application_args,
-        **kwargs,
-    )
+    return spark_task(task_id, "spark_jobs.jobs", submit.__file__, f"statetable-{action}-{table}",
+                      [action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
+                       "--result-file", result_file(table, task_id), *args], **kwargs)
+
+
+def spark_task(task_id: str, entry: str, application: str, app_name: str, application_args: list[str],
+               **kwargs) -> BaseOperator:
+    """A task running `entry.main(application_args)`: over Spark Connect (no JVM in the task
+    process), or spark-submitted as the file `application` (see `spark_mode`)."""
+    if spark_mode() == "connect":
+        return SparkConnectJobOperator(task_id=task_id, entry=entry, application_args=application_args, **kwargs)
+    from spark_jobs import session
+
+    return SparkSubmitOperator(task_id=task_id, application=application, conn_id=SPARK_CONN_ID,
+                               **session.submit_options(app_name), application_args=application_args, **kwargs)
 
 
 class SparkConnectJobOperator(BaseOperator):

@@ -10,13 +10,11 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, task
 
 import spark_jobs.smoke
-from spark_jobs import session
 from statetable_airflow.hooks import KafkaConnectionHook
-from statetable_airflow.operators import SparkConnectJobOperator, spark_mode
+from statetable_airflow.operators import spark_task
 
 DAG_ID = "statetable_smoke"
 SMOKE_TOPIC = "smoke_events"
@@ -64,17 +62,8 @@ def build_smoke_dag() -> DAG:
             "--result-file", result_file,
             "--run-key", "{{ run_id }}",
         ]
-        if spark_mode() == "connect":
-            submit = SparkConnectJobOperator(task_id="read_range_to_delta", entry="spark_jobs.smoke",
-                                             application_args=arguments)
-        else:
-            submit = SparkSubmitOperator(
-                task_id="read_range_to_delta",
-                application=spark_jobs.smoke.__file__,
-                conn_id="spark_default",
-                **session.submit_options("statetable-smoke"),
-                application_args=arguments,
-            )
+        submit = spark_task("read_range_to_delta", "spark_jobs.smoke", spark_jobs.smoke.__file__, "statetable-smoke",
+                            arguments)
 
         @task
         def report(result_path: str) -> dict:
