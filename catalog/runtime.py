@@ -19,17 +19,25 @@ class Runtime:
     snapshot_uri: str
     tables_dir: Path
     namespace: str = ""   # prefix of derived topics (changelogs, dead letters): environments share a cluster
+    store_uri: str = ""   # s3://bucket/prefix: batch logs, snapshots and Delta tables in an object store; "": data_dir
 
     @classmethod
     def from_env(cls) -> "Runtime":
         stack = stack_settings.load()
+        stack_settings.adopt_cluster_env(stack)
         data_dir = Path(os.environ.get("STATETABLE_DATA_DIR", stack.data_dir)).resolve()
+        store = os.environ.get("STATETABLE_STORE_URI", "").rstrip("/")
+        if store and not store.startswith("s3://"):
+            raise SystemExit(f"STATETABLE_STORE_URI={store!r}: the durable store is an s3://bucket/prefix URI "
+                             f"(or unset, for folders under STATETABLE_DATA_DIR)")
         return cls(
             bootstrap=os.environ.get("STATETABLE_KAFKA_BOOTSTRAP", stack.kafka_bootstrap),
             data_dir=data_dir,
-            snapshot_uri=os.environ.get("STATETABLE_SNAPSHOT_URI", str(data_dir / "snapshots")),
+            snapshot_uri=os.environ.get("STATETABLE_SNAPSHOT_URI",
+                                        f"{store}/snapshots" if store else str(data_dir / "snapshots")),
             tables_dir=Path(os.environ.get("STATETABLE_TABLES_DIR", PROJECT_ROOT / "dags" / "tables")).resolve(),
             namespace=os.environ.get("STATETABLE_NAMESPACE", ""),
+            store_uri=store,
         )
 
     def as_env(self) -> dict[str, str]:
@@ -37,7 +45,7 @@ class Runtime:
         return {
             "STATETABLE_KAFKA_BOOTSTRAP": self.bootstrap, "STATETABLE_DATA_DIR": str(self.data_dir),
             "STATETABLE_SNAPSHOT_URI": self.snapshot_uri, "STATETABLE_TABLES_DIR": str(self.tables_dir),
-            "STATETABLE_NAMESPACE": self.namespace,
+            "STATETABLE_NAMESPACE": self.namespace, "STATETABLE_STORE_URI": self.store_uri,
         }
 
     def dead_letter_topic(self, table: str) -> str:
@@ -45,11 +53,40 @@ class Runtime:
 
     @property
     def state_dir(self) -> Path:
+        """The driver's cache of state partitions (a task uses `task_state_dir`: its own host's)."""
         return self.data_dir / "state"
 
-    def batch_dir(self, table: str) -> Path:
-        return self.data_dir / "batches" / table
+    def batch_dir(self, table: str) -> Path | str:
+        """The batch log's location: durable, so that any driver can run the next batch."""
+        return f"{self.store_uri}/batches/{table}" if self.store_uri else self.data_dir / "batches" / table
 
     def delta_path(self, table: str, kind: str) -> str:
         """kind: bronze (parsed events), mirror (the state as a Delta table), dlq (dead letters)."""
+        if self.store_uri:
+            return spark_path(f"{self.store_uri}/delta/{table}_{kind}")
         return str(self.data_dir / "delta" / f"{table}_{kind}")
+
+
+WORKER_STATE_ENV = "STATETABLE_WORKER_STATE_DIR"
+
+
+def task_state_dir(driver_state_dir: str) -> str:
+    """Where a Spark task keeps state partitions: its own host's cache when the worker says
+    (a cluster worker sets STATETABLE_WORKER_STATE_DIR, as separate machines have separate
+    disks), else the driver's folder (local[*], one machine). The cache is never the truth: a
+    partition missing or stale there is restored from snapshots and the changelog on open."""
+    return os.environ.get(WORKER_STATE_ENV) or driver_state_dir
+
+
+def arrow_filesystem(uri: str):
+    """(pyarrow filesystem, path inside it) for a local folder, s3:// or Spark's s3a:// name."""
+    import pyarrow.fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), uri
+    return pafs.FileSystem.from_uri("s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri)
+
+
+def spark_path(uri: str) -> str:
+    """The same object as Spark's Hadoop filesystem names it (s3a://); other tools read s3://."""
+    return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri

@@ -54,6 +54,31 @@ class StackSettings:
     airflow_port: int
     state_dir: Path
     connect_port: int = 15002
+    s3_port: int = 19000
+    master_port: int = 17077
+
+    @property
+    def s3_url(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
+
+    @property
+    def s3_dir(self) -> Path:
+        return self.state_dir / "s3"
+
+    @property
+    def store_prefix(self) -> str:
+        """The cluster's folder in the stack's bucket (STATETABLE_NAMESPACE keeps deployments apart)."""
+        return (os.environ.get("STATETABLE_NAMESPACE", "").strip(".-_") or "data")
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host}:{self.master_port}"
+
+    @property
+    def cluster_dir(self) -> Path:
+        """The standalone master's and workers' folders: each worker's work and state dir apart,
+        as separate machines would have."""
+        return self.state_dir / "cluster"
 
     @property
     def connect_url(self) -> str:
@@ -94,6 +119,8 @@ def load() -> StackSettings:
         kafka_controller_port=_port("STATETABLE_KAFKA_CONTROLLER_PORT", 19093),
         airflow_port=_port("STATETABLE_AIRFLOW_PORT", 18080),
         connect_port=_port("STATETABLE_SPARK_CONNECT_PORT", 15002),
+        s3_port=_port("STATETABLE_S3_PORT", 19000),
+        master_port=_port("STATETABLE_SPARK_MASTER_PORT", 17077),
         state_dir=state_dir,
     )
 
@@ -105,3 +132,25 @@ def connect_token(settings: StackSettings) -> str | None:
         return (settings.connect_dir / ".token").read_text().strip() or None
     except FileNotFoundError:
         return None
+
+
+def cluster_env_file(settings: StackSettings) -> Path:
+    return settings.cluster_dir / ".client-env.json"
+
+
+def adopt_cluster_env(settings: StackSettings | None = None) -> bool:
+    """A client of a stack brought up with workers (`stack up --workers N`) uses that stack's
+    object store: its address and credentials, recorded by `stack up` (mode 600), go into this
+    process's environment unless the environment already names a store. True if adopted."""
+    import json
+
+    if os.environ.get("STATETABLE_STORE_URI"):
+        return False
+    settings = settings or load()
+    try:
+        recorded = json.loads(cluster_env_file(settings).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    for key, value in recorded.items():
+        os.environ.setdefault(key, value)
+    return True

@@ -13,7 +13,7 @@ def _stack(args) -> int:
 
     cfg = stack_settings.load()
     if args.action == "up":
-        stack.up(cfg)
+        stack.up(cfg, workers=args.workers)
     elif args.action == "down":
         stack.down(cfg)
     elif args.action == "restart-broker":
@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
     p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine"])
+    p.add_argument("--workers", type=int, default=0,
+                   help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
+                        "and point the Spark Connect server at them (default 0: local[*] on one disk)")
     p.set_defaults(func=_stack)
 
     p = sub.add_parser("engine", help="run the Spark Connect server in the foreground (a container's command; "

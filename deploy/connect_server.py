@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from catalog.priority import batch_niceness
-from catalog.settings import PROJECT_ROOT, StackSettings, connect_token
+from catalog.settings import PROJECT_ROOT, StackSettings, adopt_cluster_env, connect_token
 from deploy.processes import ManagedProcess, port_in_use, require_free_ports, wait_until
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -44,7 +44,17 @@ def token(settings: StackSettings) -> str:
 def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
     from spark_jobs.session import spark_conf
 
-    conf = spark_conf("statetable-connect", os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"))
+    from deploy import spark_cluster
+
+    workers = spark_cluster.size(settings)
+    if workers:
+        adopt_cluster_env(settings)        # the store's address, for the s3a jars and conf below
+    conf = spark_conf("statetable-connect", settings.master_url if workers else
+                      os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"))
+    if workers:
+        # One executor per worker, one core each: tasks spread over the workers as over machines.
+        conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers),
+                     "spark.executor.memory": os.environ.get("STATETABLE_SPARK_EXECUTOR_MEMORY", "1g")})
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,
         "spark.connect.grpc.binding.port": str(settings.connect_port),

@@ -17,8 +17,9 @@ from pathlib import Path
 from catalog.settings import CACHE_DIR, JARS_DIR, PROJECT_ROOT
 
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
-JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "flink": "flink-kafka.pom.xml"}
-DEFAULT_SETS = ("kafka", "spark")  # flink: only `make bench` needs it
+JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "s3": "s3-extras.pom.xml",
+            "flink": "flink-kafka.pom.xml"}
+DEFAULT_SETS = ("kafka", "spark", "s3")  # flink: only `make bench` needs it
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 
 
@@ -63,7 +64,7 @@ def fetch(names: tuple[str, ...] = DEFAULT_SETS) -> None:
         for old in out_dir.glob("*.jar"):
             old.unlink()
         out_dir.mkdir(parents=True, exist_ok=True)
-        _maven(pom, out_dir, sorted(provided) if name == "spark" else [])
+        _maven(pom, out_dir, sorted(provided) if name in ("spark", "s3") else [])
         stamp.touch()
         print(f"jars: {name} fetched ({len(jars(name))} jars) in {time.monotonic() - started:.1f}s")
 

@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import time
 
-from deploy import airflow_server, connect_server, kafka_server
-from catalog.settings import StackSettings
+import json
+import os
+
+from deploy import airflow_server, connect_server, kafka_server, object_store, spark_cluster
+from catalog.settings import StackSettings, cluster_env_file
 
 
-def up(settings: StackSettings) -> None:
+def up(settings: StackSettings, workers: int = 0) -> None:
     started = time.monotonic()
+    if workers < 0:
+        raise SystemExit(f"stack up --workers {workers}: give 0 (no cluster, jobs run local[*]) or more workers")
+    running = spark_cluster.size(settings)
+    if running != workers and any(p.is_running() for p in [connect_server.process(settings)]
+                                  + spark_cluster.processes(settings)):
+        raise SystemExit(f"the stack runs with {running} Spark workers; `statetable stack down` first to bring "
+                         f"it up with {workers}")
     kafka_server.start(settings)
+    if workers:
+        _start_cluster(settings, workers, started)
+    else:
+        spark_cluster.stop(settings)
+        cluster_env_file(settings).unlink(missing_ok=True)
+        (settings.cluster_dir / "cluster.json").unlink(missing_ok=True)
     connect_server.start(settings)
     airflow_server.start(settings)
     kafka_server.wait_healthy(settings)
@@ -33,10 +49,31 @@ def up(settings: StackSettings) -> None:
     )
 
 
+def _start_cluster(settings: StackSettings, workers: int, started: float) -> None:
+    """The S3 store, a standalone master and its workers; every later component (the Connect
+    server, Airflow, this process's clients) gets the store's address through the environment."""
+    object_store.start(settings)
+    object_store.wait_healthy(settings)
+    env = object_store.client_env(settings)
+    path = cluster_env_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(env))
+    os.environ.update(env)
+    print(f"s3 {settings.s3_url} up ({time.monotonic() - started:.1f}s)", flush=True)
+    spark_cluster.start(settings, workers)
+    spark_cluster.wait_healthy(settings)
+    print(f"spark-master {settings.master_url} up with {workers} workers ({time.monotonic() - started:.1f}s)",
+          flush=True)
+
+
 def down(settings: StackSettings) -> None:
     started = time.monotonic()
     airflow_server.stop(settings)
     connect_server.stop(settings)
+    spark_cluster.stop(settings)
+    object_store.stop(settings)
+    cluster_env_file(settings).unlink(missing_ok=True)
     kafka_server.process(settings).stop(timeout=25)
     print(f"stack stopped in {time.monotonic() - started:.1f}s")
 
@@ -71,8 +108,12 @@ def restart_engine(settings: StackSettings) -> float:
 def status_lines(settings: StackSettings) -> list[str]:
     kafka_up = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
     airflow_up = airflow_server.is_healthy(settings)
+    cluster = spark_cluster.status_lines(settings)
+    if cluster:
+        cluster.append(f"s3 {settings.s3_url} {'up' if object_store.is_healthy(settings) else 'down'}")
     return [
         f"kafka {settings.kafka_bootstrap} {'up' if kafka_up else 'down'}",
+        *cluster,
         f"spark-connect {settings.connect_url} {'up' if connect_server.is_healthy(settings) else 'down'}",
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
     ]
@@ -87,7 +128,8 @@ def _safe(check, settings: StackSettings) -> bool:
 
 def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
-    procs = [kafka_server.process(settings), connect_server.process(settings)] + [
+    procs = [kafka_server.process(settings), connect_server.process(settings), object_store.process(settings),
+             *spark_cluster.processes(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

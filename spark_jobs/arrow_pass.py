@@ -854,7 +854,9 @@ def write_parquet_atomically(table: pa.Table, folder: str, name: str) -> int:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    fs, root = pafs.FileSystem.from_uri(folder) if "://" in folder else (pafs.LocalFileSystem(), folder)
+    from catalog.runtime import arrow_filesystem
+
+    fs, root = arrow_filesystem(folder)
     fs.create_dir(root, recursive=True)
     temporary = f"{root}/.tmp-{uuid.uuid4().hex}"
     pq.write_table(table, temporary, filesystem=fs, compression="snappy")

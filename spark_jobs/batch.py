@@ -18,7 +18,7 @@ from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
 from catalog.definitions import TableDefinition
 from spark_jobs.microbatch import MicroBatchRunner, per_state_partition
 from spark_jobs.offsets import OffsetRange, spark_reader
-from catalog.runtime import Runtime
+from catalog.runtime import Runtime, task_state_dir
 from spark_jobs import mirror, parse
 from catalog import registry
 from catalog.mapping import state_spec
@@ -105,11 +105,11 @@ def _compare_group(ctx, group):
 
     from spark_jobs.merge_task import partial_rows
 
-    spec, state_dir, examples, table, purged_at = ctx
+    spec, state_dir, examples, table, purged_at, *where = ctx
     partition = group.column("_sp")[0].as_py()
     keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
     expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
-    summary = _compare_partition((spec, state_dir, examples), partition, expected)
+    summary = _compare_partition((spec, state_dir, examples, *where), partition, expected)
     return pa.table({"summary": [json.dumps(summary, default=str)]})
 
 
@@ -117,7 +117,7 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     """One state partition against its recomputed rows, in the task that holds both."""
     from state.table import StateTable
 
-    spec, state_dir, examples = ctx
+    spec, state_dir, examples, *where = ctx
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
 
@@ -128,8 +128,11 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
             if len(out["examples"]) < examples:
                 out["examples"].append({"key": list(key), "state": have, "recomputed": want})
 
-    st = StateTable(spec, state_dir)
+    here = task_state_dir(state_dir)
+    st = StateTable(spec, here, **(dict(zip(("bootstrap", "snapshot_uri"), where[:2])) if where else {}))
     try:
+        if where and here != state_dir:
+            _bring_to(st, partition, where[2])
         if st.has_local_state(partition):
             part = st.open_readonly(partition)
             try:
@@ -144,6 +147,23 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     for key, want in expected.items():
         note(key, None, want, "missing")
     return out
+
+
+def _bring_to(st, partition: int, batch_id: int | None) -> None:
+    """On a cluster worker, the local copy is a cache of whatever batch this worker last served:
+    one that is missing or at another batch is restored to `batch_id` from snapshots plus the
+    changelog first, so verify checks what any worker would serve. A copy at `batch_id` is
+    compared as it is (a corrupt cache is found, not repaired)."""
+    if batch_id is None:
+        return
+    if st.has_local_state(partition):
+        part = st.open_readonly(partition)
+        try:
+            if part.meta.applied_batch == batch_id:
+                return
+        finally:
+            part.close()
+    st.restore(partition, target_batch=batch_id)
 
 
 def last_purge_watermark(table: TableDefinition, commits: list[BatchCommit]) -> int | None:
@@ -192,7 +212,8 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
 
     partials, purged_at = recomputed(spark, table, tables, rt)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    ctx = (registry.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at)
+    ctx = (registry.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at, rt.bootstrap, rt.snapshot_uri,
+           last.batch_id if last else None)
     rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
     summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
                                     f"verify {name}: compare")
@@ -330,7 +351,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
                 **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
     )
-    batch_log.write_commit(commit)
+    batch_log.write_commit(commit, name)
     mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
     log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, len(expected),
              commit.counts["keys_changed"], commit.seconds)
@@ -396,7 +417,7 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3),
         definition={"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}, changelog=spec.changelog,
     )
-    batch_log.write_commit(commit)
+    batch_log.write_commit(commit, name)
     faults.point("rebuild.after_cutover")
     mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
     live, old = rt.state_dir / name, rt.state_dir / f".replaced-{name}-{uuid.uuid4().hex[:8]}"

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from catalog.runtime import arrow_filesystem
+
 
 @dataclass(frozen=True)
 class DataFile:
@@ -73,9 +75,14 @@ def commit_files(path: str, files: list[DataFile], schema: pa.Schema, app_id: st
 def listed(path: str, prefix: str) -> list[tuple[str, int]]:
     """(name, size) of the files in the table's folder whose names start with `prefix`: what
     workers wrote, committed or not."""
-    if not os.path.isdir(path):
+    import pyarrow.fs as pafs
+
+    fs, root = arrow_filesystem(path)
+    try:
+        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except FileNotFoundError:
         return []
-    return sorted((e.name, e.stat().st_size) for e in os.scandir(path) if e.name.startswith(prefix) and e.is_file())
+    return sorted((f.base_name, f.size) for f in found if f.base_name.startswith(prefix) and f.type == pafs.FileType.File)
 
 
 def remove_files(path: str, chosen) -> int:
@@ -93,8 +100,21 @@ def remove_files(path: str, chosen) -> int:
     now = int(time.time() * 1000)
     table.create_write_transaction([RemoveAction(p, True, now, s) for p, s in gone], "append", table.schema())
     for name, _ in gone:
-        try:
-            os.remove(os.path.join(path, name))
-        except FileNotFoundError:
-            pass
+        delete_file(path, name)
     return len(gone)
+
+
+def delete_file(path: str, name: str) -> None:
+    fs, root = arrow_filesystem(path)
+    try:
+        fs.delete_file(f"{root}/{name}")
+    except FileNotFoundError:
+        pass
+
+
+def file_rows(path: str, name: str) -> int:
+    import pyarrow.parquet as pq
+
+    fs, root = arrow_filesystem(path)
+    with fs.open_input_file(f"{root}/{name}") as source:
+        return pq.read_metadata(source).num_rows

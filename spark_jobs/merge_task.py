@@ -19,6 +19,7 @@ from state.table import StateTable
 from state.windows import purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
 from catalog.mapping import state_spec
+from catalog.runtime import task_state_dir
 from catalog.definitions import TableDefinition
 from catalog.priority import yield_cpu_to_queries
 
@@ -140,7 +141,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     partials = combine_partials(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
     lap("combine")
     spec = state_spec(ctx.table, ctx.namespace)
-    table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), ctx.state_dir, bootstrap=ctx.bootstrap,
+    table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), task_state_dir(ctx.state_dir),
+                       bootstrap=ctx.bootstrap,
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)
     lap("table")
     try:

@@ -39,7 +39,7 @@ from catalog.definitions import TableDefinition
 from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
-from catalog.runtime import Runtime
+from catalog.runtime import Runtime, spark_path, task_state_dir
 
 log = logging.getLogger("statetable.microbatch")
 
@@ -119,6 +119,7 @@ class MicroBatchRunner:
     def _next_plan(self) -> BatchPlan | None:
         pending = self.log.pending_plan()
         if pending is not None:
+            self.log.take_over(pending, self.table.name)
             log.info("%s: finishing batch %d from its plan (%d records)", self.table.name, pending.batch_id,
                      pending.record_count)
             return pending
@@ -144,7 +145,7 @@ class MicroBatchRunner:
         if accepted:
             log.warning("%s batch %d starts where an operator accepted a discontinuity: %s", self.table.name,
                         plan.batch_id, accepted.get("problem"))
-        self.log.write_plan(plan)
+        self.log.write_plan(plan, self.table.name)
         return plan
 
     def _pin_joins(self) -> dict | None:
@@ -156,7 +157,12 @@ class MicroBatchRunner:
             return None
         from spark_jobs.arrow_pass import write_parquet_atomically
 
-        folder = self.log.folder / "joins"
+        import pyarrow.fs as pafs
+
+        from catalog.runtime import arrow_filesystem
+
+        folder = f"{self.log.folder}/joins"
+        fs, root = arrow_filesystem(folder)
         pins = {}
         for name in sorted({join.table for join in self.table.joins}):
             def file_of(batch: int | None) -> str:
@@ -164,13 +170,13 @@ class MicroBatchRunner:
 
             batch = delta_files.committed_version(mirror.changes_path(self.rt, name), f"{name}.mirror_changes")
             file = file_of(batch)
-            if not (folder / file).exists():
+            if fs.get_file_info(f"{root}/{file}").type == pafs.FileType.NotFound:
                 batch, rows = mirror.committed_rows(self.rt, name)
                 file = file_of(batch)
-                write_parquet_atomically(_typed_rows(self.tables[name], rows), str(folder), file)
-                for old in folder.glob(f"{name}.b*.parquet"):     # no pending plan names them (we are planning)
-                    if old.name != file:
-                        old.unlink()
+                write_parquet_atomically(_typed_rows(self.tables[name], rows), folder, file)
+                for old in fs.get_file_info(pafs.FileSelector(root)):  # no pending plan names them (we plan)
+                    if old.base_name.startswith(f"{name}.b") and old.base_name != file:
+                        fs.delete_file(old.path)
             pins[name] = {"batch": batch, "file": file}
             if batch is None:
                 log.warning("%s joins %s, which has no committed batch yet: its events find no match (run %s "
@@ -368,7 +374,7 @@ class MicroBatchRunner:
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.definition,
             refused=[[list(k), reason] for k, reason in sorted(refused.items(), key=repr)] or None,
         )
-        self.log.write_commit(commit)
+        self.log.write_commit(commit, self.table.name)
         faults.point("batch.after_commit")
         for frame in step["release"]:
             frame.unpersist()
@@ -484,7 +490,7 @@ class MicroBatchRunner:
                 arrow_pass.bronze_schema(self.table), f"{self.table.name}.bronze", batch_id)
         for name, _ in delta_files.listed(path, arrow_pass.bronze_file_prefix(batch_id)):
             if name not in files:
-                os.remove(os.path.join(path, name))
+                delta_files.delete_file(path, name)
 
     def _merge_arrow(self, partials, batch_id: int, watermark: int | None) -> dict[int, dict]:
         """The partials (`_kind` = "partial", `_sp`, keys and values), grouped by state partition (a
@@ -545,7 +551,7 @@ class MicroBatchRunner:
     def _reference(self, other: TableDefinition, pins: dict | None):
         """A joined table's rows: the batch's pinned file, or (no pin) its committed state now."""
         if pins is not None:
-            return self.spark.read.parquet(str(self.log.folder / "joins" / pins[other.name]["file"]))
+            return self.spark.read.parquet(spark_path(f"{self.log.folder}/joins/{pins[other.name]['file']}"))
         return self.spark.createDataFrame(_typed_rows(other, mirror.committed_rows(self.rt, other.name)[1]))
 
     def _joined(self, events, counts: dict | None = None):
@@ -818,7 +824,7 @@ def _snapshot_partitions(ctx, batches):
     faults.arm(*armed)
     for batch in batches:
         for partition in batch.column("p").to_pylist():
-            table = StateTable(spec, state_dir, bootstrap=bootstrap, snapshot_uri=snapshot_uri)
+            table = StateTable(spec, task_state_dir(state_dir), bootstrap=bootstrap, snapshot_uri=snapshot_uri)
             try:
                 table.snapshot(partition)
             finally:

@@ -159,14 +159,11 @@ def _json_fragments(column, finite: bool = False):
 
 def commit_changes(rt: Runtime, table: str, batch_id: int) -> None:
     """Add a committed batch's change files to the changes table (idempotent per batch)."""
-    import pyarrow.parquet as pq
-
     path = changes_path(rt, table)
     names = delta_files.listed(path, change_file(batch_id, 0)[:13])
     if not names:
         return
-    files = [delta_files.DataFile(name, size, pq.read_metadata(f"{path}/{name}").num_rows)
-             for name, size in names]
+    files = [delta_files.DataFile(name, size, delta_files.file_rows(path, name)) for name, size in names]
     delta_files.commit_files(path, files, change_schema(), f"{table}.mirror_changes", batch_id)
 
 

@@ -34,7 +34,33 @@ def spark_jars() -> list[Path]:
     found = sorted((JARS_DIR / "spark").glob("*.jar"))
     if not any(p.name.startswith("spark-sql-kafka") for p in found):
         raise SystemExit(f"Spark's Kafka source jar is missing from {JARS_DIR / 'spark'}; run `make setup`")
+    if os.environ.get("STATETABLE_STORE_URI"):
+        s3 = sorted((JARS_DIR / "s3").glob("*.jar"))
+        if not any(p.name.startswith("hadoop-aws") for p in s3):
+            raise SystemExit(f"STATETABLE_STORE_URI is set but Hadoop's s3a jars are missing from {JARS_DIR / 's3'}; "
+                             f"run `make setup`")
+        found += s3
     return found
+
+
+def s3a_conf() -> dict[str, str]:
+    """Spark's view of the object store named by the AWS_* environment (the one boto3, pyarrow
+    and delta-rs read). Credentials stay in the environment (Hadoop's default chain reads it):
+    a --conf on a command line is readable by every local user."""
+    if not os.environ.get("STATETABLE_STORE_URI"):
+        return {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    conf = {"spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.endpoint.region": os.environ.get("AWS_REGION", "us-east-1"),
+            "spark.hadoop.fs.s3a.aws.credentials.provider":
+                "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+            # Delta's default S3 log store: correct with one writer per table at a time, which
+            # the batch log's fencing guarantees (see catalog.batch_log).
+            "spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https")).lower()
+    return conf
 
 
 def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
@@ -60,6 +86,7 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
         **DELTA_CONF,
+        **s3a_conf(),
     }
     # Under spark-submit the master comes from the command line (the Airflow
     # Spark connection); a direct Python session defaults to local mode.

@@ -9,6 +9,10 @@ the PySpark daemon too (they share a session; the daemon's workers do not
 share a process group). A task on a Spark Connect server shares the server's
 session, not the client's: there `group` kills the task alone (its failed job
 fails the client's run), and `engine` kills the whole server.
+
+Scope `stall` does not kill: the process stops at the point, alive, until the
+file STATETABLE_FAULT_RELEASE exists (a driver paused by GC or a slow disk,
+while another driver comes for the same batch).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import signal
 
 ENV = "STATETABLE_FAULT"
 SCOPE_ENV = "STATETABLE_FAULT_SCOPE"
+RELEASE_ENV = "STATETABLE_FAULT_RELEASE"
 EXIT_CODE = 137
 
 STATE_POINTS = {
@@ -72,9 +77,24 @@ def armed() -> tuple[str | None, str | None]:
 def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
-        if (_armed_scope or os.environ.get(SCOPE_ENV)) in ("group", "engine"):
+        scope = _armed_scope or os.environ.get(SCOPE_ENV)
+        if scope == "stall":
+            _stall(name)
+            return
+        if scope in ("group", "engine"):
             kill_session(os.getsid(0))
         os._exit(EXIT_CODE)
+
+
+def _stall(name: str, limit: float = 300.0) -> None:
+    import time
+
+    release = os.environ.get(RELEASE_ENV)
+    if not release:
+        raise ValueError(f"{SCOPE_ENV}=stall at {name} needs {RELEASE_ENV}: the file whose creation releases it")
+    ends = time.monotonic() + limit
+    while not os.path.exists(release) and time.monotonic() < ends:
+        time.sleep(0.1)
 
 
 def session_pids(sid: int) -> list[int]:

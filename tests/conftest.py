@@ -22,6 +22,8 @@ os.environ.update({
     "STATETABLE_KAFKA_CONTROLLER_PORT": os.environ.get("STATETABLE_TEST_KAFKA_CONTROLLER_PORT", "29093"),
     "STATETABLE_AIRFLOW_PORT": os.environ.get("STATETABLE_TEST_AIRFLOW_PORT", "28080"),
     "STATETABLE_SPARK_CONNECT_PORT": os.environ.get("STATETABLE_TEST_SPARK_CONNECT_PORT", "28002"),
+    "STATETABLE_S3_PORT": os.environ.get("STATETABLE_TEST_S3_PORT", "28900"),
+    "STATETABLE_SPARK_MASTER_PORT": os.environ.get("STATETABLE_TEST_SPARK_MASTER_PORT", "28077"),
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",
@@ -63,6 +65,19 @@ def engine(stack_settings_):
         yield client_url(stack_settings_.connect_url, connect_server.token(stack_settings_))
     finally:
         connect_server.stop(stack_settings_)
+
+
+@pytest.fixture(scope="session")
+def s3(stack_settings_):
+    """The stack's S3-compatible store (moto's server); yields the environment its clients need."""
+    from deploy import object_store
+
+    object_store.start(stack_settings_)
+    try:
+        object_store.wait_healthy(stack_settings_)
+        yield object_store.client_env(stack_settings_)
+    finally:
+        object_store.stop(stack_settings_)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,144 @@
+"""A Spark standalone cluster on loopback, from the pyspark wheel: one master and N workers.
+
+Each worker gets folders of its own, as a separate machine has a disk of its
+own: Spark's work dir, its scratch dirs, and the statetable state cache its
+tasks open partitions in (STATETABLE_WORKER_STATE_DIR). Nothing is shared
+between workers but the object store and Kafka, so a partition that moves to
+another worker is restored there from snapshots plus the changelog.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+from catalog.runtime import WORKER_STATE_ENV
+from catalog.settings import PROJECT_ROOT, StackSettings
+from deploy import object_store
+from deploy.processes import ManagedProcess, require_free_ports, wait_until
+
+VENV_BIN = Path(sys.executable).parent
+WORKER_MEMORY = os.environ.get("STATETABLE_SPARK_WORKER_MEMORY", "2g")
+
+
+def master(settings: StackSettings) -> ManagedProcess:
+    return ManagedProcess("spark-master", settings.cluster_dir / "master")
+
+
+def worker(settings: StackSettings, index: int) -> ManagedProcess:
+    return ManagedProcess(f"spark-worker-{index}", worker_dir(settings, index))
+
+
+def worker_dir(settings: StackSettings, index: int) -> Path:
+    return settings.cluster_dir / f"worker-{index}"
+
+
+def worker_port(settings: StackSettings, index: int) -> int:
+    return settings.master_port + 10 + index
+
+
+def master_ui_port(settings: StackSettings) -> int:
+    return settings.master_port + 1
+
+
+def size(settings: StackSettings) -> int:
+    """How many workers the stack was brought up with (0: no cluster, jobs run local[*])."""
+    try:
+        return int(json.loads((settings.cluster_dir / "cluster.json").read_text())["workers"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0
+
+
+def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATETABLE_FAULT")}
+    env.update({
+        "SPARK_LOCAL_IP": settings.host, "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "NO_PROXY": "*",
+        **object_store.client_env(settings), **extra,
+    })
+    return env
+
+
+def start(settings: StackSettings, workers: int) -> None:
+    settings.cluster_dir.mkdir(parents=True, exist_ok=True)
+    (settings.cluster_dir / "cluster.json").write_text(json.dumps({"workers": workers}))
+    spark_class = str(VENV_BIN / "spark-class")
+    if not master(settings).is_running():
+        require_free_ports("spark-master", settings.host, settings.master_port, master_ui_port(settings))
+        master(settings).start(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", settings.host,
+             "--port", str(settings.master_port), "--webui-port", str(master_ui_port(settings))],
+            env=_env(settings, {}), cwd=master(settings).run_dir)
+    for index in range(1, workers + 1):
+        start_worker(settings, index)
+
+
+def start_worker(settings: StackSettings, index: int) -> None:
+    proc, folder = worker(settings, index), worker_dir(settings, index)
+    if proc.is_running():
+        return
+    require_free_ports(proc.name, settings.host, worker_port(settings, index))
+    for sub in ("work", "tmp", "state"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    proc.start(
+        [str(VENV_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", settings.master_url,
+         "--host", settings.host, "--port", str(worker_port(settings, index)), "--webui-port", "0",
+         "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(folder / "work")],
+        env=_env(settings, {"SPARK_LOCAL_DIRS": str(folder / "tmp"), WORKER_STATE_ENV: str(folder / "state"),
+                            "STATETABLE_WORKER_NAME": proc.name}),
+        cwd=folder)
+
+
+def alive_workers(settings: StackSettings) -> dict[int, str]:
+    """Worker port -> state, as the master sees them (ALIVE once registered)."""
+    try:
+        with urllib.request.urlopen(f"http://{settings.host}:{master_ui_port(settings)}/json/", timeout=2) as r:
+            info = json.load(r)
+    except OSError:
+        return {}
+    return {w["port"]: w["state"] for w in info.get("workers", []) if w.get("state") == "ALIVE"}
+
+
+def worker_up(settings: StackSettings, index: int) -> bool:
+    return worker(settings, index).is_running() and worker_port(settings, index) in alive_workers(settings)
+
+
+def wait_healthy(settings: StackSettings, timeout: float = 90.0) -> None:
+    def check() -> bool:
+        for proc in [master(settings)] + [worker(settings, i) for i in range(1, size(settings) + 1)]:
+            if not proc.is_running():
+                raise RuntimeError(f"{proc.name} exited; last log lines:\n{proc.log_tail()}")
+        return all(worker_up(settings, i) for i in range(1, size(settings) + 1))
+
+    wait_until(check, timeout, interval=0.5, what=f"{size(settings)} Spark workers at {settings.master_url}")
+
+
+def status_lines(settings: StackSettings) -> list[str]:
+    n = size(settings)
+    if not n:
+        return []
+    master_up = master(settings).is_running() and bool(alive_workers(settings) or _answers(settings))
+    return [f"spark-master {settings.master_url} {'up' if master_up else 'down'}"] + [
+        f"spark-worker-{i} spark://{settings.host}:{worker_port(settings, i)} "
+        f"{'up' if worker_up(settings, i) else 'down'}" for i in range(1, n + 1)]
+
+
+def _answers(settings: StackSettings) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{settings.host}:{master_ui_port(settings)}/json/", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def stop(settings: StackSettings) -> None:
+    for index in range(size(settings), 0, -1):
+        worker(settings, index).stop(timeout=15)
+    master(settings).stop(timeout=15)
+
+
+def processes(settings: StackSettings) -> list[ManagedProcess]:
+    return [master(settings)] + [worker(settings, i) for i in range(1, size(settings) + 1)]
