@@ -27,6 +27,7 @@ def up(settings: StackSettings, workers: int = 0) -> None:
     kafka_server.start(settings)
     if workers:
         _start_cluster(settings, workers, started)
+        os.environ.update(object_store.client_env(settings))     # for the Connect server and Airflow below
     else:
         spark_cluster.stop(settings)
         cluster_env_file(settings).unlink(missing_ok=True)
@@ -59,7 +60,6 @@ def _start_cluster(settings: StackSettings, workers: int, started: float) -> Non
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.write_text(json.dumps(env))
-    os.environ.update(env)
     print(f"s3 {settings.s3_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     spark_cluster.start(settings, workers)
     spark_cluster.wait_healthy(settings)

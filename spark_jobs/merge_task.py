@@ -9,6 +9,8 @@ shape (see `partial_rows`).
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass, replace
 
@@ -146,6 +148,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
                        snapshot_uri=ctx.snapshot_uri, create_topics=False)
     lap("table")
     try:
+        hydrated = not table.has_local_state(partition)      # this worker has no copy: open restores one
         part = table.open(partition)
         lap("open")
         keys, values = encoded_keys(partials), partial_values(ctx.table, partials)
@@ -170,6 +173,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             lap("mirror_changes")
         summary["delta_keys"] = len(last)
         summary["ms"] = ms
+        summary["worker"] = os.environ.get("STATETABLE_WORKER_NAME") or socket.gethostname()
+        summary["hydrated"] = hydrated
     finally:
         table.close()
     return pa.table({"summary": [json.dumps(summary, default=str)]})

@@ -506,8 +506,14 @@ class MicroBatchRunner:
                                         lambda group: merge_arrow(ctx, mirror_dir, group),
                                         f"{table.name} batch {batch_id}: merge")
         slowest = max(summaries.values(), key=lambda s: sum(s["ms"].values()))
-        log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s", table.name, batch_id,
-                 sum(s["delta_keys"] for s in summaries.values()), len(summaries), slowest["ms"])
+        served: dict[str, list[int]] = {}
+        for p, s in sorted(summaries.items()):
+            served.setdefault(s.get("worker", "?"), []).append(p)
+        hydrated = [p for p, s in sorted(summaries.items()) if s.get("hydrated")]
+        log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s; partitions served by "
+                 "%s%s", table.name, batch_id, sum(s["delta_keys"] for s in summaries.values()), len(summaries),
+                 slowest["ms"], json.dumps(served, sort_keys=True),
+                 f"; restored from snapshots and the changelog (no local copy): {hydrated}" if hydrated else "")
         return summaries
 
     def _refusal_inputs(self, plan: BatchPlan):

@@ -10,6 +10,10 @@ share a process group). A task on a Spark Connect server shares the server's
 session, not the client's: there `group` kills the task alone (its failed job
 fails the client's run), and `engine` kills the whole server.
 
+A scope may end in `@PATH` (`group@/tmp/once`): then only the first process
+to create PATH dies there, and every other one passes (one worker lost in a
+batch, not all of them).
+
 Scope `stall` does not kill: the process stops at the point, alive, until the
 file STATETABLE_FAULT_RELEASE exists (a driver paused by GC or a slow disk,
 while another driver comes for the same batch).
@@ -78,6 +82,12 @@ def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
         scope = _armed_scope or os.environ.get(SCOPE_ENV)
+        if scope and "@" in scope:
+            scope, _, once = scope.partition("@")
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
         if scope == "stall":
             _stall(name)
             return

@@ -63,6 +63,17 @@ def test_ports_bind_to_loopback_and_state_is_on_volumes():
     assert any(v.startswith("postgres-data:") for v in services["postgres"]["volumes"])
 
 
+def test_every_worker_has_a_state_volume_of_its_own_and_the_store_is_s3():
+    services = _services()
+    volumes = {name: services[name]["volumes"] for name in ("spark-worker-1", "spark-worker-2")}
+    assert volumes == {"spark-worker-1": ["worker-1-state:/var/lib/statetable-worker"],
+                       "spark-worker-2": ["worker-2-state:/var/lib/statetable-worker"]}
+    for name in volumes:
+        env = services[name]["environment"]
+        assert env["STATETABLE_WORKER_STATE_DIR"] == "/var/lib/statetable-worker"
+        assert env["STATETABLE_STORE_URI"].startswith("s3://")
+
+
 def test_no_secret_is_written_into_the_file():
     text = COMPOSE.read_text()
     for key in ("POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "AWS_SECRET_ACCESS_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"):
