@@ -20,6 +20,8 @@ def _stack(args) -> int:
         stack.restart_broker(cfg)
     elif args.action == "restart-engine":
         stack.restart_engine(cfg)
+    elif args.action == "restart-workers":
+        stack.restart_workers(cfg)
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
@@ -211,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
-    p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine"])
+    p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine",
+                                          "restart-workers"])
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
                         "and point the Spark Connect server at them (default 0: local[*] on one disk)")

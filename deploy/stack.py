@@ -105,6 +105,21 @@ def restart_engine(settings: StackSettings) -> float:
     return seconds
 
 
+def restart_workers(settings: StackSettings) -> float:
+    """Start every dead worker of the stack's cluster again (the `kill_worker` drill, or a crash);
+    seconds until all are registered with the master."""
+    workers = spark_cluster.size(settings)
+    if not workers or not spark_cluster.master(settings).is_running():
+        raise SystemExit("the local stack runs no Spark cluster; start one with `statetable stack up --workers 2`")
+    started = time.monotonic()
+    for index in range(1, workers + 1):
+        spark_cluster.start_worker(settings, index)
+    spark_cluster.wait_healthy(settings)
+    seconds = time.monotonic() - started
+    print(f"{workers} Spark workers up in {seconds:.1f}s", flush=True)
+    return seconds
+
+
 def status_lines(settings: StackSettings) -> list[str]:
     kafka_up = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
     airflow_up = airflow_server.is_healthy(settings)

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 from state import faults
@@ -40,10 +41,15 @@ FAILURES = {
     "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
     "kill_engine": "SIGKILL the Spark Connect server (and its Python workers) mid-batch, after partition 0 "
                    "committed; the deployment starts it again and the next run finishes the batch",
+    "kill_worker": "SIGKILL one Spark worker (its JVM, executor and Python workers) in the middle of a merge task, "
+                   "after the partition's changelog commit; Spark reruns the task on another worker, and the "
+                   "deployment starts the worker again",
 }
 KILL_POINT = "batch.mid_merge"
 BROKER_RESTART_ENV = "STATETABLE_BROKER_RESTART"
 ENGINE_RESTART_ENV = "STATETABLE_ENGINE_RESTART"
+WORKER_RESTART_ENV = "STATETABLE_WORKER_RESTART"
+WORKER_KILL_POINT = "commit.after_changelog"
 SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 
 
@@ -80,6 +86,8 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
         detail = _kill_mid_batch(name, rt, facts)
     elif failure == "kill_engine":
         detail = _kill_engine(name, rt, facts)
+    elif failure == "kill_worker":
+        detail = _kill_worker(name, rt, facts)
     elif failure == "wipe_local_store":
         detail = _wipe(name, table, rt)
     elif failure in SNAPSHOT_DRILLS:
@@ -134,6 +142,45 @@ def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
     facts["engine_restart_seconds"] = restart[0]
     return f"{detail}; Spark Connect server {address} killed with it, started again in {restart[0]}s " \
            f"by `{restart[1]}`"
+
+
+def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
+    """A batch's first merge task to reach WORKER_KILL_POINT SIGKILLs its worker's whole process
+    session (fault scope `group@FILE`: one task fires, the others pass). The batch must still
+    commit: Spark reruns the lost tasks on the workers left, which restore the partition from
+    the store and find the batch in the changelog. Then the deployment restarts the worker
+    (STATETABLE_WORKER_RESTART, by default the local stack's `statetable stack restart-workers`)."""
+    import tempfile
+
+    from spark_jobs.offsets import lag
+    from spark_jobs.session import engine
+
+    url, why = engine()
+    if url is None:
+        raise NothingToInject(f"table {name!r}: jobs run in a local Spark session here ({why}), so there is no "
+                              f"Spark worker to kill; start a cluster (`statetable stack up --workers 2`)")
+    if lag(name, rt) == 0:
+        raise NothingToInject(f"table {name!r} has no unread input, so no merge runs to kill a worker in; "
+                              f"produce events to its topic first")
+    once = Path(tempfile.mkdtemp(prefix="statetable-kill-worker-")) / "fired"
+    env = {**os.environ, **rt.as_env(), faults.ENV: WORKER_KILL_POINT, faults.SCOPE_ENV: f"worker@{once}"}
+    child = subprocess.run([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
+                            "--no-snapshot"], env=env, start_new_session=True, capture_output=True, text=True)
+    facts["exit_code"] = child.returncode
+    if not once.exists():
+        raise NothingToInject(f"table {name!r}: no merge task of a cluster worker reached {WORKER_KILL_POINT} "
+                              f"(exit {child.returncode}): the Spark Connect server {url.split(';')[0]} runs "
+                              f"local[*], with no worker to lose; start a cluster (`statetable stack up "
+                              f"--workers 2`). stderr tail:\n{child.stderr[-1000:]}")
+    facts["killed_worker"] = once.read_text() or "?"
+    if child.returncode != 0:
+        raise RuntimeError(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit "
+                           f"{child.returncode}); Spark should have rerun its task elsewhere; stderr tail:\n"
+                           f"{child.stderr[-2000:]}")
+    restart = _run_deployment_command("kill_worker", WORKER_RESTART_ENV, "restart-workers", "Spark workers")
+    facts["worker_restart_seconds"] = restart[0]
+    return f"{facts['killed_worker']} SIGKILLed at {WORKER_KILL_POINT} mid-merge; the batch committed on the " \
+           f"workers left; the worker started again in {restart[0]}s by `{restart[1]}`"
 
 
 def _wipe(name: str, table, rt: Runtime) -> str:

@@ -10,9 +10,10 @@ share a process group). A task on a Spark Connect server shares the server's
 session, not the client's: there `group` kills the task alone (its failed job
 fails the client's run), and `engine` kills the whole server.
 
-A scope may end in `@PATH` (`group@/tmp/once`): then only the first process
-to create PATH dies there, and every other one passes (one worker lost in a
-batch, not all of them).
+Scope `worker` kills the session of a cluster worker's task (the worker's JVM,
+executor and Python workers) and passes anywhere else. A scope may end in
+`@PATH` (`worker@/tmp/once`): then only the first process to create PATH dies
+there, and every other one passes (one worker lost in a batch, not all).
 
 Scope `stall` does not kill: the process stops at the point, alive, until the
 file STATETABLE_FAULT_RELEASE exists (a driver paused by GC or a slow disk,
@@ -26,6 +27,7 @@ import signal
 ENV = "STATETABLE_FAULT"
 SCOPE_ENV = "STATETABLE_FAULT_SCOPE"
 RELEASE_ENV = "STATETABLE_FAULT_RELEASE"
+WORKER_ENV = "STATETABLE_WORKER_NAME"      # set by a cluster worker (deploy/spark_cluster.py)
 EXIT_CODE = 137
 
 STATE_POINTS = {
@@ -82,16 +84,20 @@ def point(name: str) -> None:
     """Die here if this point is armed."""
     if name == _armed or name == os.environ.get(ENV):
         scope = _armed_scope or os.environ.get(SCOPE_ENV)
+        if scope and scope.startswith("worker") and not os.environ.get(WORKER_ENV):
+            return                      # not a cluster worker's task: nothing here to lose
         if scope and "@" in scope:
             scope, _, once = scope.partition("@")
             try:
-                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
                 return
+            os.write(fd, os.environ.get(WORKER_ENV, str(os.getpid())).encode())
+            os.close(fd)
         if scope == "stall":
             _stall(name)
             return
-        if scope in ("group", "engine"):
+        if scope in ("group", "engine", "worker"):
             kill_session(os.getsid(0))
         os._exit(EXIT_CODE)
 

@@ -33,6 +33,7 @@ from tests.table_env import isolated_runtime, read_topic
 
 EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "120000"))
 BATCHES = 6
+DRIVER_KILLS = ("batch.after_plan", "batch.after_merge", "batch.after_commit")
 TABLE = "payments_per_customer"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 
@@ -113,11 +114,11 @@ def test_worker_kills_mid_merge_lose_nothing_and_the_table_equals_a_recomputatio
 
     settings, _, s3_env = cluster
     rt, suffix = deployment
-    per_batch = str(EVENTS // BATCHES)
+    per_batch = str(EVENTS // (BATCHES + len(DRIVER_KILLS)))
     served, killed = set(), 0
     for batch in range(BATCHES):
         once = tmp_path / f"killed-{batch}"
-        fault = {} if batch % 2 else {faults.ENV: "commit.after_changelog", faults.SCOPE_ENV: f"group@{once}"}
+        fault = {} if batch % 2 else {faults.ENV: "commit.after_changelog", faults.SCOPE_ENV: f"worker@{once}"}
         done = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch, **fault)
         assert done.returncode == 0, done.stderr[-4000:]
         for found in re.findall(r"partitions served by (\{.*?\})", done.stderr):
@@ -131,6 +132,10 @@ def test_worker_kills_mid_merge_lose_nothing_and_the_table_equals_a_recomputatio
             spark_cluster.wait_healthy(settings)
     assert killed >= 3
     assert served == {"spark-worker-1", "spark-worker-2"}, served
+    for point in DRIVER_KILLS:              # the driver dies; the next one takes its batch over
+        died = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch,
+                    **{faults.ENV: point})
+        assert died.returncode == faults.EXIT_CODE, f"{point}: {died.returncode}\n{died.stderr[-3000:]}"
     final = _run(cluster, rt, "run", TABLE, "--until-caught-up", "--max-records-per-batch", per_batch)
     assert final.returncode == 0, final.stderr[-4000:]
 
@@ -227,3 +232,24 @@ def test_two_drivers_on_two_hosts_race_for_a_batch_one_commits_the_other_fails_n
             stalled.kill()
         for key in cluster[2]:
             os.environ.pop(key, None)
+
+
+def test_the_kill_worker_drill_loses_a_worker_mid_merge_and_the_restored_table_verifies(cluster, deployment):
+    from ops import failures
+
+    settings, remote, s3_env = cluster
+    rt, suffix = deployment
+    samples.produce(TABLE, rt.bootstrap, 3000, suffix=suffix)
+    restart = (f"env STATETABLE_STACK_DIR={settings.state_dir} STATETABLE_S3_PORT={settings.s3_port} "
+               f"STATETABLE_SPARK_MASTER_PORT={settings.master_port} {STATETABLE} stack restart-workers")
+    with _environ_kept():
+        os.environ.update({**_env(cluster, rt), failures.WORKER_RESTART_ENV: restart})
+        injected = failures.inject(TABLE, "kill_worker", rt)
+    assert injected.facts["killed_worker"] in ("spark-worker-1", "spark-worker-2"), injected
+    assert injected.facts["exit_code"] == 0
+    from deploy import spark_cluster
+
+    assert all(spark_cluster.worker_up(settings, i) for i in (1, 2))      # the deployment restarted it
+    checked = _run(cluster, rt, "verify", TABLE)
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert " 0 missing, 0 unexpected, 0 different" in checked.stdout
