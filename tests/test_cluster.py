@@ -31,7 +31,7 @@ from deploy import samples
 from state import faults
 from tests.table_env import isolated_runtime, read_topic
 
-EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "120000"))
+EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "60000"))
 BATCHES = 6
 DRIVER_KILLS = ("batch.after_plan", "batch.after_merge", "batch.after_commit")
 TABLE = "payments_per_customer"
