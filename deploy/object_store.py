@@ -91,6 +91,8 @@ def ensure_bucket(settings: StackSettings) -> None:
 
 def stop(settings: StackSettings) -> bool:
     was_running = process(settings).stop(timeout=10)
+    if not was_running:
+        return False        # the port may be another process's (a stack without a store never had it)
     wait_until(lambda: not port_in_use(settings.host, settings.s3_port), 15, interval=0.1,
                what=f"port {settings.s3_port} to be free after the S3 store stopped")
     return was_running
