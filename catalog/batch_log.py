@@ -117,7 +117,7 @@ class BatchPlan:
     definition: dict | None = None         # {"fingerprint", "meaning"} of the definition the batch applies
     joins: dict | None = None              # joined table -> {"batch", "file"}: its state the batch joins (see
                                            # MicroBatchRunner._pin_joins)
-    holder: dict | None = None             # the driver that planned it (see Holder)
+    holder: dict | None = None             # the driver that planned it (see this_driver)
 
     @property
     def record_count(self) -> int:
@@ -248,11 +248,6 @@ class BatchLog:
         self.store = _S3Store(location) if location.startswith("s3://") else _FolderStore(Path(location))
         self.location = self.store.location
 
-    @property
-    def folder(self) -> str:
-        """Where side files of the log go (joins' pinned state): a local folder or an s3:// prefix."""
-        return self.location
-
     def _ids(self, suffix: str) -> list[int]:
         return sorted(int(n.split(".")[0]) for n in self.store.names() if n.endswith(f".{suffix}.json"))
 
@@ -260,26 +255,29 @@ class BatchLog:
     def _encode(payload: dict) -> bytes:
         return json.dumps(payload, indent=1, sort_keys=True).encode()
 
+    def _create(self, entry: BatchPlan | BatchCommit, suffix: str, table: str, lost: str) -> None:
+        """Create `entry` as its batch's `suffix` entry, in this driver's name; if another driver
+        created it first, stop (BatchHeld) naming that driver."""
+        entry.holder = this_driver()
+        if not self.store.create(f"{entry.batch_id:012d}.{suffix}.json", self._encode(asdict(entry))):
+            theirs = self._read(entry.batch_id, suffix)
+            raise BatchHeld(table or entry.topic, entry.batch_id, theirs.get("holder") if theirs else None, lost,
+                            self.location)
+
     def write_plan(self, plan: BatchPlan, table: str = "") -> None:
-        """Create the plan; if another driver planned this batch first, stop (BatchHeld)."""
-        plan.holder = plan.holder or this_driver()
-        if not self.store.create(f"{plan.batch_id:012d}.plan.json", self._encode(asdict(plan))):
-            theirs = self.plan(plan.batch_id)
-            raise BatchHeld(table or plan.topic, plan.batch_id, theirs.holder if theirs else None,
-                            "was planned meanwhile", self.location)
+        self._create(plan, "plan", table, "was planned meanwhile")
 
     def write_commit(self, commit: BatchCommit, table: str = "") -> None:
-        """Create the commit; if another driver committed this batch first, stop (BatchHeld)."""
-        commit.holder = this_driver()
-        if not self.store.create(f"{commit.batch_id:012d}.commit.json", self._encode(asdict(commit))):
-            theirs = self.commit(commit.batch_id)
-            raise BatchHeld(table or commit.topic, commit.batch_id, theirs.holder if theirs else None,
-                            "was committed meanwhile", self.location)
+        self._create(commit, "commit", table, "was committed meanwhile")
 
-    def holder(self, batch_id: int) -> dict | None:
+    def _takeovers(self, batch_id: int) -> list[str]:
+        prefix = f"{batch_id:012d}.takeover-"
+        return sorted((n for n in self.store.names() if n.startswith(prefix)),
+                      key=lambda n: int(n[len(prefix):].split(".")[0]))
+
+    def holder(self, batch_id: int, takeovers: list[str] | None = None) -> dict | None:
         """The driver working on a planned batch: the newest takeover's, else the plan's."""
-        takeovers = sorted((n for n in self.store.names() if n.startswith(f"{batch_id:012d}.takeover-")),
-                           key=lambda n: int(n.split("-")[1].split(".")[0]))
+        takeovers = self._takeovers(batch_id) if takeovers is None else takeovers
         if takeovers:
             return json.loads(self.store.get(takeovers[-1]))
         plan = self.plan(batch_id)
@@ -288,14 +286,14 @@ class BatchLog:
     def take_over(self, plan: BatchPlan, table: str) -> None:
         """Claim an unfinished batch before finishing it. A live holder keeps it (BatchHeld); a dead
         one's batch goes to whichever driver creates the next takeover entry first."""
-        holder = self.holder(plan.batch_id)
+        takeovers = self._takeovers(plan.batch_id)
+        holder = self.holder(plan.batch_id, takeovers)
         if is_mine(holder):
             return
         if is_alive(holder):
             raise BatchHeld(table, plan.batch_id, holder, "is being run", self.location)
-        attempt = sum(1 for n in self.store.names() if n.startswith(f"{plan.batch_id:012d}.takeover-")) + 1
-        mine = this_driver()
-        if not self.store.create(f"{plan.batch_id:012d}.takeover-{attempt}.json", self._encode(mine)):
+        if not self.store.create(f"{plan.batch_id:012d}.takeover-{len(takeovers) + 1}.json",
+                                 self._encode(this_driver())):
             raise BatchHeld(table, plan.batch_id, self.holder(plan.batch_id), "was taken over meanwhile",
                             self.location)
 

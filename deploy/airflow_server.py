@@ -16,7 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from deploy.processes import ManagedProcess, require_free_ports, wait_until
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 from catalog.settings import PROJECT_ROOT, StackSettings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -149,14 +149,8 @@ def is_healthy(settings: StackSettings) -> bool:
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
-    def check() -> bool:
-        for component in COMPONENTS:
-            proc = process(settings, component)
-            if not proc.is_running():
-                raise RuntimeError(f"airflow {component} exited; last log lines:\n{proc.log_tail()}")
-        return is_healthy(settings)
-
-    wait_until(check, timeout, interval=1.0, what=f"airflow health at {settings.airflow_url}")
+    wait_ready([process(settings, c) for c in COMPONENTS], lambda: is_healthy(settings), timeout,
+               what=f"airflow health at {settings.airflow_url}", interval=1.0)
 
 
 def admin_password(settings: StackSettings) -> str:

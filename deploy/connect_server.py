@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 from catalog.priority import batch_niceness
-from catalog.settings import PROJECT_ROOT, StackSettings, adopt_cluster_env, connect_token
-from deploy.processes import ManagedProcess, port_in_use, require_free_ports, wait_until
+from catalog.settings import StackSettings, adopt_cluster_env, connect_token
+from deploy import spark_cluster
+from deploy.processes import ManagedProcess, require_free_ports, wait_port_free, wait_ready, write_private
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 VENV_BIN = Path(sys.executable).parent
@@ -34,17 +35,13 @@ def token(settings: StackSettings) -> str:
     existing = connect_token(settings)
     if existing:
         return existing
-    path, made = settings.connect_dir / ".token", secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)      # owner-only before the secret is in it
-    path.write_text(made)
+    made = secrets.token_urlsafe(32)
+    write_private(settings.connect_dir / ".token", made)
     return made
 
 
 def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
     from spark_jobs.session import spark_conf
-
-    from deploy import spark_cluster
 
     workers = spark_cluster.size(settings)
     if workers:
@@ -85,17 +82,7 @@ def command(settings: StackSettings, host: str | None = None) -> list[str]:
 
 
 def environment(settings: StackSettings, with_token: bool = True) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATETABLE_FAULT")}
-    if with_token:
-        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token(settings)
-    env.update({
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
-        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
-        "NO_PROXY": "*",
-    })
-    return env
+    return spark_cluster.spark_env(settings, {"SPARK_CONNECT_AUTHENTICATE_TOKEN": token(settings)} if with_token else {})
 
 
 def start(settings: StackSettings) -> None:
@@ -124,20 +111,13 @@ def is_healthy(settings: StackSettings) -> bool:
 def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
     from spark_jobs.session import answers
 
-    proc = process(settings)
-
-    def check() -> bool:
-        if not proc.is_running():
-            raise RuntimeError(f"the Spark Connect server exited; last log lines:\n{proc.log_tail()}")
-        return answers(settings.connect_url, timeout=1.0)
-
-    wait_until(check, timeout, interval=0.5, what=f"Spark Connect at {settings.connect_url}")
+    wait_ready([process(settings)], lambda: answers(settings.connect_url, timeout=1.0), timeout,
+               what=f"Spark Connect at {settings.connect_url}")
 
 
 def stop(settings: StackSettings) -> bool:
     """Stop the server by its pid; returns once its port is free again (a JVM lets go of its
     listening socket a moment after its process group is gone)."""
     was_running = process(settings).stop(timeout=20)
-    wait_until(lambda: not port_in_use(settings.host, settings.connect_port), 15, interval=0.1,
-               what=f"port {settings.connect_port} to be free after the Spark Connect server stopped")
+    wait_port_free(settings.host, settings.connect_port, "the Spark Connect server")
     return was_running

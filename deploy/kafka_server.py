@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from deploy import jars
-from deploy.processes import ManagedProcess, require_free_ports, wait_until
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 from catalog.settings import PROJECT_ROOT, StackSettings
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
@@ -111,11 +111,5 @@ def is_healthy(settings: StackSettings, timeout: float = 3.0) -> bool:
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 90.0) -> None:
-    proc = process(settings)
-
-    def check() -> bool:
-        if not proc.is_running():
-            raise RuntimeError(f"kafka exited; last log lines:\n{proc.log_tail()}")
-        return is_healthy(settings)
-
-    wait_until(check, timeout, what=f"kafka metadata at {settings.kafka_bootstrap}")
+    wait_ready([process(settings)], lambda: is_healthy(settings), timeout,
+               what=f"kafka metadata at {settings.kafka_bootstrap}")

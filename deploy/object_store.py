@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from catalog.settings import StackSettings
-from deploy.processes import ManagedProcess, port_in_use, require_free_ports, wait_until
+from deploy.processes import ManagedProcess, require_free_ports, wait_port_free, wait_ready, write_private
 
 BUCKET = "statetable"
 
@@ -33,9 +33,7 @@ def process(settings: StackSettings) -> ManagedProcess:
 def credentials(settings: StackSettings) -> dict[str, str]:
     path = settings.s3_dir / ".credentials"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps({"key": "ST" + secrets.token_hex(8).upper(), "secret": secrets.token_urlsafe(30)}))
+        write_private(path, json.dumps({"key": "ST" + secrets.token_hex(8).upper(), "secret": secrets.token_urlsafe(30)}))
     made = json.loads(path.read_text())
     return {"AWS_ACCESS_KEY_ID": made["key"], "AWS_SECRET_ACCESS_KEY": made["secret"]}
 
@@ -68,14 +66,8 @@ def is_healthy(settings: StackSettings) -> bool:
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 60.0) -> None:
-    proc = process(settings)
-
-    def check() -> bool:
-        if not proc.is_running():
-            raise RuntimeError(f"the S3 store exited; last log lines:\n{proc.log_tail()}")
-        return is_healthy(settings)
-
-    wait_until(check, timeout, interval=0.2, what=f"the S3 store at {settings.s3_url}")
+    wait_ready([process(settings)], lambda: is_healthy(settings), timeout, what=f"the S3 store at {settings.s3_url}",
+               interval=0.2)
     ensure_bucket(settings)
 
 
@@ -93,6 +85,5 @@ def stop(settings: StackSettings) -> bool:
     was_running = process(settings).stop(timeout=10)
     if not was_running:
         return False        # the port may be another process's (a stack without a store never had it)
-    wait_until(lambda: not port_in_use(settings.host, settings.s3_port), 15, interval=0.1,
-               what=f"port {settings.s3_port} to be free after the S3 store stopped")
-    return was_running
+    wait_port_free(settings.host, settings.s3_port, "the S3 store")
+    return True

@@ -141,6 +141,10 @@ def require_free_ports(what: str, host: str, *ports: int) -> None:
         )
 
 
+class ProcessExited(RuntimeError):
+    """A process the stack waits for died while starting: waiting longer cannot help."""
+
+
 def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -148,7 +152,33 @@ def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condit
         try:
             if check():
                 return
+        except ProcessExited:
+            raise
         except Exception as exc:  # health probes fail in many ways while a server starts
             last_error = exc
         time.sleep(interval)
     raise TimeoutError(f"{what} not reached within {timeout:.0f}s (last error: {last_error})")
+
+
+def wait_ready(procs: list[ManagedProcess], ready, timeout: float, what: str, interval: float = 0.5) -> None:
+    """Poll `ready` until it holds; fail at once, with its log's tail, when one of `procs` exits."""
+    def check() -> bool:
+        for proc in procs:
+            if not proc.is_running():
+                raise ProcessExited(f"{proc.name} exited; last log lines:\n{proc.log_tail()}")
+        return ready()
+
+    wait_until(check, timeout, interval=interval, what=what)
+
+
+def wait_port_free(host: str, port: int, what: str) -> None:
+    """A stopped JVM or server lets go of its listening socket a moment after its process is gone."""
+    wait_until(lambda: not port_in_use(host, port), 15, interval=0.1,
+               what=f"port {port} to be free after {what} stopped")
+
+
+def write_private(path: Path, text: str) -> None:
+    """A secret's file, readable by its owner only from before the secret is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(text)

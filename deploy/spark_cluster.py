@@ -17,7 +17,8 @@ from pathlib import Path
 from catalog.runtime import WORKER_STATE_ENV
 from catalog.settings import PROJECT_ROOT, StackSettings
 from deploy import object_store
-from deploy.processes import ManagedProcess, require_free_ports, wait_until
+from state import faults
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 
 VENV_BIN = Path(sys.executable).parent
 WORKER_MEMORY = os.environ.get("STATETABLE_SPARK_WORKER_MEMORY", "2g")
@@ -51,15 +52,20 @@ def size(settings: StackSettings) -> int:
         return 0
 
 
-def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
+def spark_env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a Spark JVM the stack starts (Connect server, master, worker): the venv's
+    Python and the checkout on its path for the Python workers, loopback only, no armed fault."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATETABLE_FAULT")}
     env.update({
         "SPARK_LOCAL_IP": settings.host, "PYSPARK_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
-        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "NO_PROXY": "*",
-        **object_store.client_env(settings), **extra,
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "NO_PROXY": "*", **extra,
     })
     return env
+
+
+def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
+    return spark_env(settings, {**object_store.client_env(settings), **extra})
 
 
 def start(settings: StackSettings, workers: int) -> None:
@@ -88,50 +94,46 @@ def start_worker(settings: StackSettings, index: int) -> None:
          "--host", settings.host, "--port", str(worker_port(settings, index)), "--webui-port", "0",
          "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(folder / "work")],
         env=_env(settings, {"SPARK_LOCAL_DIRS": str(folder / "tmp"), WORKER_STATE_ENV: str(folder / "state"),
-                            "STATETABLE_WORKER_NAME": proc.name}),
+                            faults.WORKER_ENV: proc.name}),
         cwd=folder)
 
 
-def alive_workers(settings: StackSettings) -> dict[int, str]:
-    """Worker port -> state, as the master sees them (ALIVE once registered)."""
+def _master_info(settings: StackSettings) -> dict | None:
+    """The master's own JSON status (its UI port), or None while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://{settings.host}:{master_ui_port(settings)}/json/", timeout=2) as r:
-            info = json.load(r)
+            return json.load(r)
     except OSError:
-        return {}
-    return {w["port"]: w["state"] for w in info.get("workers", []) if w.get("state") == "ALIVE"}
+        return None
 
 
-def worker_up(settings: StackSettings, index: int) -> bool:
-    return worker(settings, index).is_running() and worker_port(settings, index) in alive_workers(settings)
+def alive_workers(settings: StackSettings, info: dict | None = None) -> set[int]:
+    """Ports of the workers the master sees ALIVE (registered)."""
+    info = info if info is not None else _master_info(settings) or {}
+    return {w["port"] for w in info.get("workers", []) if w.get("state") == "ALIVE"}
+
+
+def worker_up(settings: StackSettings, index: int, alive: set[int] | None = None) -> bool:
+    alive = alive if alive is not None else alive_workers(settings)
+    return worker(settings, index).is_running() and worker_port(settings, index) in alive
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 90.0) -> None:
-    def check() -> bool:
-        for proc in [master(settings)] + [worker(settings, i) for i in range(1, size(settings) + 1)]:
-            if not proc.is_running():
-                raise RuntimeError(f"{proc.name} exited; last log lines:\n{proc.log_tail()}")
-        return all(worker_up(settings, i) for i in range(1, size(settings) + 1))
-
-    wait_until(check, timeout, interval=0.5, what=f"{size(settings)} Spark workers at {settings.master_url}")
+    n = size(settings)
+    wait_ready(processes(settings), lambda: len(alive_workers(settings) & {worker_port(settings, i)
+                                                                       for i in range(1, n + 1)}) == n,
+               timeout, what=f"{n} Spark workers at {settings.master_url}")
 
 
 def status_lines(settings: StackSettings) -> list[str]:
     n = size(settings)
     if not n:
         return []
-    master_up = master(settings).is_running() and bool(alive_workers(settings) or _answers(settings))
-    return [f"spark-master {settings.master_url} {'up' if master_up else 'down'}"] + [
+    info = _master_info(settings) if master(settings).is_running() else None
+    alive = alive_workers(settings, info or {})
+    return [f"spark-master {settings.master_url} {'up' if info is not None else 'down'}"] + [
         f"spark-worker-{i} spark://{settings.host}:{worker_port(settings, i)} "
-        f"{'up' if worker_up(settings, i) else 'down'}" for i in range(1, n + 1)]
-
-
-def _answers(settings: StackSettings) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{settings.host}:{master_ui_port(settings)}/json/", timeout=2):
-            return True
-    except OSError:
-        return False
+        f"{'up' if worker_up(settings, i, alive) else 'down'}" for i in range(1, n + 1)]
 
 
 def stop(settings: StackSettings) -> None:

@@ -6,13 +6,13 @@ that format, so keep it stable.
 """
 from __future__ import annotations
 
-import time
-
 import json
 import os
+import time
 
 from deploy import airflow_server, connect_server, kafka_server, object_store, spark_cluster
 from catalog.settings import StackSettings, cluster_env_file
+from deploy.processes import write_private
 
 
 def up(settings: StackSettings, workers: int = 0) -> None:
@@ -55,11 +55,7 @@ def _start_cluster(settings: StackSettings, workers: int, started: float) -> Non
     server, Airflow, this process's clients) gets the store's address through the environment."""
     object_store.start(settings)
     object_store.wait_healthy(settings)
-    env = object_store.client_env(settings)
-    path = cluster_env_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(env))
+    write_private(cluster_env_file(settings), json.dumps(object_store.client_env(settings)))
     print(f"s3 {settings.s3_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     spark_cluster.start(settings, workers)
     spark_cluster.wait_healthy(settings)

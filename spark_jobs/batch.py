@@ -105,11 +105,11 @@ def _compare_group(ctx, group):
 
     from spark_jobs.merge_task import partial_rows
 
-    spec, state_dir, examples, table, purged_at, *where = ctx
+    table, purged_at, compare = ctx
     partition = group.column("_sp")[0].as_py()
     keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
     expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
-    summary = _compare_partition((spec, state_dir, examples, *where), partition, expected)
+    summary = _compare_partition(compare, partition, expected)
     return pa.table({"summary": [json.dumps(summary, default=str)]})
 
 
@@ -117,7 +117,7 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     """One state partition against its recomputed rows, in the task that holds both."""
     from state.table import StateTable
 
-    spec, state_dir, examples, *where = ctx
+    spec, state_dir, examples, bootstrap, snapshot_uri, batch_id = ctx
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
 
@@ -129,10 +129,10 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
                 out["examples"].append({"key": list(key), "state": have, "recomputed": want})
 
     here = task_state_dir(state_dir)
-    st = StateTable(spec, here, **(dict(zip(("bootstrap", "snapshot_uri"), where[:2])) if where else {}))
+    st = StateTable(spec, here, bootstrap=bootstrap, snapshot_uri=snapshot_uri, create_topics=False)
     try:
-        if where and here != state_dir:
-            _bring_to(st, partition, where[2])
+        if here != state_dir:
+            _bring_to(st, partition, batch_id)
         if st.has_local_state(partition):
             part = st.open_readonly(partition)
             try:
@@ -212,8 +212,9 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
 
     partials, purged_at = recomputed(spark, table, tables, rt)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    ctx = (registry.spec_of(table, rt), str(rt.state_dir), examples, table, purged_at, rt.bootstrap, rt.snapshot_uri,
-           last.batch_id if last else None)
+    compare = (registry.spec_of(table, rt), str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri,
+               last.batch_id if last else None)
+    ctx = (table, purged_at, compare)
     rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
     summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
                                     f"verify {name}: compare")

@@ -173,7 +173,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             lap("mirror_changes")
         summary["delta_keys"] = len(last)
         summary["ms"] = ms
-        summary["worker"] = os.environ.get("STATETABLE_WORKER_NAME") or socket.gethostname()
+        summary["worker"] = os.environ.get(faults.WORKER_ENV) or socket.gethostname()
         summary["hydrated"] = hydrated
     finally:
         table.close()

@@ -112,7 +112,7 @@ class MicroBatchRunner:
             return
         written = sum(high for _, high in watermarks(self.rt.bootstrap, self.spec.changelog_topic).values())
         if written:
-            raise BatchLogLost(self.table.name, self.log.folder, self.spec.changelog_topic, written,
+            raise BatchLogLost(self.table.name, self.log.location, self.spec.changelog_topic, written,
                                self.rt.namespace)
 
     # ------------------------------------------------------------------ plan
@@ -161,7 +161,7 @@ class MicroBatchRunner:
 
         from catalog.runtime import arrow_filesystem
 
-        folder = f"{self.log.folder}/joins"
+        folder = f"{self.log.location}/joins"
         fs, root = arrow_filesystem(folder)
         pins = {}
         for name in sorted({join.table for join in self.table.joins}):
@@ -557,7 +557,7 @@ class MicroBatchRunner:
     def _reference(self, other: TableDefinition, pins: dict | None):
         """A joined table's rows: the batch's pinned file, or (no pin) its committed state now."""
         if pins is not None:
-            return self.spark.read.parquet(spark_path(f"{self.log.folder}/joins/{pins[other.name]['file']}"))
+            return self.spark.read.parquet(spark_path(f"{self.log.location}/joins/{pins[other.name]['file']}"))
         return self.spark.createDataFrame(_typed_rows(other, mirror.committed_rows(self.rt, other.name)[1]))
 
     def _joined(self, events, counts: dict | None = None):
