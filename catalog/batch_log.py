@@ -18,6 +18,7 @@ table's local file lock only saves a second driver on the same host the trip.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -197,18 +198,28 @@ class _FolderStore:
         return [p.name for p in self.folder.iterdir() if not p.name.startswith(".")]
 
 
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint: str | None, key: str | None):
+    """One client per store and identity in a process: a BatchLog is made per call, and a new
+    client reads its configuration anew and logs where it found the endpoint, every time."""
+    import logging
+
+    import boto3
+
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    return boto3.client("s3")
+
+
 class _S3Store:
     """Entries as objects; the conditional create is a PUT with If-None-Match: *, which S3 (and
     S3-compatible stores that implement it) refuses with 412 when the key exists. The endpoint
     and credentials come from the AWS_* environment, as for every other S3 client here."""
 
     def __init__(self, uri: str) -> None:
-        import boto3
-
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.bucket, self.prefix = bucket, prefix.strip("/") + "/"
         self.location = uri
-        self.client = boto3.client("s3")
+        self.client = _s3_client(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ACCESS_KEY_ID"))
 
     def put(self, name: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)

@@ -22,6 +22,12 @@ def _stack(args) -> int:
         stack.restart_engine(cfg)
     elif args.action == "restart-workers":
         stack.restart_workers(cfg)
+    elif args.action == "kill-engine":
+        stack.kill_engine(cfg)
+    elif args.action == "wipe-workers":
+        if not args.table:
+            raise SystemExit("stack wipe-workers: name the table whose worker state to wipe (--table NAME)")
+        stack.wipe_workers(cfg, args.table)
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
@@ -214,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
     p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine",
-                                          "restart-workers"])
+                                          "restart-workers", "kill-engine", "wipe-workers"],
+                   help="kill-engine and wipe-workers are failure drills' deployment commands")
+    p.add_argument("--table", help="wipe-workers: the table whose local state every worker loses")
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
                         "and point the Spark Connect server at them (default 0: local[*] on one disk)")

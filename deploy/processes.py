@@ -82,6 +82,19 @@ class ManagedProcess:
         self.pid_file.unlink(missing_ok=True)
         return True
 
+    def kill(self, timeout: float = 30.0) -> bool:
+        """SIGKILL the process's whole session at once, as a crash would (a failure drill): the
+        process led a session of its own, so its Python daemon's workers, outside its process
+        group, go too. True if it was running."""
+        from state.faults import kill_session
+
+        pid = self.pid()
+        if pid is None:
+            return False
+        kill_session(pid)
+        wait_until(lambda: self.pid() is None, timeout, 0.05, f"{self.name} (pid {pid}) to die")
+        return True
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])

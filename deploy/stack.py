@@ -101,6 +101,35 @@ def restart_engine(settings: StackSettings) -> float:
     return seconds
 
 
+def kill_engine(settings: StackSettings) -> None:
+    """SIGKILL the Spark Connect server with every process of its session (the `kill_engine`
+    drill; `restart-engine` starts it again)."""
+    proc = connect_server.process(settings)
+    if not proc.kill():
+        raise SystemExit(f"the local stack's Spark Connect server is not running (pid file {proc.pid_file}): "
+                         f"there is no engine here to kill; start the stack with `statetable stack up`")
+    print(f"spark-connect {settings.connect_url} killed", flush=True)
+
+
+def wipe_workers(settings: StackSettings, table: str) -> list[str]:
+    """Delete `table`'s local state on every worker of the stack's cluster (the `wipe_local_store`
+    drill on a cluster: every worker loses its disk); the folders deleted."""
+    import shutil
+
+    workers = spark_cluster.size(settings)
+    if not workers:
+        raise SystemExit("the local stack runs no Spark cluster, so no worker has state to wipe; start one with "
+                         "`statetable stack up --workers 2`")
+    wiped = []
+    for index in range(1, workers + 1):
+        folder = spark_cluster.worker_dir(settings, index) / "state" / table
+        if folder.exists():
+            shutil.rmtree(folder)
+            wiped.append(str(folder))
+    print(f"{table}: local state wiped on {workers} workers ({len(wiped)} held a copy)", flush=True)
+    return wiped
+
+
 def restart_workers(settings: StackSettings) -> float:
     """Start every dead worker of the stack's cluster again (the `kill_worker` drill, or a crash);
     seconds until all are registered with the master."""

@@ -33,14 +33,15 @@ log = logging.getLogger("statetable.failures")
 FAILURES = {
     "none": "nothing: verify the table as it is",
     "kill_mid_batch": "SIGKILL a micro-batch's process tree after partition 0 committed, others maybe not",
-    "wipe_local_store": "delete every local RocksDB partition (a lost disk or a new machine)",
+    "wipe_local_store": "delete every local RocksDB partition (a lost disk or a new machine; on a cluster, "
+                        "every worker's copy too)",
     "corrupt_latest_snapshot": "flip a byte in the newest snapshot of every partition (in a scratch copy of the "
                                "snapshot store), then lose the local store",
     "lose_all_snapshots": "delete every snapshot (in a scratch copy of the snapshot store), then lose the local "
                           "store (restore from the changelog alone)",
     "broker_restart": "stop and restart the Kafka broker, then lose the local store (the changelog must survive)",
-    "kill_engine": "SIGKILL the Spark Connect server (and its Python workers) mid-batch, after partition 0 "
-                   "committed; the deployment starts it again and the next run finishes the batch",
+    "kill_engine": "SIGKILL the Spark Connect server (and its Python workers) mid-batch, while a merge task holds "
+                   "after partition 0 committed; the deployment starts it again and the next run finishes the batch",
     "kill_worker": "SIGKILL one Spark worker (its JVM, executor and Python workers) in the middle of a merge task, "
                    "after the partition's changelog commit; Spark reruns the task on another worker, and the "
                    "deployment starts the worker again",
@@ -48,8 +49,11 @@ FAILURES = {
 KILL_POINT = "batch.mid_merge"
 BROKER_RESTART_ENV = "STATETABLE_BROKER_RESTART"
 ENGINE_RESTART_ENV = "STATETABLE_ENGINE_RESTART"
+ENGINE_KILL_ENV = "STATETABLE_ENGINE_KILL"
 WORKER_RESTART_ENV = "STATETABLE_WORKER_RESTART"
+WORKER_WIPE_ENV = "STATETABLE_WORKER_WIPE"
 WORKER_KILL_POINT = "commit.after_changelog"
+CLIENT_GRACE_SECONDS = 10.0
 SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 
 
@@ -101,31 +105,25 @@ def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
     return injected
 
 
-def _kill_mid_batch(name: str, rt: Runtime, facts: dict, scope: str = "group") -> str:
-    """A batch run in a child process dies at KILL_POINT with its process group (`scope` group);
-    with scope `engine` a merge task SIGKILLs the Spark Connect server it runs in instead."""
-    from spark_jobs.offsets import lag
-
-    batch_log = BatchLog(rt.batch_dir(name))
-    if batch_log.pending_plan() is None and lag(name, rt) == 0:
-        raise NothingToInject(f"table {name!r} has no unread input, so there is no batch to kill; "
-                              f"produce events to its topic first")
-    env = {**os.environ, **rt.as_env(), faults.ENV: KILL_POINT, faults.SCOPE_ENV: scope}
-    child = subprocess.run([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
-                            "--no-snapshot"], env=env, start_new_session=True, capture_output=True, text=True)
-    facts["exit_code"] = child.returncode
+def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
+    """A batch run in a child process dies at KILL_POINT with its process group."""
+    batch_log = _require_input(name, rt, "there is no batch to kill")
+    code, stderr = _OneBatch(name, rt, KILL_POINT, "group", once=False).finish()
+    facts["exit_code"] = code
     pending = batch_log.pending_plan()
-    if child.returncode == 0 or pending is None:
+    if code == 0 or pending is None:
         raise RuntimeError(f"table {name!r}: the batch was meant to die at {KILL_POINT} but exited "
-                           f"{child.returncode} with pending plan {pending}; stderr tail:\n{child.stderr[-2000:]}")
+                           f"{code} with pending plan {pending}; stderr tail:\n{stderr}")
     facts["killed_batch"] = pending.batch_id
-    return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {child.returncode})"
+    return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {code})"
 
 
 def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
-    """SIGKILL the Spark Connect server mid-batch (a merge task kills the server's process group),
-    then have the deployment start it again (STATETABLE_ENGINE_RESTART, by default the local
-    stack's `statetable stack restart-engine`)."""
+    """The first merge task to reach KILL_POINT holds there (fault scope `hold`) while the
+    deployment SIGKILLs the Spark Connect server with its whole process session
+    (STATETABLE_ENGINE_KILL, by default the local stack's `statetable stack kill-engine`), then
+    starts it again (STATETABLE_ENGINE_RESTART, `statetable stack restart-engine`). The kill comes
+    from outside: on a cluster the task runs on a worker, far from the server's processes."""
     from spark_jobs.session import answers, engine
 
     url, why = engine()
@@ -133,54 +131,113 @@ def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
         raise NothingToInject(f"table {name!r}: jobs run in a local Spark session here ({why}), so there is no "
                               f"Spark Connect server to kill; start one (`statetable stack up`)")
     address = url.split(";")[0]
-    detail = _kill_mid_batch(name, rt, facts, scope="engine")
-    facts["engine_was_down"] = not answers(url)
-    if not facts["engine_was_down"]:
-        raise RuntimeError(f"table {name!r}: the batch died but the Spark Connect server at {address} still "
-                           f"answers; the kill did not reach the engine")
+    batch_log = _require_input(name, rt, "there is no batch to kill")
+    child = _OneBatch(name, rt, KILL_POINT, "hold")
+    try:
+        if not child.reached():
+            code, stderr = child.finish()
+            raise RuntimeError(f"table {name!r}: the batch exited {code} before a merge task reached {KILL_POINT}; "
+                               f"stderr tail:\n{stderr}")
+        killed = _run_deployment_command("kill_engine", ENGINE_KILL_ENV, "kill-engine", "Spark Connect server")
+        # The client retries a server that is gone with a growing backoff; its batch is lost
+        # either way, so it gets a while to fail on its own, then dies as a timed-out task would.
+        code, stderr = child.finish(timeout=CLIENT_GRACE_SECONDS)
+    finally:
+        child.abandon()
+    facts["exit_code"], facts["engine_was_down"] = code, not answers(url)
+    pending = batch_log.pending_plan()
+    if code == 0 or pending is None or not facts["engine_was_down"]:
+        raise RuntimeError(f"table {name!r}: after `{killed[1]}` the batch exited {code} with pending plan "
+                           f"{pending}, and the server at {address} {'still' if answers(url) else 'no longer'} "
+                           f"answers; stderr tail:\n{stderr}")
+    facts["killed_batch"] = pending.batch_id
     restart = _run_deployment_command("kill_engine", ENGINE_RESTART_ENV, "restart-engine", "Spark Connect server")
     facts["engine_restart_seconds"] = restart[0]
-    return f"{detail}; Spark Connect server {address} killed with it, started again in {restart[0]}s " \
-           f"by `{restart[1]}`"
+    return f"batch {pending.batch_id} held at {KILL_POINT} while Spark Connect server {address} was SIGKILLed " \
+           f"by `{killed[1]}` (the batch exited {code}); started again in {restart[0]}s by `{restart[1]}`"
 
 
 def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
     """A batch's first merge task to reach WORKER_KILL_POINT SIGKILLs its worker's whole process
-    session (fault scope `group@FILE`: one task fires, the others pass). The batch must still
+    session (fault scope `worker@FILE`: one task fires, the others pass). The batch must still
     commit: Spark reruns the lost tasks on the workers left, which restore the partition from
     the store and find the batch in the changelog. Then the deployment restarts the worker
     (STATETABLE_WORKER_RESTART, by default the local stack's `statetable stack restart-workers`)."""
-    import tempfile
-
-    from spark_jobs.offsets import lag
     from spark_jobs.session import engine
 
     url, why = engine()
     if url is None:
         raise NothingToInject(f"table {name!r}: jobs run in a local Spark session here ({why}), so there is no "
                               f"Spark worker to kill; start a cluster (`statetable stack up --workers 2`)")
-    if lag(name, rt) == 0:
-        raise NothingToInject(f"table {name!r} has no unread input, so no merge runs to kill a worker in; "
-                              f"produce events to its topic first")
-    once = Path(tempfile.mkdtemp(prefix="statetable-kill-worker-")) / "fired"
-    env = {**os.environ, **rt.as_env(), faults.ENV: WORKER_KILL_POINT, faults.SCOPE_ENV: f"worker@{once}"}
-    child = subprocess.run([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
-                            "--no-snapshot"], env=env, start_new_session=True, capture_output=True, text=True)
-    facts["exit_code"] = child.returncode
-    if not once.exists():
+    _require_input(name, rt, "no merge runs to kill a worker in")
+    child = _OneBatch(name, rt, WORKER_KILL_POINT, "worker")
+    code, stderr = child.finish()
+    facts["exit_code"] = code
+    if not child.once.exists():
         raise NothingToInject(f"table {name!r}: no merge task of a cluster worker reached {WORKER_KILL_POINT} "
-                              f"(exit {child.returncode}): the Spark Connect server {url.split(';')[0]} runs "
-                              f"local[*], with no worker to lose; start a cluster (`statetable stack up "
-                              f"--workers 2`). stderr tail:\n{child.stderr[-1000:]}")
-    facts["killed_worker"] = once.read_text() or "?"
-    if child.returncode != 0:
-        raise RuntimeError(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit "
-                           f"{child.returncode}); Spark should have rerun its task elsewhere; stderr tail:\n"
-                           f"{child.stderr[-2000:]}")
+                              f"(exit {code}): the Spark Connect server {url.split(';')[0]} runs local[*], with no "
+                              f"worker to lose; start a cluster (`statetable stack up --workers 2`). stderr tail:\n"
+                              f"{stderr[-1000:]}")
+    facts["killed_worker"] = child.once.read_text() or "?"
+    if code != 0:
+        raise RuntimeError(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit {code}); "
+                           f"Spark should have rerun its task elsewhere; stderr tail:\n{stderr}")
     restart = _run_deployment_command("kill_worker", WORKER_RESTART_ENV, "restart-workers", "Spark workers")
     facts["worker_restart_seconds"] = restart[0]
     return f"{facts['killed_worker']} SIGKILLed at {WORKER_KILL_POINT} mid-merge; the batch committed on the " \
            f"workers left; the worker started again in {restart[0]}s by `{restart[1]}`"
+
+
+def _require_input(name: str, rt: Runtime, why: str) -> BatchLog:
+    from spark_jobs.offsets import lag
+
+    batch_log = BatchLog(rt.batch_dir(name))
+    if batch_log.pending_plan() is None and lag(name, rt) == 0:
+        raise NothingToInject(f"table {name!r} has no unread input, so {why}; produce events to its topic first")
+    return batch_log
+
+
+class _OneBatch:
+    """One micro-batch in a child process (its own session) with a fault point armed, with `once`
+    for the first process to reach it only (`scope@FILE`; without, a task Spark retries dies
+    again each time); stderr goes to a file, so a child left waiting never blocks on a full pipe."""
+
+    def __init__(self, name: str, rt: Runtime, point: str, scope: str, once: bool = True):
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix=f"statetable-drill-{name}-"))
+        self.once, self.err = folder / "fired", open(folder / "stderr", "w+")
+        env = {**os.environ, **rt.as_env(), faults.ENV: point,
+               faults.SCOPE_ENV: f"{scope}@{self.once}" if once else scope}
+        self.proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
+                                      "--no-snapshot"], env=env, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=self.err, text=True)
+
+    def reached(self, timeout: float = 600) -> bool:
+        """Wait until a process reached the point (True) or the batch ended first (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.once.exists() and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.once.exists()
+
+    def finish(self, timeout: float = 900) -> tuple[int, str]:
+        """(exit code, stderr tail); a child still running after `timeout` is killed (-9)."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.abandon()
+            code = self.proc.returncode
+        finally:
+            self.abandon()
+        with open(self.err.name) as err:
+            return code, err.read()[-2000:]
+
+    def abandon(self) -> None:
+        if self.proc.poll() is None:
+            faults.kill_session(self.proc.pid)
+            self.proc.wait(timeout=60)
+        self.err.close()
+
 
 
 def _wipe(name: str, table, rt: Runtime) -> str:
@@ -190,7 +247,19 @@ def _wipe(name: str, table, rt: Runtime) -> str:
             st.wipe_local()
         finally:
             st.close()
-    return f"local store of {table.partitions} partitions deleted"
+    return f"local store of {table.partitions} partitions deleted" + _wipe_workers(name)
+
+
+def _wipe_workers(name: str) -> str:
+    """On a cluster every worker keeps its own copy: the drill's lost disks are theirs too. The
+    deployment's command STATETABLE_WORKER_WIPE (the table's name appended) deletes them, by
+    default the local stack's `statetable stack wipe-workers --table` when it runs a cluster."""
+    from catalog import settings
+
+    if not os.environ.get(WORKER_WIPE_ENV) and not settings.cluster_env_file(settings.load()).exists():
+        return ""
+    _, command = _run_deployment_command("wipe_local_store", WORKER_WIPE_ENV, "wipe-workers", "Spark workers", name)
+    return f", and on every Spark worker by `{command}`"
 
 
 def scratch_uri(rt: Runtime) -> str:
@@ -243,10 +312,13 @@ def _restart_broker(facts: dict) -> str:
     return f"broker restarted in {seconds}s by `{command}`"
 
 
-def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: str) -> tuple[float, str]:
-    """Run the deployment's command in `env_name` (default: `statetable stack <stack_action>`);
-    (seconds it took, the command)."""
-    command = shlex.split(os.environ.get(env_name, "")) or [sys.executable, "-m", "deploy.cli", "stack", stack_action]
+def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: str,
+                            table: str | None = None) -> tuple[float, str]:
+    """Run the deployment's command in `env_name` (default: `statetable stack <stack_action>`),
+    with `table`, if given, as its last argument; (seconds it took, the command)."""
+    own = shlex.split(os.environ.get(env_name, ""))
+    command = own or [sys.executable, "-m", "deploy.cli", "stack", stack_action] + (["--table"] if table else [])
+    command += [table] if table else []
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     if done.returncode != 0:

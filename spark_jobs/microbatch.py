@@ -743,14 +743,14 @@ class MicroBatchRunner:
 
         from state.kafka_admin import group_committer
 
-        group_committer(self.rt.bootstrap, f"statetable.{self.table.name}").commit(
+        group_committer(self.rt.bootstrap, f"{self.rt.namespace}statetable.{self.table.name}").commit(
             offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()], asynchronous=False)
 
 
 def task_faults(spark) -> tuple[str | None, str | None]:
     """The fault point a job's tasks arm (state.faults.armed): workers of a Spark Connect server
     never saw the client's environment, and reused workers must forget an earlier job's point.
-    On a shared server a task dies alone (scope group), or takes the server with it (engine)."""
+    On a shared server a task dies alone (scope group): the server is not the job's to kill."""
     from spark_jobs.session import is_connect
 
     point, scope = faults.armed()

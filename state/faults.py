@@ -8,7 +8,7 @@ instead, so a fault inside a Spark task takes down the driver, its JVM and
 the PySpark daemon too (they share a session; the daemon's workers do not
 share a process group). A task on a Spark Connect server shares the server's
 session, not the client's: there `group` kills the task alone (its failed job
-fails the client's run), and `engine` kills the whole server.
+fails the client's run).
 
 Scope `worker` kills the session of a cluster worker's task (the worker's JVM,
 executor and Python workers) and passes anywhere else. A scope may end in
@@ -17,7 +17,10 @@ there, and every other one passes (one worker lost in a batch, not all).
 
 Scope `stall` does not kill: the process stops at the point, alive, until the
 file STATETABLE_FAULT_RELEASE exists (a driver paused by GC or a slow disk,
-while another driver comes for the same batch).
+while another driver comes for the same batch). Scope `hold` stops there until
+something else kills it (a drill that SIGKILLs the engine while a task is mid-merge,
+wherever that task runs); it never goes on: it exits when its parent dies, or after
+HOLD_LIMIT seconds.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ SCOPE_ENV = "STATETABLE_FAULT_SCOPE"
 RELEASE_ENV = "STATETABLE_FAULT_RELEASE"
 WORKER_ENV = "STATETABLE_WORKER_NAME"      # set by a cluster worker (deploy/spark_cluster.py)
 EXIT_CODE = 137
+HOLD_LIMIT = 600.0
 
 STATE_POINTS = {
     "commit.before_changelog": "changes computed, nothing published",
@@ -97,7 +101,9 @@ def point(name: str) -> None:
         if scope == "stall":
             _stall(name)
             return
-        if scope in ("group", "engine", "worker"):
+        if scope == "hold":
+            _hold()
+        if scope in ("group", "worker"):
             kill_session(os.getsid(0))
         os._exit(EXIT_CODE)
 
@@ -110,6 +116,14 @@ def _stall(name: str, limit: float = 300.0) -> None:
         raise ValueError(f"{SCOPE_ENV}=stall at {name} needs {RELEASE_ENV}: the file whose creation releases it")
     ends = time.monotonic() + limit
     while not os.path.exists(release) and time.monotonic() < ends:
+        time.sleep(0.1)
+
+
+def _hold() -> None:
+    import time
+
+    parent, ends = os.getppid(), time.monotonic() + HOLD_LIMIT
+    while os.getppid() == parent and time.monotonic() < ends:
         time.sleep(0.1)
 
 

@@ -32,7 +32,7 @@ from state import faults
 from tests.table_env import isolated_runtime, read_topic
 
 EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "60000"))
-BATCHES = 6
+BATCHES = 3                 # each loses a worker mid-merge
 DRIVER_KILLS = ("batch.after_plan", "batch.after_merge", "batch.after_commit")
 TABLE = "payments_per_customer"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
@@ -115,22 +115,19 @@ def test_worker_kills_mid_merge_lose_nothing_and_the_table_equals_a_recomputatio
     settings, _, s3_env = cluster
     rt, suffix = deployment
     per_batch = str(EVENTS // (BATCHES + len(DRIVER_KILLS)))
-    served, killed = set(), 0
+    served = set()
     for batch in range(BATCHES):
         once = tmp_path / f"killed-{batch}"
-        fault = {} if batch % 2 else {faults.ENV: "commit.after_changelog", faults.SCOPE_ENV: f"worker@{once}"}
+        fault = {faults.ENV: "commit.after_changelog", faults.SCOPE_ENV: f"worker@{once}"}
         done = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch, **fault)
         assert done.returncode == 0, done.stderr[-4000:]
         for found in re.findall(r"partitions served by (\{.*?\})", done.stderr):
             served |= set(json.loads(found))
-        if fault:
-            assert once.exists(), "no merge task reached the fault point"
-            killed += 1
-            dead = [i for i in (1, 2) if not spark_cluster.worker(settings, i).is_running()]
-            assert len(dead) == 1, f"one worker should have died, not {dead}"
-            spark_cluster.start_worker(settings, dead[0])         # the stack brings it back
-            spark_cluster.wait_healthy(settings)
-    assert killed >= 3
+        assert once.exists(), "no merge task reached the fault point"
+        dead = [i for i in (1, 2) if not spark_cluster.worker(settings, i).is_running()]
+        assert len(dead) == 1, f"one worker should have died, not {dead}"
+        spark_cluster.start_worker(settings, dead[0])         # the stack brings it back
+        spark_cluster.wait_healthy(settings)
     assert served == {"spark-worker-1", "spark-worker-2"}, served
     for point in DRIVER_KILLS:              # the driver dies; the next one takes its batch over
         died = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch,
@@ -234,22 +231,116 @@ def test_two_drivers_on_two_hosts_race_for_a_batch_one_commits_the_other_fails_n
             os.environ.pop(key, None)
 
 
-def test_the_kill_worker_drill_loses_a_worker_mid_merge_and_the_restored_table_verifies(cluster, deployment):
+# ------------------------------------------------------------------ restore-verify through Airflow
+MOVIES = "movie_tickets_sold"
+
+
+@pytest.fixture(scope="module")
+def cluster_airflow(cluster, kafka, stack_settings_):
+    """The Airflow of `stack up --workers 2`: tasks on the cluster's Spark Connect server, tables in
+    its store. The session's Airflow runs the same tables on the same broker, so this one has a
+    namespace of its own (changelogs, dead letters, consumer groups)."""
+    from deploy import airflow_server
+    from deploy.airflow_api import AirflowApi
     from ops import failures
 
-    settings, remote, s3_env = cluster
-    rt, suffix = deployment
-    samples.produce(TABLE, rt.bootstrap, 3000, suffix=suffix)
-    restart = (f"env STATETABLE_STACK_DIR={settings.state_dir} STATETABLE_S3_PORT={settings.s3_port} "
-               f"STATETABLE_SPARK_MASTER_PORT={settings.master_port} {STATETABLE} stack restart-workers")
+    settings, _, s3_env = cluster
+    settings = replace(settings, airflow_port=stack_settings_.airflow_port + 1)
+    env = {**s3_env, "STATETABLE_STACK_DIR": str(settings.state_dir), "STATETABLE_NAMESPACE": "cluster-",
+           "STATETABLE_SPARK_CONNECT_PORT": str(settings.connect_port), "STATETABLE_S3_PORT": str(settings.s3_port),
+           "STATETABLE_AIRFLOW_PORT": str(settings.airflow_port),
+           failures.BROKER_RESTART_ENV: f"env STATETABLE_STACK_DIR={stack_settings_.state_dir} {STATETABLE} "
+                                        f"stack restart-broker"}
     with _environ_kept():
-        os.environ.update({**_env(cluster, rt), failures.WORKER_RESTART_ENV: restart})
-        injected = failures.inject(TABLE, "kill_worker", rt)
-    assert injected.facts["killed_worker"] in ("spark-worker-1", "spark-worker-2"), injected
-    assert injected.facts["exit_code"] == 0
-    from deploy import spark_cluster
+        os.environ.update(env)
+        airflow_server.start(settings)
+        try:
+            airflow_server.wait_healthy(settings)
+            yield settings, AirflowApi(settings), Runtime.from_env()
+        finally:
+            airflow_server.stop(settings)
 
-    assert all(spark_cluster.worker_up(settings, i) for i in (1, 2))      # the deployment restarted it
-    checked = _run(cluster, rt, "verify", TABLE)
-    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
-    assert " 0 missing, 0 unexpected, 0 different" in checked.stdout
+
+def _dag_run(api, dag_id: str, conf: dict | None = None) -> tuple[str, dict, dict]:
+    api.wait_for_dag(dag_id)
+    run_id = api.trigger(dag_id, conf)
+    return run_id, api.wait_run(dag_id, run_id, timeout=900), api.task_states(dag_id, run_id)
+
+
+def _expected_movies(bootstrap: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for message in read_topic(bootstrap, "movie_ticket_sales"):
+        record = json.loads(message.value())
+        if record.get("ticket_total_value") is not None:
+            counts[record["title"]] = counts.get(record["title"], 0) + 1
+    return counts
+
+
+DRILLS = ["none", "kill_worker", "kill_mid_batch", "kill_engine", "wipe_local_store", "corrupt_latest_snapshot",
+          "lose_all_snapshots", "broker_restart"]       # "none" first: it runs the table's first batches
+
+
+@pytest.mark.parametrize("failure", DRILLS)
+def test_restore_verify_passes_every_failure_on_the_cluster(cluster, cluster_airflow, kafka, failure):
+    from deploy import spark_cluster
+    from ops import failures, status
+
+    settings, api, rt = cluster_airflow
+    assert set(DRILLS) == set(failures.FAILURES)
+    if failure == "none":       # the table's first batches, on the cluster
+        samples.produce(MOVIES, kafka, 3000)
+        _, run, states = _dag_run(api, f"{MOVIES}__incremental")
+        assert run["state"] == "success", states
+    if failure in ("kill_worker", "kill_mid_batch", "kill_engine"):
+        samples.produce(MOVIES, kafka, 3000)          # a batch to kill
+    run_id, run, states = _dag_run(api, f"{MOVIES}__restore_verify", {"failure": failure})
+    assert run["state"] == "success", (states, api.task_log(f"{MOVIES}__restore_verify", run_id, "inject_failure")
+                                       [-3000:], api.task_log(f"{MOVIES}__restore_verify", run_id, "verify")[-3000:])
+    with _environ_kept():
+        os.environ.update(cluster[2])
+        record = status.verify_history(rt, MOVIES, limit=1)[0]
+    assert record["run_id"] == run_id and record["failure"] == failure and record["ok"] is True, record
+    assert record["differences"] == 0 and record["keys_compared"] == len(_expected_movies(kafka))
+    facts = record["injected"]["facts"]
+    if failure == "kill_worker":
+        assert facts["killed_worker"] in ("spark-worker-1", "spark-worker-2") and facts["exit_code"] == 0
+        assert all(spark_cluster.worker_up(settings, i) for i in (1, 2))      # the deployment restarted it
+    if failure in ("kill_mid_batch", "kill_engine"):
+        assert facts["exit_code"] != 0 and facts["killed_batch"] >= 0
+    if failure == "kill_engine":
+        assert facts["engine_was_down"] is True and facts["engine_restart_seconds"] > 0
+    if failure in ("wipe_local_store", "corrupt_latest_snapshot", "lose_all_snapshots", "broker_restart"):
+        assert "and on every Spark worker by" in record["injected"]["detail"], record["injected"]
+    if failure == "corrupt_latest_snapshot":
+        assert record["corrupt_snapshots"] == 4
+
+
+def test_a_rebuild_on_the_cluster_recomputes_from_bronze_in_the_store(cluster_airflow):
+    _, api, rt = cluster_airflow
+    run_id, run, states = _dag_run(api, f"{MOVIES}__rebuild")
+    assert run["state"] == "success", (states, api.task_log(f"{MOVIES}__rebuild", run_id, "rebuild")[-3000:])
+    log = api.task_log(f"{MOVIES}__rebuild", run_id, "rebuild")
+    assert re.search(r"rebuild movie_tickets_sold: batch \d+, \d+ keys", log), log[-2000:]
+    _, run, states = _dag_run(api, f"{MOVIES}__restore_verify", {"failure": "none"})
+    assert run["state"] == "success", states
+
+
+def test_after_the_drills_the_cluster_table_restores_to_an_independent_recomputation(cluster, cluster_airflow,
+                                                                                   kafka, tmp_path):
+    from spark_jobs import jobs
+
+    _, _, rt = cluster_airflow
+    with _environ_kept():
+        os.environ.update(cluster[2])
+        reader = replace(rt, data_dir=tmp_path / "reader")
+        table, _ = jobs.load_table(MOVIES, reader)
+        st = jobs.state_table(table, reader)
+        try:
+            last = BatchLog(rt.batch_dir(MOVIES)).last_commit()
+            for p in range(table.partitions):
+                report = st.restore(p)
+                assert (report.applied_batch, format(report.digest, "016x")) == (last.batch_id, last.digests[p])
+        finally:
+            st.close()
+        state = {k[0]: v[0] for k, v in jobs.state_rows(MOVIES, reader).items()}
+    assert state == _expected_movies(kafka)
