@@ -7,21 +7,25 @@
 
 Each mode runs its batches one at a time from this process (a Connect client, as an Airflow
 task is) and prints, as JSON:
-  - steady events/s: the batches after the first (which warms the workers);
+  - steady events/s: the batches after the first (which warms the workers), and the last
+    batch's time by step;
   - the store's cost per batch: requests by method, from the S3 server's request log;
   - what reached the driver: the bytes tasks returned to it (Spark's REST API, stage
-    `resultSize`) against the bytes they read from Kafka, and the tasks each executor ran.
-A driver that funnelled the rows would show a result size near the input size.
+    `resultSize`, over the whole run), per event, and the tasks each executor ran. A driver
+    that funnelled the rows would get about an event's size per event (a JSON value here is
+    about 24 bytes), and would get more as the events grow.
 
     .venv/bin/python -m bench.cluster [--events 600000] [--batch 100000] [--modes local2,local2_s3,cluster2]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import urllib.request
@@ -30,15 +34,12 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from bench import pipeline
+
 PORTS = {"STATETABLE_SPARK_CONNECT_PORT": "29702", "STATETABLE_S3_PORT": "29710",
          "STATETABLE_SPARK_MASTER_PORT": "29777"}
-TABLE_SQL = """-- topic: {topic}
--- schema: k STRING, v BIGINT
--- partitions: 4
--- max_records_per_batch: {batch}
--- snapshot_every: 2
-CREATE TABLE {table} AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k;
-"""
+# bench.pipeline's table, snapshotting every other batch as a production table would.
+TABLE_SQL = pipeline.TABLE_SQL.replace("-- snapshot_every: 1000", "-- snapshot_every: 2")
 REQUEST = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) ')
 
 
@@ -54,13 +55,12 @@ def main() -> None:
     os.environ["STATETABLE_SPARK_UI"] = "true"           # the REST API below reads the stages
 
     from bench.broker import private_broker
-    from bench.pipeline import produce
 
     results = {"events": args.events, "keys": args.keys, "batch": args.batch, "modes": {}}
     with private_broker(29692) as cfg:
         root = Path(tempfile.mkdtemp(prefix="statetable-bench-cluster-"))
         topic = f"bench-scale-{uuid.uuid4().hex[:6]}"
-        expected = produce(cfg.kafka_bootstrap, topic, args.events, args.keys)
+        expected = pipeline.produce(cfg.kafka_bootstrap, topic, args.events, args.keys)
         try:
             for mode in args.modes.split(","):
                 results["modes"][mode] = run_mode(mode, cfg, root / mode, topic, args, expected)
@@ -87,7 +87,8 @@ def run_mode(mode: str, cfg, root: Path, topic: str, args, expected: dict) -> di
     try:
         store = ""
         if mode == "cluster2":
-            _start_cluster(settings, 2, time.monotonic())
+            with contextlib.redirect_stdout(sys.stderr):      # stdout is the JSON alone
+                _start_cluster(settings, 2, time.monotonic())
         elif mode == "local2_s3":
             object_store.start(settings)
             object_store.wait_healthy(settings)
@@ -106,7 +107,7 @@ def run_mode(mode: str, cfg, root: Path, topic: str, args, expected: dict) -> di
                      snapshot_uri=f"{store}/snapshots" if store else str(data / "snapshots"),
                      namespace=f"b{uuid.uuid4().hex[:6]}.", store_uri=store)
         spark = session.get_or_create("statetable-bench-cluster")
-        ui = _ui_url(connect_server.process(settings).log_file)
+        ui = _ui_url()
         s3_log = settings.s3_dir / "s3.log"
         batches, requests = [], []
         while True:
@@ -138,8 +139,9 @@ def run_mode(mode: str, cfg, root: Path, topic: str, args, expected: dict) -> di
         "steady_events_per_s": round(sum(c.counts["read"] for c in steady) / steady_s) if steady_s else None,
         "s3_requests_per_steady_batch": {m: round(n / len(steady), 1) for m, n in sorted(per_batch.items())}
         if steady and store else None,
-        "bytes_read_by_tasks": stages["inputBytes"],
+        "last_batch_step_ms": {k[3:]: v for k, v in batches[-1].counts.items() if k.startswith("ms_")},
         "bytes_returned_to_driver": stages["resultSize"],
+        "bytes_returned_to_driver_per_event": round(stages["resultSize"] / args.events, 3),
         "tasks_per_executor": executors,
     }
 
@@ -151,14 +153,20 @@ def _requests(log: Path) -> Counter:
         return Counter()
 
 
-def _ui_url(server_log: Path, timeout: float = 60) -> str:
+def _ui_url(timeout: float = 60) -> str:
+    """The Connect server's UI: Spark takes the first free port from 4040 (its log says which
+    only at INFO, which the project's log config leaves out)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = re.findall(r"started at (http://[\d.:]+)", server_log.read_text(errors="replace"))
-        if found:
-            return found[-1]
-        time.sleep(0.5)
-    raise RuntimeError(f"the Spark UI's address is not in {server_log}")
+        for port in range(4040, 4060):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/applications", timeout=2) as answer:
+                    if any(app["name"] == "statetable-connect" for app in json.load(answer)):
+                        return f"http://127.0.0.1:{port}"
+            except OSError:
+                continue
+        time.sleep(1)
+    raise RuntimeError("no Spark UI of the Connect server answers on ports 4040-4059")
 
 
 def _spark_rest(ui: str) -> tuple[dict, dict]:
@@ -170,7 +178,6 @@ def _spark_rest(ui: str) -> tuple[dict, dict]:
     (app,) = get("applications")
     totals = Counter()
     for stage in get(f"applications/{app['id']}/stages"):
-        totals["inputBytes"] += stage.get("inputBytes", 0)
         totals["resultSize"] += stage.get("resultSize", 0)
     executors = {e["id"] if e["id"] == "driver" else e["hostPort"]: e["totalTasks"]
                  for e in get(f"applications/{app['id']}/allexecutors")}

@@ -309,12 +309,9 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     recorded = (last.definition or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:
         return _adopt(table, tables, spark, rt, batch_log, last, started)
-    expected = recompute(spark, table, tables, rt)
+    from pyspark.sql import functions as F
 
-    def in_scope(key: tuple) -> bool:
-        return window_range is None or window_range[0] <= key[-1] < window_range[1]
-
-    expected = {k: v for k, v in expected.items() if in_scope(k)}
+    partials, purged_at = recomputed(spark, table, tables, rt)
     batch_id = last.batch_id + 1
     # Write-ahead like any batch, with an empty input range: if the rebuild dies
     # part-way, finishing this plan reads nothing and leaves every partition at
@@ -324,39 +321,80 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     definition = {"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}
     batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
                                    definition=definition))
-    st = registry.state_table(table, rt)
-    summaries = {}
-    try:
-        for p in range(table.partitions):
-            part = st.open(p)
-            tx = part.begin(batch_id)
-            mine = {k: v for k, v in expected.items() if st.partition_of(k) == p}
-            gone = [key for key, _ in part.items() if key not in mine and in_scope(key)]
-            for key in gone:
-                tx.delete(key)
-            for key, value in mine.items():
-                tx.put(key, value)
-            _mirror_changes(table, rt, batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
-            result = tx.commit()
-            st.snapshot(p)
-            meta = part.meta
-            summaries[p] = (result.keys_changed, meta.changelog_offset, format(meta.digest, "016x"), meta.key_count)
-    finally:
-        st.close()
+    registry.drop_stale_cache(spec, rt)
+    # Partition by partition, in Spark tasks beside the state (as verify compares): the driver
+    # holds the commit summaries, never the table.
+    ctx = _RebuildContext(table, spec, str(rt.state_dir), rt, last.batch_id, batch_id, purged_at, window_range)
+    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_group(ctx, group),
+                                    f"rebuild {name}: write")
     commit = BatchCommit(
         batch_id=batch_id, topic=topic, topic_id=incarnation, ranges=no_input,
-        changelog_offsets={p: s[1] for p, s in summaries.items()}, digests={p: s[2] for p, s in summaries.items()},
-        key_counts={p: s[3] for p, s in summaries.items()},
-        counts={"rebuild": 1, "read": 0, "keys_changed": sum(s[0] for s in summaries.values()),
-                "keys": len(expected),
+        changelog_offsets={p: s["changelog_offset"] for p, s in summaries.items()},
+        digests={p: s["digest"] for p, s in summaries.items()},
+        key_counts={p: s["key_count"] for p, s in summaries.items()},
+        counts={"rebuild": 1, "read": 0, "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
+                "keys": sum(s["keys"] for s in summaries.values()),
                 **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
     )
     batch_log.write_commit(commit, name)
     mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
-    log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, len(expected),
+    log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, commit.counts["keys"],
              commit.counts["keys_changed"], commit.seconds)
     return commit
+
+
+@dataclass(frozen=True)
+class _RebuildContext:
+    table: TableDefinition
+    spec: object
+    state_dir: str
+    rt: Runtime
+    last_batch: int
+    batch_id: int
+    purged_at: int | None
+    window_range: tuple[int, int] | None
+
+    def in_scope(self, key: tuple) -> bool:
+        return self.window_range is None or self.window_range[0] <= key[-1] < self.window_range[1]
+
+
+def _rebuild_group(ctx: _RebuildContext, group):
+    """Rebuild-task body (see microbatch.per_state_partition): one state partition replaced by its
+    recomputed rows, in the task that holds it; on a cluster worker the partition is first brought
+    to the last commit from the store and the changelog, as a merge task's is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_jobs.merge_task import partial_rows
+    from state.table import StateTable
+
+    table, rt = ctx.table, ctx.rt
+    p = group.column("_sp")[0].as_py()
+    keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
+    mine = {k: v for k, v in zip(keys, values) if _kept(table, k, v, ctx.purged_at) and ctx.in_scope(k)}
+    here = task_state_dir(ctx.state_dir)
+    st = StateTable(ctx.spec, here, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+    try:
+        if here != ctx.state_dir:
+            _bring_to(st, p, ctx.last_batch)
+        part = st.open(p)
+        tx = part.begin(ctx.batch_id)
+        gone = [key for key, _ in part.items() if key not in mine and ctx.in_scope(key)]
+        for key in gone:
+            tx.delete(key)
+        for key, value in mine.items():
+            tx.put(key, value)
+        _mirror_changes(table, rt, ctx.batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
+        result = tx.commit()
+        st.snapshot(p)
+        meta = part.meta
+        summary = {"partition": p, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
+                   "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "keys": len(mine)}
+    finally:
+        st.close()
+    return pa.table({"summary": [json.dumps(summary)]})
 
 
 def _mirror_changes(table: TableDefinition, rt: Runtime, batch_id: int, partition: int, keys: list,

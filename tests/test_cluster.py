@@ -31,7 +31,7 @@ from deploy import samples
 from state import faults
 from tests.table_env import isolated_runtime, read_topic
 
-EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "60000"))
+EVENTS = int(os.environ.get("STATETABLE_CLUSTER_EVENTS", "1000000"))
 BATCHES = 3                 # each loses a worker mid-merge
 DRIVER_KILLS = ("batch.after_plan", "batch.after_merge", "batch.after_commit")
 TABLE = "payments_per_customer"
@@ -153,24 +153,30 @@ def test_worker_kills_mid_merge_lose_nothing_and_the_table_equals_a_recomputatio
             os.environ.pop(key, None)
 
 
-def _assert_equals_recomputation(rt, suffix, reader_dir: Path) -> None:
-    """The state as a new host restores it from the store and the changelog, against pandas."""
+def _restored_on_a_new_host(rt, name: str, reader_dir: Path) -> dict:
+    """The table's rows as a host without any copy restores them from the store and the changelog;
+    each partition's digest must equal the last commit's."""
     from spark_jobs import jobs
 
-    records = read_topic(rt.bootstrap, "payments" + suffix)
-    frame = pd.DataFrame([json.loads(m.value()) for m in records])
-    expected = frame.groupby("customer_id")["amount"].agg(["count", "sum", "max"])
     reader = replace(rt, data_dir=reader_dir)
-    table, _ = jobs.load_table(TABLE, reader)
+    table, _ = jobs.load_table(name, reader)
     st = jobs.state_table(table, reader)
     try:
-        last = BatchLog(rt.batch_dir(TABLE)).last_commit()
+        last = BatchLog(rt.batch_dir(name)).last_commit()
         for p in range(table.partitions):
             report = st.restore(p)
             assert (report.applied_batch, format(report.digest, "016x")) == (last.batch_id, last.digests[p])
     finally:
         st.close()
-    state = {k[0]: v for k, v in jobs.state_rows(TABLE, reader).items()}
+    return jobs.state_rows(name, reader)
+
+
+def _assert_equals_recomputation(rt, suffix, reader_dir: Path) -> None:
+    """The state as a new host restores it from the store and the changelog, against pandas."""
+    records = read_topic(rt.bootstrap, "payments" + suffix)
+    frame = pd.DataFrame([json.loads(m.value()) for m in records])
+    expected = frame.groupby("customer_id")["amount"].agg(["count", "sum", "max"])
+    state = {k[0]: v for k, v in _restored_on_a_new_host(rt, TABLE, reader_dir).items()}
     assert set(state) == set(expected.index)
     for customer, (count, total, largest) in state.items():
         row = expected.loc[customer]
@@ -327,20 +333,8 @@ def test_a_rebuild_on_the_cluster_recomputes_from_bronze_in_the_store(cluster_ai
 
 def test_after_the_drills_the_cluster_table_restores_to_an_independent_recomputation(cluster, cluster_airflow,
                                                                                    kafka, tmp_path):
-    from spark_jobs import jobs
-
     _, _, rt = cluster_airflow
     with _environ_kept():
         os.environ.update(cluster[2])
-        reader = replace(rt, data_dir=tmp_path / "reader")
-        table, _ = jobs.load_table(MOVIES, reader)
-        st = jobs.state_table(table, reader)
-        try:
-            last = BatchLog(rt.batch_dir(MOVIES)).last_commit()
-            for p in range(table.partitions):
-                report = st.restore(p)
-                assert (report.applied_batch, format(report.digest, "016x")) == (last.batch_id, last.digests[p])
-        finally:
-            st.close()
-        state = {k[0]: v[0] for k, v in jobs.state_rows(MOVIES, reader).items()}
+        state = {k[0]: v[0] for k, v in _restored_on_a_new_host(rt, MOVIES, tmp_path / "reader").items()}
     assert state == _expected_movies(kafka)

@@ -237,16 +237,16 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
     jobs.run("payments_per_customer", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=7000)
     incremental = _state_rows(rt, "payments_per_customer")
     with monkeypatch.context() as patched:
-        # Verify compares partition by partition in Spark tasks: neither side is gathered on the driver.
+        # Verify compares, and rebuild writes, partition by partition in Spark tasks: neither side
+        # is gathered on the driver.
         def no_driver_copy(*args, **kwargs):
-            raise AssertionError("verify gathered a whole table on the driver")
+            raise AssertionError("a whole table was gathered on the driver")
 
         patched.setattr(batch, "recompute", no_driver_copy)
         patched.setattr(registry, "readonly_partitions", no_driver_copy)
         first = batch.verify("payments_per_customer", spark=spark, rt=rt)
-    assert first.ok and first.keys_compared == len(incremental), first.summary()
-
-    commit = batch.rebuild("payments_per_customer", spark=spark, rt=rt)
+        assert first.ok and first.keys_compared == len(incremental), first.summary()
+        commit = batch.rebuild("payments_per_customer", spark=spark, rt=rt)
     assert commit.counts["keys"] == len(incremental)
     rebuilt = _state_rows(rt, "payments_per_customer")
     assert rebuilt.keys() == incremental.keys()
@@ -303,6 +303,21 @@ def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, sp
     assert {k: v[0] for k, v in _state_rows(rt, "hourly_sales").items()} == expected
     dlq = read_topic(rt.bootstrap, rt.dead_letter_topic("hourly_sales"))
     assert sorted(dict(m.headers())["reason"].decode() for m in dlq) == ["late"] * late == ["late"] * 4
+
+    # A backfill of one hour rebuilds the keys of that hour's windows, and only those.
+    from spark_jobs import batch
+    from state import codec
+
+    hour0, hour1 = 1_793_491_200_000, 1_793_491_200_000 + 3_600_000
+    table, _ = jobs.load_table("hourly_sales", rt)
+    st = jobs.state_table(table, rt)
+    for key in (("a", hour0), ("a", hour1)):
+        st.open(st.partition_of(key)).backend.corrupt_value(codec.encode_key(key), codec.encode_value((99,)))
+    st.close()
+    commit = batch.rebuild("hourly_sales", spark=spark, rt=rt, window_range=(hour1, hour1 + 3_600_000))
+    assert commit.counts["keys"] == len([w for _, w in expected if w == hour1])
+    rows = {k: v[0] for k, v in _state_rows(rt, "hourly_sales").items()}
+    assert rows == {**expected, ("a", hour0): 99}
 
 
 def test_follow_commits_new_input_in_a_warm_session_until_stopped(env, spark):
