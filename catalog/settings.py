@@ -57,6 +57,15 @@ class StackSettings:
     s3_port: int = 19000
     master_port: int = 17077
 
+    def as_env(self) -> dict[str, str]:
+        """The environment that makes `load()` in a child process return these settings."""
+        return {"STATETABLE_HOST": self.host, "STATETABLE_STACK_DIR": str(self.state_dir),
+                "STATETABLE_KAFKA_PORT": str(self.kafka_port),
+                "STATETABLE_KAFKA_CONTROLLER_PORT": str(self.kafka_controller_port),
+                "STATETABLE_AIRFLOW_PORT": str(self.airflow_port),
+                "STATETABLE_SPARK_CONNECT_PORT": str(self.connect_port), "STATETABLE_S3_PORT": str(self.s3_port),
+                "STATETABLE_SPARK_MASTER_PORT": str(self.master_port)}
+
     @property
     def s3_url(self) -> str:
         return f"http://{self.host}:{self.s3_port}"

@@ -22,6 +22,10 @@ def _stack(args) -> int:
         stack.restart_engine(cfg)
     elif args.action == "restart-workers":
         stack.restart_workers(cfg)
+    elif args.action == "supervise-workers":
+        from deploy import spark_cluster
+
+        spark_cluster.supervise(cfg)
     elif args.action == "kill-engine":
         stack.kill_engine(cfg)
     elif args.action == "wipe-workers":
@@ -220,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
     p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine",
-                                          "restart-workers", "kill-engine", "wipe-workers"],
-                   help="kill-engine and wipe-workers are failure drills' deployment commands")
+                                          "restart-workers", "kill-engine", "wipe-workers", "supervise-workers"],
+                   help="kill-engine and wipe-workers are failure drills' deployment commands; "
+                        "supervise-workers is the process `up --workers` starts to restart dead workers")
     p.add_argument("--table", help="wipe-workers: the table whose local state every worker loses")
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "

@@ -80,15 +80,49 @@ def start(settings: StackSettings, workers: int) -> None:
             env=_env(settings, {}), cwd=master(settings).run_dir)
     for index in range(1, workers + 1):
         start_worker(settings, index)
+    supervisor(settings).start([sys.executable, "-m", "deploy.cli", "stack", "supervise-workers"],
+                               env={**os.environ, **settings.as_env()}, cwd=settings.cluster_dir)
+
+
+def supervisor(settings: StackSettings) -> ManagedProcess:
+    return ManagedProcess("spark-supervisor", settings.cluster_dir)
+
+
+def supervise(settings: StackSettings, interval: float = 1.0) -> None:
+    """The stack's restart policy for its workers (what `restart: always` is to compose, or a
+    cluster manager to a real cluster): a worker whose process died is started again, with
+    its folders as they are, while the master runs."""
+    import time
+
+    while master(settings).is_running():
+        for index in range(1, size(settings) + 1):
+            if not worker(settings, index).is_running():
+                print(f"{time.strftime('%H:%M:%S')} spark-worker-{index} is down: starting it again", flush=True)
+                try:
+                    start_worker(settings, index)
+                except (RuntimeError, OSError) as error:       # its port not free yet: the next round
+                    print(f"spark-worker-{index} did not start: {error}", flush=True)
+        time.sleep(interval)
 
 
 def start_worker(settings: StackSettings, index: int) -> None:
+    """Start worker `index` unless it runs. The supervisor and `stack restart-workers` may both
+    come for a dead worker: the check and the start happen under the worker's lock, so only
+    one JVM is started and its pid is the one recorded."""
+    import fcntl
+
     proc, folder = worker(settings, index), worker_dir(settings, index)
-    if proc.is_running():
-        return
-    require_free_ports(proc.name, settings.host, worker_port(settings, index))
     for sub in ("work", "tmp", "state"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
+    with open(folder / ".start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if proc.is_running():
+            return
+        require_free_ports(proc.name, settings.host, worker_port(settings, index))
+        _start_worker(settings, index, proc, folder)
+
+
+def _start_worker(settings: StackSettings, index: int, proc: ManagedProcess, folder: Path) -> None:
     proc.start(
         [str(VENV_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", settings.master_url,
          "--host", settings.host, "--port", str(worker_port(settings, index)), "--webui-port", "0",
@@ -133,10 +167,12 @@ def status_lines(settings: StackSettings) -> list[str]:
     alive = alive_workers(settings, info or {})
     return [f"spark-master {settings.master_url} {'up' if info is not None else 'down'}"] + [
         f"spark-worker-{i} spark://{settings.host}:{worker_port(settings, i)} "
-        f"{'up' if worker_up(settings, i, alive) else 'down'}" for i in range(1, n + 1)]
+        f"{'up' if worker_up(settings, i, alive) else 'down'}" for i in range(1, n + 1)] + [
+        f"spark-supervisor restarts dead workers {'up' if supervisor(settings).is_running() else 'down'}"]
 
 
 def stop(settings: StackSettings) -> None:
+    supervisor(settings).stop(timeout=10)       # first, or it starts the workers stopped below
     for index in range(size(settings), 0, -1):
         worker(settings, index).stop(timeout=15)
     master(settings).stop(timeout=15)
@@ -144,3 +180,9 @@ def stop(settings: StackSettings) -> None:
 
 def processes(settings: StackSettings) -> list[ManagedProcess]:
     return [master(settings)] + [worker(settings, i) for i in range(1, size(settings) + 1)]
+
+
+def all_processes(settings: StackSettings) -> list[ManagedProcess]:
+    """The cluster's processes with its supervisor (which `processes` leaves out: `wait_healthy`
+    waits on workers and their master only)."""
+    return processes(settings) + [supervisor(settings)]

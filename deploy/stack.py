@@ -169,7 +169,7 @@ def _safe(check, settings: StackSettings) -> bool:
 def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
     procs = [kafka_server.process(settings), connect_server.process(settings), object_store.process(settings),
-             *spark_cluster.processes(settings)] + [
+             *spark_cluster.all_processes(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

@@ -4,7 +4,8 @@ table list and the DAG tasks all read it from here.
 
 Verify results are appended to `<data>/verify/<table>.jsonl`, one line per
 restore-and-verify run, so the history survives Airflow's metadata cleanup
-and any process can read it without Airflow.
+and any process can read it without Airflow; with a durable store, each is an
+object under `<store>/verify/<table>/`, so every host sees them.
 """
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ def _verify_file(rt: Runtime, name: str) -> Path:
 
 
 def record_verify(rt: Runtime, name: str, record: dict) -> None:
+    line = json.dumps({"recorded_at": time.time(), **record}, default=str, sort_keys=True)
+    if rt.store_uri:
+        _record_in_store(rt, name, line)
+        return
     path = _verify_file(rt, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"recorded_at": time.time(), **record}, default=str, sort_keys=True)
     with open(path, "a") as out:        # one write of a short line: appends never interleave
         out.write(line + "\n")
         out.flush()
@@ -34,11 +38,42 @@ def record_verify(rt: Runtime, name: str, record: dict) -> None:
 
 
 def verify_history(rt: Runtime, name: str, limit: int = 20) -> list[dict]:
+    if rt.store_uri:
+        return _history_in_store(rt, name, limit)
     path = _verify_file(rt, name)
     if not path.exists():
         return []
     lines = path.read_text().splitlines()[-limit:]
     return [json.loads(line) for line in reversed(lines) if line.strip()]
+
+
+def _store_folder(rt: Runtime, name: str):
+    from catalog.runtime import arrow_filesystem
+
+    return arrow_filesystem(f"{rt.store_uri}/verify/{name}")
+
+
+def _record_in_store(rt: Runtime, name: str, line: str) -> None:
+    """With a store, any Airflow worker may run the drill and any host reads the history: a
+    record is an object of its own (S3 appends nothing), named to sort by time."""
+    import uuid
+
+    fs, folder = _store_folder(rt, name)
+    with fs.open_output_stream(f"{folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json") as out:
+        out.write(line.encode())
+
+
+def _history_in_store(rt: Runtime, name: str, limit: int) -> list[dict]:
+    import pyarrow.fs as pafs
+
+    fs, folder = _store_folder(rt, name)
+    found = [f.path for f in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+             if f.type == pafs.FileType.File]
+    records = []
+    for path in sorted(found, reverse=True)[:limit]:
+        with fs.open_input_stream(path) as src:
+            records.append(json.loads(src.read()))
+    return records
 
 
 def snapshot_age_seconds(table: TableDefinition, rt: Runtime) -> float | None:

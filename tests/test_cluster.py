@@ -28,6 +28,7 @@ import pytest
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 from deploy import samples
+from deploy.processes import wait_until
 from state import faults
 from tests.table_env import isolated_runtime, read_topic
 
@@ -105,6 +106,7 @@ def test_status_names_the_master_each_worker_and_the_store(cluster):
     assert [line for line in lines if line.startswith("spark-worker-")] == [
         f"spark-worker-{i} spark://127.0.0.1:{settings.master_port + 10 + i} up" for i in (1, 2)]
     assert f"s3 {settings.s3_url} up" in lines
+    assert "spark-supervisor restarts dead workers up" in lines
     folders = {settings.cluster_dir / f"worker-{i}" / "state" for i in (1, 2)}
     assert len(folders) == 2 and all(f.is_dir() for f in folders)
 
@@ -119,15 +121,18 @@ def test_worker_kills_mid_merge_lose_nothing_and_the_table_equals_a_recomputatio
     for batch in range(BATCHES):
         once = tmp_path / f"killed-{batch}"
         fault = {faults.ENV: "commit.after_changelog", faults.SCOPE_ENV: f"worker@{once}"}
+        pids = {i: spark_cluster.worker(settings, i).pid() for i in (1, 2)}
         done = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch, **fault)
         assert done.returncode == 0, done.stderr[-4000:]
         for found in re.findall(r"partitions served by (\{.*?\})", done.stderr):
             served |= set(json.loads(found))
         assert once.exists(), "no merge task reached the fault point"
-        dead = [i for i in (1, 2) if not spark_cluster.worker(settings, i).is_running()]
-        assert len(dead) == 1, f"one worker should have died, not {dead}"
-        spark_cluster.start_worker(settings, dead[0])         # the stack brings it back
-        spark_cluster.wait_healthy(settings)
+        dead = int(once.read_text().removeprefix("spark-worker-"))
+        # The stack's supervisor starts the dead worker again; the other one was never touched.
+        wait_until(lambda: spark_cluster.worker(settings, dead).pid() not in (None, pids[dead])
+                   and all(spark_cluster.worker_up(settings, i) for i in (1, 2)), 90, 0.5,
+                   f"spark-worker-{dead} restarted by the supervisor")
+        assert spark_cluster.worker(settings, 3 - dead).pid() == pids[3 - dead]
     assert served == {"spark-worker-1", "spark-worker-2"}, served
     for point in DRIVER_KILLS:              # the driver dies; the next one takes its batch over
         died = _run(cluster, rt, "run", TABLE, "--max-batches", "1", "--max-records-per-batch", per_batch,
@@ -252,9 +257,7 @@ def cluster_airflow(cluster, kafka, stack_settings_):
 
     settings, _, s3_env = cluster
     settings = replace(settings, airflow_port=stack_settings_.airflow_port + 1)
-    env = {**s3_env, "STATETABLE_STACK_DIR": str(settings.state_dir), "STATETABLE_NAMESPACE": "cluster-",
-           "STATETABLE_SPARK_CONNECT_PORT": str(settings.connect_port), "STATETABLE_S3_PORT": str(settings.s3_port),
-           "STATETABLE_AIRFLOW_PORT": str(settings.airflow_port),
+    env = {**s3_env, **settings.as_env(), "STATETABLE_NAMESPACE": "cluster-",
            failures.BROKER_RESTART_ENV: f"env STATETABLE_STACK_DIR={stack_settings_.state_dir} {STATETABLE} "
                                         f"stack restart-broker"}
     with _environ_kept():

@@ -72,6 +72,7 @@ def test_every_worker_has_a_state_volume_of_its_own_and_the_store_is_s3():
         env = services[name]["environment"]
         assert env["STATETABLE_WORKER_STATE_DIR"] == "/var/lib/statetable-worker"
         assert env["STATETABLE_STORE_URI"].startswith("s3://")
+        assert services[name]["restart"] == "unless-stopped"      # a lost worker comes back, as on the stack
 
 
 def test_no_secret_is_written_into_the_file():
