@@ -36,6 +36,11 @@ def worker_dir(settings: StackSettings, index: int) -> Path:
     return settings.cluster_dir / f"worker-{index}"
 
 
+def worker_state_dir(settings: StackSettings, index: int) -> Path:
+    """The statetable cache the worker's tasks open partitions in (STATETABLE_WORKER_STATE_DIR)."""
+    return worker_dir(settings, index) / "state"
+
+
 def worker_port(settings: StackSettings, index: int) -> int:
     return settings.master_port + 10 + index
 
@@ -94,8 +99,9 @@ def supervise(settings: StackSettings, interval: float = 1.0) -> None:
     its folders as they are, while the master runs."""
     import time
 
+    workers = size(settings)
     while master(settings).is_running():
-        for index in range(1, size(settings) + 1):
+        for index in range(1, workers + 1):
             if not worker(settings, index).is_running():
                 print(f"{time.strftime('%H:%M:%S')} spark-worker-{index} is down: starting it again", flush=True)
                 try:
@@ -119,17 +125,13 @@ def start_worker(settings: StackSettings, index: int) -> None:
         if proc.is_running():
             return
         require_free_ports(proc.name, settings.host, worker_port(settings, index))
-        _start_worker(settings, index, proc, folder)
-
-
-def _start_worker(settings: StackSettings, index: int, proc: ManagedProcess, folder: Path) -> None:
-    proc.start(
-        [str(VENV_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", settings.master_url,
-         "--host", settings.host, "--port", str(worker_port(settings, index)), "--webui-port", "0",
-         "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(folder / "work")],
-        env=_env(settings, {"SPARK_LOCAL_DIRS": str(folder / "tmp"), WORKER_STATE_ENV: str(folder / "state"),
-                            faults.WORKER_ENV: proc.name}),
-        cwd=folder)
+        proc.start(
+            [str(VENV_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", settings.master_url,
+             "--host", settings.host, "--port", str(worker_port(settings, index)), "--webui-port", "0",
+             "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(folder / "work")],
+            env=_env(settings, {"SPARK_LOCAL_DIRS": str(folder / "tmp"),
+                                WORKER_STATE_ENV: str(worker_state_dir(settings, index)), faults.WORKER_ENV: proc.name}),
+            cwd=folder)
 
 
 def _master_info(settings: StackSettings) -> dict | None:

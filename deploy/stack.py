@@ -122,7 +122,7 @@ def wipe_workers(settings: StackSettings, table: str) -> list[str]:
                          "`statetable stack up --workers 2`")
     wiped = []
     for index in range(1, workers + 1):
-        folder = spark_cluster.worker_dir(settings, index) / "state" / table
+        folder = spark_cluster.worker_state_dir(settings, index) / table
         if folder.exists():
             shutil.rmtree(folder)
             wiped.append(str(folder))

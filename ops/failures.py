@@ -223,21 +223,19 @@ class _OneBatch:
     def finish(self, timeout: float = 900) -> tuple[int, str]:
         """(exit code, stderr tail); a child still running after `timeout` is killed (-9)."""
         try:
-            code = self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.abandon()
-            code = self.proc.returncode
+            pass
         finally:
             self.abandon()
         with open(self.err.name) as err:
-            return code, err.read()[-2000:]
+            return self.proc.returncode, err.read()[-2000:]
 
     def abandon(self) -> None:
         if self.proc.poll() is None:
             faults.kill_session(self.proc.pid)
             self.proc.wait(timeout=60)
         self.err.close()
-
 
 
 def _wipe(name: str, table, rt: Runtime) -> str:

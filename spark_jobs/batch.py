@@ -115,8 +115,6 @@ def _compare_group(ctx, group):
 
 def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     """One state partition against its recomputed rows, in the task that holds both."""
-    from state.table import StateTable
-
     spec, state_dir, examples, bootstrap, snapshot_uri, batch_id = ctx
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
@@ -128,11 +126,8 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
             if len(out["examples"]) < examples:
                 out["examples"].append({"key": list(key), "state": have, "recomputed": want})
 
-    here = task_state_dir(state_dir)
-    st = StateTable(spec, here, bootstrap=bootstrap, snapshot_uri=snapshot_uri, create_topics=False)
+    st = _partition_here(spec, state_dir, bootstrap, snapshot_uri, partition, batch_id, create_topics=False)
     try:
-        if here != state_dir:
-            _bring_to(st, partition, batch_id)
         if st.has_local_state(partition):
             part = st.open_readonly(partition)
             try:
@@ -147,6 +142,23 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     for key, want in expected.items():
         note(key, None, want, "missing")
     return out
+
+
+def _partition_here(spec, state_dir: str, bootstrap: str, snapshot_uri: str, partition: int, batch_id: int | None,
+                    create_topics: bool = True):
+    """The state table as the task's host holds it: the driver's folder in local mode; on a
+    cluster worker, its own, with `partition` brought to `batch_id` first (see _bring_to)."""
+    from state.table import StateTable
+
+    here = task_state_dir(state_dir)
+    st = StateTable(spec, here, bootstrap=bootstrap, snapshot_uri=snapshot_uri, create_topics=create_topics)
+    if here != state_dir:
+        try:
+            _bring_to(st, partition, batch_id)
+        except BaseException:
+            st.close()
+            raise
+    return st
 
 
 def _bring_to(st, partition: int, batch_id: int | None) -> None:
@@ -368,17 +380,13 @@ def _rebuild_group(ctx: _RebuildContext, group):
     import pyarrow.compute as pc
 
     from spark_jobs.merge_task import partial_rows
-    from state.table import StateTable
 
     table, rt = ctx.table, ctx.rt
     p = group.column("_sp")[0].as_py()
     keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
     mine = {k: v for k, v in zip(keys, values) if _kept(table, k, v, ctx.purged_at) and ctx.in_scope(k)}
-    here = task_state_dir(ctx.state_dir)
-    st = StateTable(ctx.spec, here, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+    st = _partition_here(ctx.spec, ctx.state_dir, rt.bootstrap, rt.snapshot_uri, p, ctx.last_batch)
     try:
-        if here != ctx.state_dir:
-            _bring_to(st, p, ctx.last_batch)
         part = st.open(p)
         tx = part.begin(ctx.batch_id)
         gone = [key for key, _ in part.items() if key not in mine and ctx.in_scope(key)]
