@@ -35,9 +35,11 @@ SUPPORTED = (
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
+    "output_topic", "key_format",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
 TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
 TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
 MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
@@ -80,6 +82,9 @@ class TableDefinition:
     snapshot_keep: int = 3
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
+    output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
+    key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
+                                               # (an object holding the primary key, as change topics write)
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -103,6 +108,7 @@ class TableDefinition:
             "window": None if self.window is None else [self.window.size_ms, self.window.advance,
                                                         self.window.grace_ms],
             "event_time": self.event_time, "value_columns": list(self.value_columns),
+            **({"key_format": self.key_format} if self.key_format != "plain" else {}),
         }
 
     @property
@@ -216,6 +222,16 @@ def _duration_option(path: Path, header: _Header, key: str, default: int) -> int
 
 
 SCHEDULE_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly"}
+
+
+def _topic_option(path: Path, header: _Header, key: str) -> str | None:
+    raw = header.get(key)
+    if raw is None:
+        return None
+    if not TOPIC_NAME.match(raw) or raw in (".", ".."):
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} is not a Kafka topic name; use "
+                              f"1 to 249 of the characters a-z A-Z 0-9 . _ -")
+    return raw
 
 
 def _schedule(path: Path, header: _Header) -> str:
@@ -386,13 +402,17 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
         mirror_every=_int_option(path, header, "mirror_every", 10),
         bronze=_switch_option(path, header, "bronze", True),
+        output_topic=_topic_option(path, header, "output_topic"),
         schedule=_schedule(path, header),
         event_time=header.get("event_time"),
         event_time_skew_ms=_duration_option(path, header, "event_time_skew", DEFAULT_EVENT_TIME_SKEW_MS),
     )
-    if isinstance(create.this, exp.Schema):
-        return _source_table(path, create, header, common)
-    return _aggregate_table(path, create, header, common)
+    table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
+        else _aggregate_table(path, create, header, common)
+    if table.output_topic is not None and table.output_topic == table.topic:
+        raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
+                              f"to its own input topic {table.topic!r}; name another output_topic")
+    return table
 
 
 def _source_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
@@ -418,8 +438,13 @@ def _source_table(path, create: exp.Create, header: dict, common: dict) -> Table
             raise _fail(path, prop, f"table property {prop.sql()}", "WITH (topic='...')")
     if not topic:
         raise DefinitionError(f"{path}: source table {name!r} needs a topic: WITH (topic='...') or '-- topic: ...'")
+    key_format = header.get("key_format", "plain")
+    if key_format not in ("plain", "json"):
+        raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format={key_format!r} must be plain "
+                              f"(the Kafka key is the primary key's value) or json (an object holding it, as a "
+                              f"table's output_topic writes)")
     return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=columns, key_columns=keys,
-                           value_columns=[c for c, _ in columns], **common)
+                           value_columns=[c for c, _ in columns], key_format=key_format, **common)
 
 
 def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
@@ -512,6 +537,10 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if where.find(exp.AggFunc):
             raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
+    if "key_format" in header:
+        raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format is for source tables (CREATE "
+                              f"TABLE t (... PRIMARY KEY) WITH (topic=...)); an aggregate table's key comes from "
+                              f"its GROUP BY")
     return TableDefinition(
         name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,

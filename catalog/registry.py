@@ -181,3 +181,16 @@ def coerce_key(table: TableDefinition, key: tuple) -> tuple:
     if any(type(v) is int and not -(1 << 63) <= v < 1 << 63 for v in rest):
         raise ValueError(f"table {table.name}: a key part is outside the 64-bit integer range")
     return tuple(out) + rest
+
+
+def ensure_output_topic(bootstrap: str, table: TableDefinition) -> None:
+    """The table's change topic (`-- output_topic`), compacted like an upsert topic, with a
+    partition per state partition. One that exists with another partition count is an error: its
+    readers would have seen keys placed by another count."""
+    from state.kafka_admin import ensure_topic
+
+    try:
+        ensure_topic(bootstrap, table.output_topic, table.partitions,
+                     {"cleanup.policy": "compact", "min.compaction.lag.ms": "86400000"})
+    except ValueError as exc:
+        raise DefinitionError(f"{table.path}: table {table.name!r}, option output_topic: {exc}") from None

@@ -14,7 +14,8 @@ from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
 
 ORDER = [("players", None), ("products", None), ("leaderboard", "leaderboard"),
-         ("movie_tickets_sold", "movie_tickets_sold"), ("payments_per_customer", "payments_per_customer")]
+         ("movie_tickets_sold", "movie_tickets_sold"), ("movie_ticket_totals", None),
+         ("payments_per_customer", "payments_per_customer")]
 
 
 def _run(api: AirflowApi, dag_id: str, conf: dict | None = None) -> tuple[str, dict]:

@@ -38,16 +38,19 @@ class VerifyResult:
     digest_mismatches: list[int] = field(default_factory=list)
     examples: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    upstream: list["VerifyResult"] = field(default_factory=list)    # the tables whose change topic it reads
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.different or self.digest_mismatches)
+        return not (self.missing or self.unexpected or self.different or self.digest_mismatches) \
+            and all(u.ok for u in self.upstream)
 
     def summary(self) -> str:
         head = (f"{self.table} at batch {self.batch_id}: {self.keys_compared} keys compared, {self.missing} missing, "
                 f"{self.unexpected} unexpected, {self.different} different, digest mismatches in partitions "
                 f"{self.digest_mismatches or 'none'}")
         lines = [head] + [f"  key {e['key']}: state={e['state']!r} recomputed={e['recomputed']!r}" for e in self.examples]
+        lines += [f"  upstream {line}" for u in self.upstream for line in u.summary().splitlines()]
         return "\n".join(lines)
 
 
@@ -201,10 +204,18 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10) -> VerifyResult:
+def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10, _chain: tuple = ()) -> VerifyResult:
+    """Compare the table's state with a recomputation from its history. A table that reads another
+    table's change topic (a chain) is verified after that table, upstream first: its own
+    recomputation is only as good as the topic it reads."""
     rt = rt or Runtime.from_env()
+    table, tables = registry.load_table(name, rt)
+    upstream = [verify(t.name, spark, rt, examples, _chain + (name,)) for t in sorted(tables.values(), key=lambda t: t.name)
+                if t.output_topic and t.output_topic == table.topic and t.name not in _chain + (name,)]
     with registry.table_lock(name, rt):
-        return _verify(name, spark, rt, examples)
+        result = _verify(name, spark, rt, examples)
+    result.upstream = upstream
+    return result
 
 
 def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
@@ -379,7 +390,7 @@ def _rebuild_group(ctx: _RebuildContext, group):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from spark_jobs.merge_task import partial_rows
+    from spark_jobs.merge_task import outputs_of, partial_rows
 
     table, rt = ctx.table, ctx.rt
     p = group.column("_sp")[0].as_py()
@@ -395,7 +406,7 @@ def _rebuild_group(ctx: _RebuildContext, group):
         for key, value in mine.items():
             tx.put(key, value)
         _mirror_changes(table, rt, ctx.batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
-        result = tx.commit()
+        result = tx.commit(outputs_of(table, ctx.spec.aggregator))
         st.snapshot(p)
         meta = part.meta
         summary = {"partition": p, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,

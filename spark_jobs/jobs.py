@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.finish_pending else []
         result = batch.verify(args.table, spark=spark, rt=rt)
         print(result.summary(), flush=True)
-        _write_result(args.result_file, {**result.__dict__, "ok": result.ok,
+        from dataclasses import asdict
+
+        _write_result(args.result_file, {**asdict(result), "ok": result.ok,
                                          "finished_batches": [c.batch_id for c in finished]})
         return 0 if result.ok else 1
     except (DefinitionError, ValueError) as exc:

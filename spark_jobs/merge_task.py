@@ -38,13 +38,13 @@ class MergeContext:
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
 
 
-def _commit(ctx: MergeContext, partition: int, part, tx) -> tuple[dict, dict]:
+def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None) -> tuple[dict, dict]:
     """Purge expired windows, commit the partition's batch, and summarise it for the driver;
-    also the commit's changes (encoded key -> new bytes)."""
+    also the commit's changes (encoded key -> new bytes). `outputs`: see Transaction.commit."""
     purged = 0
     if ctx.purge_watermark is not None and ctx.table.window is not None:
         purged = purge(part, tx, ctx.table.window, ctx.purge_watermark)
-    result = tx.commit()
+    result = tx.commit(outputs)
     if partition == 0:
         faults.point("batch.mid_merge")
     meta = part.meta
@@ -101,12 +101,11 @@ def partial_values(table: TableDefinition, partials) -> list:
     return list(zip(*[_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]))
 
 
-def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, partition: int, partials,
-                          last: dict, changes: dict | None) -> None:
-    """The batch's mirror change file: the rows its commit changed. A re-run of a committed batch
-    (`changes` None) writes every partial key's row from the state, since the first run may have
-    died before its file was written."""
-    from spark_jobs.mirror import write_change_columns
+def _changed_rows(ctx: MergeContext, aggregator, part, partials, last: dict, changes: dict | None):
+    """The rows a commit changed, as mirror.change_columns (JSON per column). A re-run of a
+    committed batch (`changes` None) takes every partial key's row from the state, since the first
+    run may have died before its mirror file was written."""
+    from spark_jobs.mirror import change_columns
 
     if changes is None:
         rows = list(last.values())
@@ -116,9 +115,32 @@ def _write_mirror_changes(ctx: MergeContext, folder: str, aggregator, part, part
         raw = [changes[key] for key in last if key in changes]
     decode = codec.decode_value
     take = pa.array(rows, pa.int64())
-    write_change_columns(folder, ctx.table, ctx.batch_id, partition,
-                         [partials.column(c).take(take) for c in key_columns(partials)],
-                         [None if r is None else decode(r) for r in raw], aggregator)
+    return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
+                          [None if r is None else decode(r) for r in raw], aggregator)
+
+
+def outputs_of(table: TableDefinition, aggregator):
+    """Transaction.commit's `outputs` for a commit that holds no partials (a rebuild): every
+    changed key, decoded from the commit's own changes. None when the table has no change topic."""
+    if table.output_topic is None:
+        return None
+    from spark_jobs.mirror import change_columns
+
+    def outputs(changes: dict) -> list:
+        keys = [codec.decode_key(k) for k in changes]
+        columns = [list(c) for c in zip(*keys)]
+        values = [None if v is None else codec.decode_value(v) for v in changes.values()]
+        return change_records(table.output_topic, change_columns(table, columns, values, aggregator))
+    return outputs
+
+
+def change_records(topic: str, columns) -> list[tuple[str, bytes, bytes | None]]:
+    """A commit's records for the table's change topic: key = the key as a JSON object, value =
+    the row as the API shows it, None (a tombstone) for a deleted key."""
+    keys = columns.column("key_object").to_pylist()
+    rows = columns.column("row").to_pylist()
+    deleted = columns.column("deleted").to_pylist()
+    return [(topic, k.encode(), None if gone else r.encode()) for k, r, gone in zip(keys, rows, deleted)]
 
 
 def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
@@ -163,13 +185,25 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             for key, value in zip(keys, values):
                 tx.merge_encoded(key, value)
         lap("fold")
-        commit, changes = _commit(ctx, partition, part, tx)
+        last = {key: row for row, key in enumerate(keys)}     # a key's last row, once per key
+        built = {}
+
+        def outputs(changes):
+            built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
+            purged = {k: v for k, v in changes.items() if k not in last}    # windows past retention
+            return change_records(ctx.table.output_topic, built["rows"]) + \
+                (outputs_of(ctx.table, spec.aggregator)(purged) if purged else [])
+
+        commit, changes = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None)
         summary = {"partition": partition, **commit}
         lap("commit")
-        last = {key: row for row, key in enumerate(keys)}     # a key's last row, once per key
         if mirror_dir is not None:
-            _write_mirror_changes(ctx, mirror_dir, spec.aggregator, part, partition, partials, last,
-                                  None if commit["noop"] else changes)
+            from spark_jobs.mirror import write_change_columns
+
+            rows = built.get("rows") if not commit["noop"] else None
+            if rows is None:
+                rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
+            write_change_columns(mirror_dir, ctx.table, ctx.batch_id, partition, [], [], columns=rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)
         summary["ms"] = ms

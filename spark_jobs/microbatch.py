@@ -39,6 +39,7 @@ from catalog.definitions import TableDefinition
 from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
+from catalog.registry import ensure_output_topic
 from catalog.runtime import Runtime, spark_path, task_state_dir
 
 log = logging.getLogger("statetable.microbatch")
@@ -103,6 +104,8 @@ class MicroBatchRunner:
             check_definition(self.log, table.name, self.definition)
             ensure_topic(runtime.bootstrap, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
             ensure_changelog(runtime.bootstrap, self.spec.changelog_topic, table.partitions)
+            if table.output_topic:
+                ensure_output_topic(runtime.bootstrap, table)
             self._check_log_matches_changelog()
 
     def _check_log_matches_changelog(self) -> None:
@@ -682,7 +685,7 @@ class MicroBatchRunner:
 
         table = self.table
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
-        key_expr = F.when(F.col("reason") == "null_value", F.col("_key").cast("string").try_cast(pk_type)) \
+        key_expr = F.when(F.col("reason") == "null_value", parse.kafka_key_text(table).try_cast(pk_type)) \
             .otherwise(F.col(f"_parsed.`{pk}`"))
         frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
             key_expr.alias("_k0"), (F.col("reason") == "null_value").alias("_del"), F.col("_offset"),

@@ -70,14 +70,26 @@ def write_changes(folder: str, table: TableDefinition, batch_id: int, partition:
 
 
 def write_change_columns(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list,
-                         values: list, aggregator=None) -> None:
-    """write_changes with the keys as columns (Arrow arrays or lists), as the merge tasks hold them.
-
-    The rows are the JSON that `json.dumps(row_of(...), default=str)` gives, byte for byte (the
-    key column is what the folds MERGE on), but built column-wise: integer and plain-ASCII string
-    columns in Arrow, other values one by one. A million-key batch has a million rows here."""
+                         values: list, aggregator=None, columns: pa.Table | None = None) -> None:
+    """write_changes with the keys as columns (Arrow arrays or lists), as the merge tasks hold them;
+    `columns`: change_columns of the same rows, when the caller built them already."""
     from spark_jobs.arrow_pass import write_parquet_atomically
 
+    built = columns if columns is not None else change_columns(table, keys, values, aggregator)
+    rows = pa.table({"key": built.column("key"), "row": built.column("row"),
+                     "batch_id": pa.array([batch_id] * built.num_rows, pa.int64()),
+                     "deleted": built.column("deleted")}, schema=change_schema())
+    write_parquet_atomically(rows, folder, change_file(batch_id, partition))
+
+
+def change_columns(table: TableDefinition, keys: list, values: list, aggregator=None) -> pa.Table:
+    """Changed rows as JSON text, column by column: `key` (the key's values as a JSON array, what
+    the mirror MERGEs on), `key_object` (the key as a JSON object, the change topic's record key),
+    `row` (the row as the API shows it) and `deleted`.
+
+    The JSON is what `json.dumps(row_of(...), default=str)` gives, byte for byte, but built
+    column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
+    million-key batch has a million rows here."""
     deleted = [v is None for v in values]
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
     value_names, value_columns = _value_columns(table, values, aggregator)
@@ -91,9 +103,8 @@ def write_change_columns(folder: str, table: TableDefinition, batch_id: int, par
     else:
         row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
                               _joined("{", _separated(row_parts.values(), list(row_parts)), "}"))
-    rows = pa.table({"key": key_json, "row": row_json, "batch_id": pa.array([batch_id] * len(values), pa.int64()),
-                     "deleted": pa.array(deleted, pa.bool_())}, schema=change_schema())
-    write_parquet_atomically(rows, folder, change_file(batch_id, partition))
+    return pa.table({"key": key_json, "key_object": key_row, "row": row_json,
+                     "deleted": pa.array(deleted, pa.bool_())})
 
 
 _COMMA = pa.scalar(", ")

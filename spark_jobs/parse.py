@@ -36,6 +36,17 @@ def schema_ddl(table: TableDefinition) -> str:
     return ", ".join(f"`{name}` {dtype}" for name, dtype in table.schema)
 
 
+def kafka_key_text(table: TableDefinition):
+    """A source table's primary key as its records' Kafka key spells it: the key itself, or with
+    `key_format: json` the primary key's field of a JSON object (a change topic's key)."""
+    from pyspark.sql import functions as F
+
+    text = F.col("_key").cast("string")
+    if table.key_format == "json":
+        return F.get_json_object(text, f"$.{table.key_columns[0]}")
+    return text
+
+
 def _timestamp(text):
     """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither form."""
     from pyspark.sql import functions as F
@@ -107,7 +118,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
                                  F.lit("future_event_time"))
     if table.kind == "source":
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
-        kafka_key = F.col("_key").cast("string")
+        kafka_key = kafka_key_text(table)
         reason = reason.when(kafka_key.isNotNull() & ~F.coalesce(
             kafka_key.try_cast(pk_type) == F.col(f"_parsed.`{pk}`"), F.lit(False)), F.lit("key_mismatch"))
         tombstone = (F.when(kafka_key.isNull(), F.lit("tombstone_without_key"))

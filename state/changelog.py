@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MARKER_PREFIX = b"\xff\x00batch\x00"  # data keys never start with 0xff (see codec tags)
 BATCH_HEADER = "statetable.batch"
+OUTPUT_BATCH_HEADER = "batch"     # on a table's change topic (its readers are not statetable's)
 
 
 def topic_name(table: str, namespace: str = "") -> str:
@@ -101,12 +102,19 @@ class ChangelogWriter:
             "enable.sparse.connections": False,
             "retry.backoff.ms": 10,
             "reconnect.backoff.ms": 10,
+            # Records for other topics (a table's change topic) go by their key's hash, as a Java
+            # producer would place them: a consumer keyed the same way finds them.
+            "partitioner": "murmur2_random",
         })
         self.producer.init_transactions(30)
 
-    def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker) -> int:
-        """Publish `changes` then the marker atomically; returns the offset after the marker."""
+    def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
+                extra: list[tuple[str, bytes, bytes | None]] = ()) -> int:
+        """Publish `changes`, the `extra` records ((topic, key, value) for other topics, partitioned
+        by key) and the marker in one transaction; returns the offset after the marker. A
+        read_committed reader of any of these topics sees all of the batch or none of it."""
         headers = [(BATCH_HEADER, str(batch_id).encode())]
+        extra_headers = [(OUTPUT_BATCH_HEADER, str(batch_id).encode())]
         marker_offset: list[int] = []
         errors: list = []
 
@@ -128,6 +136,8 @@ class ChangelogWriter:
                 if i == half:
                     self.producer.flush(30)
                     faults.point("commit.mid_changelog")
+            for topic, key, value in extra:
+                self._produce(key, value, extra_headers, on_delivery, topic=topic)
             self._produce(marker_key(batch_id), marker.encode(), headers, on_marker)
             self.producer.commit_transaction(60)
         except (KafkaException, SystemError) as exc:
@@ -143,11 +153,12 @@ class ChangelogWriter:
             raise RuntimeError(f"changelog {self.topic}[{self.partition}] batch {batch_id} not delivered: {errors}")
         return marker_offset[0] + 1
 
-    def _produce(self, key: bytes, value: bytes | None, headers, callback) -> None:
+    def _produce(self, key: bytes, value: bytes | None, headers, callback, topic: str | None = None) -> None:
+        placed = {} if topic else {"partition": self.partition}
         while True:
             try:
-                self.producer.produce(self.topic, value, key=key, partition=self.partition,
-                                      headers=headers, on_delivery=callback)
+                self.producer.produce(topic or self.topic, value, key=key, headers=headers, on_delivery=callback,
+                                      **placed)
                 return
             except BufferError:
                 self.producer.poll(0.05)

@@ -256,7 +256,10 @@ class Transaction:
         self._ops.clear()
         self._closed = True
 
-    def commit(self) -> CommitResult:
+    def commit(self, outputs=None) -> CommitResult:
+        """`outputs(changes)`, when given, returns records for other topics ((topic, key, value)),
+        built from the commit's changes (encoded key -> new bytes, None: deleted); they are
+        published in the changelog's transaction, so they exist exactly when the batch does."""
         if self._closed:
             raise RuntimeError(f"batch {self.batch_id} transaction already closed")
         self._closed = True
@@ -310,7 +313,8 @@ class Transaction:
         offset = meta.changelog_offset
         if part.changelog is not None:
             offset = part.changelog.publish(self.batch_id, changes,
-                                            Marker(self.batch_id, digest, count, tuple(rejected)))
+                                            Marker(self.batch_id, digest, count, tuple(rejected)),
+                                            extra=outputs(changes) if outputs is not None and changes else ())
         faults.point("commit.after_changelog")
         part.backend.write(changes, meta.but(applied_batch=self.batch_id, changelog_offset=offset,
                                              digest=digest, key_count=count, rejected=tuple(rejected)))

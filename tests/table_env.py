@@ -2,8 +2,10 @@
 suffixed source topics, a private data folder and a topic namespace."""
 from __future__ import annotations
 
+import json
 import re
 import uuid
+from collections import defaultdict
 from pathlib import Path
 
 from catalog.runtime import Runtime
@@ -17,7 +19,7 @@ def isolated_runtime(bootstrap: str, root: Path, overrides: dict[str, str] | Non
     tables.mkdir(parents=True)
     for path in SHIPPED.glob("*.sql"):
         text = path.read_text()
-        text = re.sub(r"^(-- topic: )(\S+)", lambda m: m.group(1) + m.group(2) + suffix, text, flags=re.M)
+        text = re.sub(r"^(-- (?:output_)?topic: )(\S+)", lambda m: m.group(1) + m.group(2) + suffix, text, flags=re.M)
         text = re.sub(r"topic='([^']+)'", lambda m: f"topic='{m.group(1)}{suffix}'", text)
         for option, value in (overrides or {}).items():
             text = re.sub(rf"^-- {option}: .*$", f"-- {option}: {value}", text, flags=re.M)
@@ -35,6 +37,7 @@ def read_topic(bootstrap: str, topic: str) -> list:
 
     ends = watermarks(bootstrap, topic)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "verifier", "enable.auto.commit": False,
+                         "isolation.level": "read_committed",
                          "enable.partition.eof": True, "fetch.message.max.bytes": 8388608})
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
     records, done = [], {p for p, (low, high) in ends.items() if low >= high}
@@ -46,3 +49,27 @@ def read_topic(bootstrap: str, topic: str) -> list:
             records.append(msg)
     consumer.close()
     return records
+
+
+def fold_change_topic(bootstrap: str, topic: str) -> tuple[dict, list]:
+    """(the topic folded by key: last value, tombstones delete; every (key, batch) seen), read
+    with read_committed. Records of a key share a partition, so offset order is commit order."""
+    table, seen = {}, []
+    records = sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset()))
+    for msg in records:
+        batch = int(dict(msg.headers())["batch"])
+        key = msg.key().decode()
+        seen.append((key, batch))
+        if msg.value() is None:
+            table.pop(key, None)
+        else:
+            table[key] = json.loads(msg.value())
+    return table, seen
+
+
+def assert_each_batch_once_and_in_order(seen: list) -> None:
+    assert len(seen) == len(set(seen)), "a batch's change of a key appears twice"
+    batches = defaultdict(list)
+    for key, batch in seen:
+        batches[key].append(batch)
+    assert all(b == sorted(b) for b in batches.values()), "a key's changes are out of batch order"

@@ -60,7 +60,7 @@ def test_a_user_reads_only_the_tables_whose_dag_the_auth_manager_grants():
     listing = client.get("/tables", headers=alice).json()
     assert [t["table"] for t in listing["tables"]] == ["orders"] and listing["broken"] == {}
 
-    for route in ("/tables/orders/rows/1", "/tables/orders/rows", "/leaderboard/1"):
+    for route in ("/tables/orders/rows/1", "/tables/orders/rows", "/tables/orders/changes", "/leaderboard/1"):
         assert client.get(route, headers=bob).status_code == 403, route
     assert client.get("/tables", headers=bob).json()["tables"] == []
     carol = GrantsByDag({"carol": {"drafts__incremental"}})

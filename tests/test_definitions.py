@@ -12,7 +12,8 @@ TABLES = Path(__file__).resolve().parent.parent / "dags" / "tables"
 
 def test_shipped_tables_parse():
     tables = load_all(TABLES)
-    assert set(tables) == {"movie_tickets_sold", "payments_per_customer", "players", "products", "leaderboard"}
+    assert set(tables) == {"movie_tickets_sold", "payments_per_customer", "players", "products", "leaderboard",
+                           "movie_ticket_totals"}
     movies = tables["movie_tickets_sold"]
     assert (movies.topic, movies.key_columns, movies.partitions) == ("movie_ticket_sales", ["title"], 4)
     assert [(a.name, a.function, a.args) for a in movies.aggregates] == [("tickets_sold", "count", ("ticket_total_value",))]
@@ -24,6 +25,9 @@ def test_shipped_tables_parse():
     assert (top.function, top.n, top.args[:2]) == ("topk", 3, ("s.score", "s.player_id"))
     players = tables["players"]
     assert (players.kind, players.topic, players.key_columns) == ("source", "players", ["id"])
+    chained = tables["movie_ticket_totals"]        # a table on movie_tickets_sold's change topic
+    assert movies.output_topic == chained.topic == "movie_tickets_sold_changes"
+    assert (chained.kind, chained.key_columns, chained.key_format) == ("source", ["title"], "json")
 
 
 def test_windows_and_where(tmp_path):

@@ -2,8 +2,9 @@
 process tree is SIGKILLed at every named fault point and at random moments,
 in a local Spark session and as a client of the Spark Connect server, whose
 own process tree is SIGKILLed at random moments too; then re-run until caught up. The table must equal an independent pandas
-recomputation over the topic, the changelog must restore it exactly, and the
-bronze table must hold every (partition, offset) exactly once."""
+recomputation over the topic, the changelog must restore it exactly, the change topic must fold
+to it with no batch's change twice, and the bronze table must hold every (partition, offset)
+exactly once."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from spark_jobs import jobs
 from deploy import samples
 from catalog.batch_log import BatchLog
 from state import faults
-from tests.table_env import isolated_runtime, read_topic
+from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
 
 EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "1000000"))
 PER_BATCH = max(1, EVENTS // 20)
@@ -62,7 +63,8 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
 
     rt, suffix = isolated_runtime(kafka, tmp_path, overrides={"snapshot_every": "3"})
     sql = rt.tables_dir / f"{TABLE}.sql"          # the mirror folds after every odd batch: a 2-batch run reaches
-    sql.write_text("-- mirror_every: 2\n" + sql.read_text())     # mirror.after_merge
+    out = "payments-changes" + suffix               # the change topic, in the changelog's transactions
+    sql.write_text(f"-- mirror_every: 2\n-- output_topic: {out}\n" + sql.read_text())     # mirror.after_merge
     samples.produce(TABLE, rt.bootstrap, EVENTS, suffix=suffix)
     log = BatchLog(rt.batch_dir(TABLE))
 
@@ -150,6 +152,17 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
     for customer, row in mirror.items():
         assert row["payments"] == expected.loc[customer, "count"], customer
         assert math.isclose(row["total"], expected.loc[customer, "sum"], rel_tol=1e-9), customer
+
+    # The change topic, read with read_committed: folded by key it is the table, and no batch's
+    # change of a key appears twice, whatever the kills cut short.
+    folded, seen = fold_change_topic(rt.bootstrap, out)
+    assert_each_batch_once_and_in_order(seen)
+    assert set(folded) == {json.dumps({"customer_id": c}) for c in expected.index}
+    for key, row in folded.items():
+        customer = json.loads(key)["customer_id"]
+        assert row["payments"] == expected.loc[customer, "count"], customer
+        assert math.isclose(row["total"], expected.loc[customer, "sum"], rel_tol=1e-9), customer
+        assert row["largest"] == expected.loc[customer, "max"], customer
 
     bronze = spark.read.format("delta").load(rt.delta_path(TABLE, "bronze"))
     assert bronze.count() == EVENTS

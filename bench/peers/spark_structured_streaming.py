@@ -33,6 +33,8 @@ def main() -> None:
     for flag in ("--bootstrap", "--topic", "--out", "--checkpoint"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--mode", choices=("count", "recover"), default="count")
+    parser.add_argument("--first-job", action="store_true",
+                        help="run one small Spark job before the query (bench.cold_start: Spark's own first-job cost)")
     args = parser.parse_args()
 
     spark = session.get_or_create("bench-spark-structured-streaming", local=True)
@@ -45,6 +47,8 @@ def main() -> None:
               .option("startingOffsets", "earliest").load()
               .select(F.from_json(F.col("value").cast("string"), "k STRING, v BIGINT").alias("e"))
               .select("e.*"))
+    if args.first_job:
+        spark.range(10).repartition(2).count()
     totals = events.groupBy("k").agg(F.count("v").alias("n"), F.sum("v").alias("s"))
     started = time.perf_counter()
     query = (totals.writeStream.outputMode("update").format("noop")

@@ -13,11 +13,14 @@ from __future__ import annotations
 import hmac
 import html
 import inspect
+import os
+import re
 import threading
 import time
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse
+import anyio
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
@@ -120,8 +123,55 @@ class _Service:
                 self.service = None
 
 
+class _Followers:
+    """Push-query followers: at most `limit` at once (more get 503), and their Kafka and batch-log
+    reads run on threads of their own, so followers, however slow their clients, never take the
+    threads the other routes answer on."""
+
+    def __init__(self) -> None:
+        self.limit = int(os.environ.get("STATETABLE_API_MAX_FOLLOWERS", "32"))
+        self.poll = float(os.environ.get("STATETABLE_API_FOLLOW_POLL_SECONDS", "0.5"))
+        self.keepalive = 15.0
+        self.count = 0
+        self.threads = None
+
+    async def stream(self, request: Request, table, rt, after: int):
+        from serving.changes import next_batch, sse
+
+        self.threads = self.threads or anyio.CapacityLimiter(4)
+        self.count += 1
+        try:
+            quiet_since = time.monotonic()
+            while not await request.is_disconnected():
+                found = await anyio.to_thread.run_sync(next_batch, table, rt, after, limiter=self.threads)
+                if found is not None:
+                    after, body = found
+                    yield sse(after, body)
+                    quiet_since = time.monotonic()
+                    continue
+                if time.monotonic() - quiet_since > self.keepalive:
+                    yield ": keepalive\n\n"            # a comment: proxies keep the stream open
+                    quiet_since = time.monotonic()
+                await anyio.sleep(self.poll)
+        finally:
+            self.count -= 1
+
+
 def _answer(body, batch: int | None, status: int = 200) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={BATCH_HEADER: "none" if batch is None else str(batch)})
+
+
+def _definition(name: str, rt):
+    from catalog.definitions import DefinitionError
+    from catalog.registry import load_table
+
+    try:
+        return load_table(name, rt)[0]
+    except DefinitionError as exc:
+        if (rt.tables_dir / f"{name}.sql").exists():
+            raise StateUnavailable(f"table {name!r} cannot be followed: its definition is broken: {exc}",
+                                   retry_after=60) from None
+        raise NoSuchTable(str(exc)) from None
 
 
 def create_app(auth, service_factory=QueryService) -> FastAPI:
@@ -213,6 +263,28 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
             raise BadQuery(f"limit must be at least 1, not {limit}")
         page = await holder.ask("windows", table, key, from_, to, limit)
         return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
+
+    followers = _Followers()
+
+    @app.get("/tables/{table}/changes", summary="committed changes as server-sent events, one per batch",
+             response_class=StreamingResponse)
+    async def changes(request: Request, table: str = table_path,
+                      after_batch: int = Query(-1, ge=-1, description="send the batches after this one"),
+                      last_event_id: str | None = Header(None, alias="Last-Event-ID", max_length=20)):
+        """Each committed batch as one event (`id` = the batch, `data` = its changed rows, null for
+        a deleted key), oldest first, then each new batch as it commits. A client that reconnects
+        with Last-Event-ID resumes after that batch, without gaps or repeats."""
+        await authorize(request, table)
+        if last_event_id is not None and not re.fullmatch(r"-1|\d{1,18}", last_event_id.strip()):
+            raise BadQuery(f"Last-Event-ID must be a batch id (a whole number), not {last_event_id!r}")
+        if followers.count >= followers.limit:
+            raise StateUnavailable(f"{followers.count} clients already follow changes, the most this server "
+                                   f"allows (STATETABLE_API_MAX_FOLLOWERS)", retry_after=5)
+        rt = (holder.service or await run_in_threadpool(holder.get)).rt
+        definition = await run_in_threadpool(_definition, table, rt)
+        after = int(last_event_id) if last_event_id is not None else after_batch
+        return StreamingResponse(followers.stream(request, definition, rt, after), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
     async def leaderboard(request: Request):
