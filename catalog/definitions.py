@@ -35,7 +35,7 @@ SUPPORTED = (
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
-    "output_topic", "key_format",
+    "output_topic", "key_format", "emit",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
@@ -83,6 +83,7 @@ class TableDefinition:
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
     output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
+    emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
     event_time: str | None = None
@@ -222,6 +223,19 @@ def _duration_option(path: Path, header: _Header, key: str, default: int) -> int
 
 
 SCHEDULE_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly"}
+
+
+def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
+    raw = header.get("emit")
+    if raw is None:
+        return "changes"
+    if raw not in ("changes", "final"):
+        raise DefinitionError(f"{header.where(path, 'emit')}: option emit={raw!r} must be changes (every committed "
+                              f"change) or final (each window once, when it closes)")
+    if raw == "final" and (table.window is None or table.output_topic is None):
+        raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
+                              f"(GROUP BY ..., TUMBLE or HOP) with an output_topic, whose closed windows it emits")
+    return raw
 
 
 def _topic_option(path: Path, header: _Header, key: str) -> str | None:
@@ -409,6 +423,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     )
     table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
         else _aggregate_table(path, create, header, common)
+    table.emit = _emit(path, header, table)
     if table.output_topic is not None and table.output_topic == table.topic:
         raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
                               f"to its own input topic {table.topic!r}; name another output_topic")

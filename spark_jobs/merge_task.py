@@ -36,6 +36,7 @@ class MergeContext:
     purge_watermark: int | None = None
     namespace: str = ""
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
+    closing: tuple | None = None    # emit: final: (previous watermark, this batch's): windows closing between
 
 
 def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None) -> tuple[dict, dict]:
@@ -127,11 +128,28 @@ def outputs_of(table: TableDefinition, aggregator):
     from spark_jobs.mirror import change_columns
 
     def outputs(changes: dict) -> list:
+        if not changes:
+            return []
         keys = [codec.decode_key(k) for k in changes]
         columns = [list(c) for c in zip(*keys)]
         values = [None if v is None else codec.decode_value(v) for v in changes.values()]
         return change_records(table.output_topic, change_columns(table, columns, values, aggregator))
     return outputs
+
+
+def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict) -> list:
+    """emit: final: the windows this batch closed, once each, with their final values; nothing
+    for a window still open, and nothing when the batch moved no watermark."""
+    from spark_jobs.mirror import change_columns
+    from state.windows import closing
+
+    if ctx.closing is None or ctx.closing[1] is None:
+        return []
+    closed = closing(part, ctx.table.window, changes, *ctx.closing)
+    if not closed:
+        return []
+    columns = [list(c) for c in zip(*[key for key, _ in closed])]
+    return change_records(ctx.table.output_topic, change_columns(ctx.table, columns, [v for _, v in closed], aggregator))
 
 
 def change_records(topic: str, columns) -> list[tuple[str, bytes, bytes | None]]:
@@ -189,6 +207,10 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         built = {}
 
         def outputs(changes):
+            if ctx.table.emit == "final":
+                return _closed_windows(ctx, spec.aggregator, part, changes)
+            if not changes:
+                return []
             built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
             purged = {k: v for k, v in changes.items() if k not in last}    # windows past retention
             return change_records(ctx.table.output_topic, built["rows"]) + \

@@ -271,7 +271,8 @@ class MicroBatchRunner:
         self._describe(plan.batch_id, "aggregate_merge")
         join_counts: dict = {}
         partials = self._batch_partials(events, classified, join_counts)
-        summaries = self._merge_arrow(partials.withColumn("_kind", F.lit("partial")), plan.batch_id, watermark)
+        summaries = self._merge_arrow(partials.withColumn("_kind", F.lit("partial")), plan.batch_id, watermark,
+                                      plan.watermark_ms)
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
         refused_counts = self._dead_letter_refused(events, classified, refused, plan) \
@@ -341,7 +342,7 @@ class MicroBatchRunner:
         self._describe(plan.batch_id, "aggregate_merge")
         partials = out.where(F.col("_kind") == "partial").select(
             "_kind", "_sp", *[c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"])
-        summaries = self._merge_arrow(partials, plan.batch_id, watermark)
+        summaries = self._merge_arrow(partials, plan.batch_id, watermark, plan.watermark_ms)
         out.unpersist()
         steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
@@ -495,7 +496,8 @@ class MicroBatchRunner:
             if name not in files:
                 delta_files.delete_file(path, name)
 
-    def _merge_arrow(self, partials, batch_id: int, watermark: int | None) -> dict[int, dict]:
+    def _merge_arrow(self, partials, batch_id: int, watermark: int | None,
+                     previous_watermark: int | None = None) -> dict[int, dict]:
         """The partials (`_kind` = "partial", `_sp`, keys and values), grouped by state partition (a
         shuffle of one row per key and input batch), and one merge task per partition; a marker
         row per partition makes every partition commit."""
@@ -503,7 +505,8 @@ class MicroBatchRunner:
 
         table = self.table
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
-                           self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog)
+                           self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog,
+                           closing=(previous_watermark, watermark) if table.emit == "final" else None)
         mirror_dir = mirror.changes_path(self.rt, table.name)
         summaries = per_state_partition(self.spark, partials, table.partitions,
                                         lambda group: merge_arrow(ctx, mirror_dir, group),

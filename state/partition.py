@@ -314,7 +314,7 @@ class Transaction:
         if part.changelog is not None:
             offset = part.changelog.publish(self.batch_id, changes,
                                             Marker(self.batch_id, digest, count, tuple(rejected)),
-                                            extra=outputs(changes) if outputs is not None and changes else ())
+                                            extra=outputs(changes) if outputs is not None else ())
         faults.point("commit.after_changelog")
         part.backend.write(changes, meta.but(applied_batch=self.batch_id, changelog_offset=offset,
                                              digest=digest, key_count=count, rejected=tuple(rejected)))

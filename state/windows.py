@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from state import codec
 from state.partition import StatePartition, Transaction
 
 
@@ -72,3 +73,28 @@ def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermar
             tx.delete(full_key)
             expired += 1
     return expired
+
+
+def closing(partition: StatePartition, spec: WindowSpec, changes: dict, after: int | None,
+            until: int) -> list[tuple[tuple, object]]:
+    """(window key, value) of every window that closes in (after, until]: its end plus grace
+    passed in that range of the watermark, so no later event can change it (a later one is late).
+    Values are as a commit's `changes` (encoded key -> new bytes, None: deleted) leave them; a
+    window the same commit purges keeps its last value. A full scan: windowed state is bounded
+    by retention."""
+    def closes(start: int) -> bool:
+        end = start + spec.size_ms + spec.grace_ms
+        return (after is None or end > after) and end <= until
+
+    found: dict[bytes, tuple[tuple, bytes]] = {}
+    for key, stored in partition.raw_items():
+        full = codec.decode_key(key)
+        if closes(full[-1]):
+            new = changes.get(key, stored)
+            found[key] = (full, stored if new is None else new)
+    for key, new in changes.items():
+        if key not in found and new is not None:
+            full = codec.decode_key(key)
+            if closes(full[-1]):
+                found[key] = (full, new)
+    return [(full, codec.decode_value(raw)) for full, raw in found.values()]

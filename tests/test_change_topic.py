@@ -95,6 +95,10 @@ def test_an_output_topic_that_is_no_topic_name_fails_at_parse(tmp_path):
         parse(tmp_path / "c.sql", text.format("a b"))
     with pytest.raises(DefinitionError, match=r"'c' would write its changes to its own input topic 'events'"):
         parse(tmp_path / "c.sql", text.format("events"))
+    with pytest.raises(DefinitionError, match=r"c.sql:4:1: table 'c': emit: final needs a windowed table"):
+        parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- emit: final\nCREATE"))
+    with pytest.raises(DefinitionError, match=r"option emit='last' must be changes .* or final"):
+        parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- emit: last\nCREATE"))
 
 
 def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks_the_chain(env, spark):
@@ -126,3 +130,54 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     assert result.ok, result.summary()
     assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
     assert result.keys_compared == result.upstream[0].keys_compared == len(expected)
+
+
+def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(env, spark):
+    """Out-of-order events over four batches (as the windowed test in test_microbatch): with
+    `emit: final` each window reaches the change topic once, in the batch whose watermark passes
+    its end plus grace, with the value pandas computes over the events that were not late; a
+    window still open at the end is not emitted."""
+    from state.kafka_admin import ensure_topic
+
+    rt, suffix = env
+    topic, out = "final_sales" + suffix, "hourly-final" + suffix
+    (rt.tables_dir / "hourly_final.sql").write_text(
+        f"-- topic: {topic}\n-- schema: title STRING, amount DOUBLE, ts TIMESTAMP\n-- partitions: 2\n"
+        f"-- output_topic: {out}\n-- emit: final\n"
+        "CREATE TABLE hourly_final AS SELECT title, COUNT(*) AS n FROM sales "
+        "GROUP BY title, TUMBLE(ts, INTERVAL '1' HOUR, INTERVAL '10' MINUTE)")
+    ensure_topic(rt.bootstrap, topic, 2)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    batches = [
+        [(5, "a"), (50, "a"), (70, "b"), (65, "a")],      # watermark 70: window 0-60 closes (60 + grace 10)
+        [(30, "a"), (125, "b"), (100, "a")],             # 30 is late
+        [(20, "a"), (55, "b"), (130, "a"), (119, "b")],  # 20, 55 late; watermark 130: window 60-120 closes
+        [(179, "a"), (121, "b"), (10, "c")],             # 10 late; window 120-180 stays open
+    ]
+    day = 1_793_491_200_000
+    accepted, watermark, closed_in = [], None, {}
+    for batch_id, events in enumerate(batches):
+        for minute, title in events:
+            ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
+            producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
+        assert producer.flush(10) == 0
+        assert len(jobs.run("hourly_final", until_caught_up=True, spark=spark, rt=rt)) == 1
+        on_time = [(m, t) for m, t in events if watermark is None or (m // 60) * 60 + 70 > watermark]
+        accepted += on_time
+        previous, watermark = watermark, max([watermark or 0] + [m for m, _ in on_time])
+        for start in {(m // 60) * 60 for m, _ in accepted}:
+            if (previous is None or start + 70 > previous) and start + 70 <= watermark:
+                closed_in[start] = batch_id
+    frame = pd.DataFrame(accepted, columns=["minute", "title"])
+    frame["start"] = (frame["minute"] // 60) * 60
+    expected = {json.dumps({"title": t, "window_start": day + s * 60_000}): {"title": t, "window_start":
+                day + s * 60_000, "n": int(n)} for (t, s), n in frame.groupby(["title", "start"]).size().items()
+                if s in closed_in}
+    assert closed_in == {0: 0, 60: 2}
+    records = sorted(read_topic(rt.bootstrap, out), key=lambda m: (m.partition(), m.offset()))
+    keys = [m.key().decode() for m in records]
+    assert len(keys) == len(set(keys)), "a window was emitted twice"
+    assert {m.key().decode(): json.loads(m.value()) for m in records} == expected
+    for m in records:
+        start = (json.loads(m.key())["window_start"] - day) // 60_000
+        assert int(dict(m.headers())["batch"]) == closed_in[start]
