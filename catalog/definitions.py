@@ -83,6 +83,7 @@ class TableDefinition:
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
     output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
+    having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
@@ -467,7 +468,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     select = create.expression
     if not isinstance(select, exp.Select):
         raise _fail(path, select, "a CREATE TABLE without AS SELECT or a column list")
-    for unsupported in ("having", "order", "limit", "distinct", "with"):
+    for unsupported in ("order", "limit", "distinct", "with"):
         if select.args.get(unsupported):
             raise _fail(path, select.args[unsupported], unsupported.upper())
     source = select.args.get("from") or select.args.get("from_")
@@ -546,6 +547,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         aggregates.append(_aggregate(scope, alias, target))
     if not aggregates:
         raise _fail(path, select, "a GROUP BY without aggregates")
+    having = select.args.get("having")
+    having_sql = _having(path, having.this, key_names, seen) if having is not None else None
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
@@ -559,8 +562,43 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     return TableDefinition(
         name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
-        where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, **common,
+        where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
+        **common,
     )
+
+
+def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict) -> str:
+    """HAVING over the rows' columns: an aggregate SELECT names becomes its alias, so the predicate
+    reads the row as the API shows it. Returns it as Spark SQL text."""
+    from catalog.expressions import SUPPORTED as HAVING_SUPPORTED, Unsupported, compile_predicate
+
+    named = {projection.this.sql(dialect="spark"): alias for alias, projection in aggregates.items()}
+
+    def to_columns(child: exp.Expression) -> exp.Expression:
+        if isinstance(child, (exp.AggFunc, exp.Anonymous)):
+            alias = named.get(child.sql(dialect="spark"))
+            if alias is None:
+                raise _fail(path, child, f"HAVING over {child.sql()}, an aggregate SELECT does not name",
+                            f"{HAVING_SUPPORTED}; name it in SELECT (AGG(...) AS name)")
+            return exp.column(alias)
+        if isinstance(child, exp.Column):
+            return exp.column(child.name)
+        return child
+
+    predicate = node.copy().transform(to_columns)
+    try:
+        compile_predicate(predicate, set(key_names) | set(aggregates))
+    except Unsupported as exc:
+        raise _fail(path, _located(node, exc.node), f"HAVING: {exc}", HAVING_SUPPORTED) from None
+    return predicate.sql(dialect="spark")
+
+
+def _located(original: exp.Expression, copied: exp.Expression) -> exp.Expression:
+    """The node of `original` that `copied` (from a transformed copy) stands for, for its line:col."""
+    for child in original.walk():
+        if child.sql() == copied.sql():
+            return child
+    return original
 
 
 def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:

@@ -54,3 +54,23 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         if type(item) is float or isinstance(item, (tuple, list)):
             row[name] = finite_value(item)
     return row
+
+
+_PREDICATES: dict[tuple[str, str], object] = {}
+
+
+def shown(table: TableDefinition, row: dict | None) -> dict | None:
+    """`row` if the table shows it: HAVING (catalog/expressions.py) hides a row that does not pass,
+    while the state keeps its aggregate."""
+    if row is None or table.having is None:
+        return row
+    key = (table.name, table.having)
+    predicate = _PREDICATES.get(key)
+    if predicate is None:
+        import sqlglot
+
+        from catalog.expressions import compile_predicate
+
+        predicate = _PREDICATES[key] = compile_predicate(sqlglot.parse_one(table.having, dialect="spark"),
+                                                         set(key_names(table)) | {a.name for a in table.aggregates})
+    return row if predicate(row) else None

@@ -17,7 +17,7 @@ from state import codec
 from state.changelog import is_marker, partition_bounds, replay
 from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
-from catalog.mapping import key_names, row_of, state_spec
+from catalog.mapping import key_names, row_of, shown, state_spec
 from catalog.runtime import Runtime
 
 
@@ -50,7 +50,7 @@ def batch_changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, p
                 key = codec.decode_key(record.key)
                 value = None if record.value is None else codec.decode_value(record.value)
                 changes.append({"key": dict(zip(names, key)),
-                                "row": None if value is None else row_of(table, key, value, aggregator)})
+                                "row": None if value is None else shown(table, row_of(table, key, value, aggregator))})
     return {"table": table.name, "batch": commit.batch_id, "committed_at": commit.committed_at, "changes": changes}
 
 

@@ -32,7 +32,7 @@ from state import codec
 from state.views import TableView
 from catalog import registry
 from catalog.batch_log import BatchLog
-from catalog.mapping import key_names, row_of, state_spec
+from catalog.mapping import key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition, load_all
 from catalog.definitions import parse as parse_definition
 from state.table import DefinitionChanged
@@ -328,7 +328,7 @@ class QueryService:
         reader = self.reader(name)
         with reader.read() as (view, batch):
             value = None if view is None else view.get(key)
-            return batch, None if value is None else row_of(table, key, value, reader.aggregator)
+            return batch, None if value is None else shown(table, row_of(table, key, value, reader.aggregator))
 
     def scan(self, name: str, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, cursor: str | None = None) -> Page:
@@ -353,7 +353,7 @@ class QueryService:
             entries = entries[1:]
         more = len(entries) > limit
         entries = entries[:limit]
-        rows = [row_of(table, key, value, reader.aggregator) for key, value in entries]
+        rows = [row for key, value in entries if (row := shown(table, row_of(table, key, value, reader.aggregator)))]
         return Page(batch, rows, _encode_cursor(entries[-1][0]) if more else None)
 
     def windows(self, name: str, raw_key: str, start_ms: int | None, end_ms: int | None,
@@ -373,7 +373,7 @@ class QueryService:
                 return Page(batch, [])
             entries = view.scan(key, None if start_ms is None else key + (start_ms,),
                                 None if end_ms is None else key + (end_ms,), limit)
-        return Page(batch, [row_of(table, k, v, reader.aggregator) for k, v in entries])
+        return Page(batch, [row for k, v in entries if (row := shown(table, row_of(table, k, v, reader.aggregator)))])
 
     def refresh_all(self, also: list[str] = ()) -> dict[str, int | None]:
         """Catch every open table, and the tables in `also`, up with the writer now; returns the

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from state import faults
 from state.aggregates import Aggregate
 from spark_jobs import delta_files
-from catalog.mapping import finite_value, key_names, state_spec
+from catalog.mapping import finite_value, key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime
 
@@ -89,7 +89,12 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
 
     The JSON is what `json.dumps(row_of(...), default=str)` gives, byte for byte, but built
     column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
-    million-key batch has a million rows here."""
+    million-key batch has a million rows here. A row HAVING hides is a delete here."""
+    if table.having is not None:
+        columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
+        aggregator = aggregator or state_spec(table).aggregator
+        values = [None if v is None or shown(table, row_of(table, k, v, aggregator)) is None else v
+                  for k, v in zip(zip(*columns), values)]
     deleted = [v is None for v in values]
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
     value_names, value_columns = _value_columns(table, values, aggregator)

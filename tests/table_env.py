@@ -73,3 +73,34 @@ def assert_each_batch_once_and_in_order(seen: list) -> None:
     for key, batch in seen:
         batches[key].append(batch)
     assert all(b == sorted(b) for b in batches.values()), "a key's changes are out of batch order"
+
+
+HOURLY_SQL = ("-- topic: {topic}\n-- schema: title STRING, amount DOUBLE, ts TIMESTAMP\n-- partitions: 2\n{options}"
+              "CREATE TABLE {table} AS SELECT title, COUNT(*) AS n FROM sales "
+              "GROUP BY title, TUMBLE(ts, INTERVAL '1' HOUR, INTERVAL '10' MINUTE)")
+# (minute of 2026-11-01, title) per batch: out of order, with late events once the watermark (the
+# newest accepted event time) passes a window's end plus its 10 minutes of grace.
+OUT_OF_ORDER_BATCHES = [
+    [(5, "a"), (50, "a"), (70, "b"), (65, "a")],      # watermark 70: window 0-60 closes (60 + grace 10)
+    [(30, "a"), (125, "b"), (100, "a")],             # 30 late
+    [(20, "a"), (55, "b"), (130, "a"), (119, "b")],  # 20, 55 late, 119 (window 60-120) on time; 60-120 closes
+    [(179, "a"), (121, "b"), (10, "c")],             # 121 on time, 10 late; window 120-180 stays open
+]
+
+
+def hourly_table(rt, table: str, topic: str, options: str = "") -> "Producer":
+    """An hourly tumbling count over `topic` (created, 2 partitions), and a producer for it."""
+    from confluent_kafka import Producer
+
+    from state.kafka_admin import ensure_topic
+
+    (rt.tables_dir / f"{table}.sql").write_text(HOURLY_SQL.format(topic=topic, options=options, table=table))
+    ensure_topic(rt.bootstrap, topic, 2)
+    return Producer({"bootstrap.servers": rt.bootstrap})
+
+
+def produce_minutes(producer, topic: str, events: list[tuple[int, str]]) -> None:
+    for minute, title in events:
+        ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
+        producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
+    assert producer.flush(10) == 0

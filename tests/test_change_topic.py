@@ -12,7 +12,8 @@ from confluent_kafka import Producer
 from spark_jobs import jobs
 from deploy import samples
 from serving.query import lookup
-from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
+from tests.table_env import (OUT_OF_ORDER_BATCHES, assert_each_batch_once_and_in_order, fold_change_topic,
+                              hourly_table, isolated_runtime, produce_minutes, read_topic)
 
 
 @pytest.fixture
@@ -137,30 +138,13 @@ def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(e
     `emit: final` each window reaches the change topic once, in the batch whose watermark passes
     its end plus grace, with the value pandas computes over the events that were not late; a
     window still open at the end is not emitted."""
-    from state.kafka_admin import ensure_topic
-
     rt, suffix = env
     topic, out = "final_sales" + suffix, "hourly-final" + suffix
-    (rt.tables_dir / "hourly_final.sql").write_text(
-        f"-- topic: {topic}\n-- schema: title STRING, amount DOUBLE, ts TIMESTAMP\n-- partitions: 2\n"
-        f"-- output_topic: {out}\n-- emit: final\n"
-        "CREATE TABLE hourly_final AS SELECT title, COUNT(*) AS n FROM sales "
-        "GROUP BY title, TUMBLE(ts, INTERVAL '1' HOUR, INTERVAL '10' MINUTE)")
-    ensure_topic(rt.bootstrap, topic, 2)
-    producer = Producer({"bootstrap.servers": rt.bootstrap})
-    batches = [
-        [(5, "a"), (50, "a"), (70, "b"), (65, "a")],      # watermark 70: window 0-60 closes (60 + grace 10)
-        [(30, "a"), (125, "b"), (100, "a")],             # 30 is late
-        [(20, "a"), (55, "b"), (130, "a"), (119, "b")],  # 20, 55 late; watermark 130: window 60-120 closes
-        [(179, "a"), (121, "b"), (10, "c")],             # 10 late; window 120-180 stays open
-    ]
+    producer = hourly_table(rt, "hourly_final", topic, f"-- output_topic: {out}\n-- emit: final\n")
     day = 1_793_491_200_000
     accepted, watermark, closed_in = [], None, {}
-    for batch_id, events in enumerate(batches):
-        for minute, title in events:
-            ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
-            producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
-        assert producer.flush(10) == 0
+    for batch_id, events in enumerate(OUT_OF_ORDER_BATCHES):
+        produce_minutes(producer, topic, events)
         assert len(jobs.run("hourly_final", until_caught_up=True, spark=spark, rt=rt)) == 1
         on_time = [(m, t) for m, t in events if watermark is None or (m // 60) * 60 + 70 > watermark]
         accepted += on_time
@@ -181,3 +165,36 @@ def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(e
     for m in records:
         start = (json.loads(m.key())["window_start"] - day) // 60_000
         assert int(dict(m.headers())["batch"]) == closed_in[start]
+
+
+def test_having_hides_rows_from_the_api_and_the_change_topic_while_the_state_keeps_them(env, spark):
+    from state.kafka_admin import ensure_topic
+
+    rt, suffix = env
+    topic, out = "having_events" + suffix, "having-out" + suffix
+    (rt.tables_dir / "busy.sql").write_text(
+        f"-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 2\n-- output_topic: {out}\n"
+        "CREATE TABLE busy AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k\n"
+        "HAVING COUNT(v) >= 2 AND s < 100;\n")
+    ensure_topic(rt.bootstrap, topic, 2)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    produced = []
+    for batch in ([("a", 1), ("b", 2), ("b", 3), ("c", 50), ("c", 60)], [("a", 4), ("d", 7)]):
+        for k, v in batch:
+            produced.append((k, v))
+            producer.produce(topic, json.dumps({"k": k, "v": v}).encode(), key=k.encode())
+        producer.flush()
+        jobs.run("busy", until_caught_up=True, spark=spark, rt=rt)
+        if len(produced) == 5:
+            assert lookup("busy", ("a",), rt=rt) is None           # one event: hidden
+            assert lookup("busy", ("b",), rt=rt) == {"k": "b", "n": 2, "s": 5}
+
+    frame = pd.DataFrame(produced, columns=["k", "v"]).groupby("k")["v"].agg(["count", "sum"])
+    every = {k: {"k": k, "n": int(r["count"]), "s": int(r["sum"])} for k, r in frame.iterrows()}
+    shown = {k: row for k, row in every.items() if row["n"] >= 2 and row["s"] < 100}
+    assert set(shown) == {"a", "b"}                               # c sums past 100, d has one event
+    assert {k[0] for k in jobs.state_rows("busy", rt)} == set(every)     # the state keeps every key
+    assert {k: lookup("busy", (k,), rt=rt) for k in every} == {k: shown.get(k) for k in every}
+    folded, seen = fold_change_topic(rt.bootstrap, out)
+    assert folded == {json.dumps({"k": k}): row for k, row in shown.items()}
+    assert (json.dumps({"k": "a"}), 0) in seen                   # a's first change was a tombstone

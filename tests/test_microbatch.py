@@ -12,7 +12,7 @@ from spark_jobs import jobs
 from deploy import samples
 from catalog.batch_log import BatchLog
 from serving.query import lookup
-from tests.table_env import isolated_runtime, read_topic
+from tests.table_env import OUT_OF_ORDER_BATCHES, hourly_table, isolated_runtime, produce_minutes, read_topic
 
 
 @pytest.fixture
@@ -268,27 +268,10 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
 def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, spark):
     rt, suffix = env
     topic = "window_sales" + suffix
-    (rt.tables_dir / "hourly_sales.sql").write_text(
-        f"-- topic: {topic}\n-- schema: title STRING, amount DOUBLE, ts TIMESTAMP\n-- partitions: 2\n"
-        "CREATE TABLE hourly_sales AS SELECT title, COUNT(*) AS n FROM sales "
-        "GROUP BY title, TUMBLE(ts, INTERVAL '1' HOUR, INTERVAL '10' MINUTE)")
-    from state.kafka_admin import ensure_topic
-
-    ensure_topic(rt.bootstrap, topic, 2)
-    producer = Producer({"bootstrap.servers": rt.bootstrap})
-    # (minute of the day, title) per batch; the watermark is the newest event time of earlier batches.
-    batches = [
-        [(5, "a"), (50, "a"), (70, "b"), (65, "a")],
-        [(30, "a"), (125, "b"), (100, "a")],            # watermark 70: window 0-60 closes at 60 + grace 10: 30 late
-        [(20, "a"), (55, "b"), (130, "a"), (119, "b")],  # watermark 125: 20 and 55 late, 119 (window 60-120) on time
-        [(179, "a"), (121, "b"), (10, "c")],             # watermark 130: 121 on time, 10 late
-    ]
+    producer = hourly_table(rt, "hourly_sales", topic)
     accepted, late, watermark = [], 0, None
-    for events in batches:
-        for minute, title in events:
-            ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
-            producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
-        assert producer.flush(10) == 0
+    for events in OUT_OF_ORDER_BATCHES:
+        produce_minutes(producer, topic, events)
         commits = jobs.run("hourly_sales", until_caught_up=True, spark=spark, rt=rt)
         assert len(commits) == 1
         batch_late = [(m, t) for m, t in events if watermark is not None and (m // 60) * 60 + 60 + 10 <= watermark]
