@@ -88,15 +88,20 @@ OUT_OF_ORDER_BATCHES = [
 ]
 
 
-def hourly_table(rt, table: str, topic: str, options: str = "") -> "Producer":
-    """An hourly tumbling count over `topic` (created, 2 partitions), and a producer for it."""
+def new_table(rt, table: str, text: str, topic: str, partitions: int = 2) -> "Producer":
+    """A table defined by `text`, its input topic (created), and a producer for it."""
     from confluent_kafka import Producer
 
     from state.kafka_admin import ensure_topic
 
-    (rt.tables_dir / f"{table}.sql").write_text(HOURLY_SQL.format(topic=topic, options=options, table=table))
-    ensure_topic(rt.bootstrap, topic, 2)
+    (rt.tables_dir / f"{table}.sql").write_text(text)
+    ensure_topic(rt.bootstrap, topic, partitions)
     return Producer({"bootstrap.servers": rt.bootstrap})
+
+
+def hourly_table(rt, table: str, topic: str, options: str = "") -> "Producer":
+    """An hourly tumbling count over `topic` (2 partitions), and a producer for it."""
+    return new_table(rt, table, HOURLY_SQL.format(topic=topic, options=options, table=table), topic)
 
 
 def produce_minutes(producer, topic: str, events: list[tuple[int, str]]) -> None:

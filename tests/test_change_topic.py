@@ -13,7 +13,7 @@ from spark_jobs import jobs
 from deploy import samples
 from serving.query import lookup
 from tests.table_env import (OUT_OF_ORDER_BATCHES, assert_each_batch_once_and_in_order, fold_change_topic,
-                              hourly_table, isolated_runtime, produce_minutes, read_topic)
+                              hourly_table, isolated_runtime, new_table, produce_minutes, read_topic)
 
 
 @pytest.fixture
@@ -168,16 +168,12 @@ def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(e
 
 
 def test_having_hides_rows_from_the_api_and_the_change_topic_while_the_state_keeps_them(env, spark):
-    from state.kafka_admin import ensure_topic
-
     rt, suffix = env
     topic, out = "having_events" + suffix, "having-out" + suffix
-    (rt.tables_dir / "busy.sql").write_text(
-        f"-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 2\n-- output_topic: {out}\n"
-        "CREATE TABLE busy AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k\n"
-        "HAVING COUNT(v) >= 2 AND s < 100;\n")
-    ensure_topic(rt.bootstrap, topic, 2)
-    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    producer = new_table(rt, "busy", f"-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 2\n"
+                         f"-- output_topic: {out}\n"
+                         "CREATE TABLE busy AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k\n"
+                         "HAVING COUNT(v) >= 2 AND s < 100;\n", topic)
     produced = []
     for batch in ([("a", 1), ("b", 2), ("b", 3), ("c", 50), ("c", 60)], [("a", 4), ("d", 7)]):
         for k, v in batch:

@@ -12,7 +12,8 @@ from spark_jobs import jobs
 from deploy import samples
 from catalog.batch_log import BatchLog
 from serving.query import lookup
-from tests.table_env import OUT_OF_ORDER_BATCHES, hourly_table, isolated_runtime, produce_minutes, read_topic
+from tests.table_env import (OUT_OF_ORDER_BATCHES, hourly_table, isolated_runtime, new_table, produce_minutes,
+                              read_topic)
 
 
 @pytest.fixture
@@ -335,16 +336,12 @@ def test_follow_commits_new_input_in_a_warm_session_until_stopped(env, spark):
 def test_verify_agrees_after_retention_purged_windows(env, spark):
     """The state purges windows past retention; the recomputation from bronze must drop them too."""
     from spark_jobs import batch
-    from state.kafka_admin import ensure_topic
 
     rt, suffix = env
     topic = "purged_sales" + suffix
-    (rt.tables_dir / "minute_sales.sql").write_text(
-        f"-- topic: {topic}\n-- schema: title STRING, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 1\n"
-        "CREATE TABLE minute_sales AS SELECT title, COUNT(*) AS n FROM sales "
-        "GROUP BY title, TUMBLE(ts, INTERVAL '1' MINUTE)")
-    ensure_topic(rt.bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    producer = new_table(rt, "minute_sales", f"-- topic: {topic}\n-- schema: title STRING, ts TIMESTAMP\n"
+                         "-- partitions: 2\n-- snapshot_every: 1\nCREATE TABLE minute_sales AS SELECT title, "
+                         "COUNT(*) AS n FROM sales GROUP BY title, TUMBLE(ts, INTERVAL '1' MINUTE)", topic, partitions=1)
     for batch_minutes in ([0, 0, 1], [30, 31]):     # minute 30 expires windows 0 and 1 (end + retention <= 30)
         for minute in batch_minutes:
             producer.produce(topic, json.dumps({"title": "a", "ts": f"2026-11-01T00:{minute:02d}:10Z"}).encode())
