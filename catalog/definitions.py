@@ -552,6 +552,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
+        _check_where(path, where.this)
         if where.find(exp.AggFunc):
             raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
@@ -565,6 +566,35 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
         **common,
     )
+
+
+# What WHERE may use: Spark evaluates it (the Spark-SQL pass takes a WHERE the Arrow pass cannot
+# translate), so anything here must mean the same in Spark SQL on every batch: no subqueries, no
+# clocks, no randomness.
+WHERE_FUNCTIONS = {
+    "arithmetic": (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren),
+    "comparisons and logic": (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not, exp.Is,
+                              exp.In, exp.Between, exp.Like, exp.ILike),
+    "CASE, IF, CAST, TRY_CAST, COALESCE, NULLIF, GREATEST, LEAST": (exp.Case, exp.If, exp.Cast, exp.TryCast,
+                                                                    exp.Coalesce, exp.Nullif, exp.Greatest,
+                                                                    exp.Least),
+    "UPPER, LOWER, LENGTH, SUBSTRING, CONCAT, ||, TRIM, REPLACE": (exp.Upper, exp.Lower, exp.Length, exp.Substring,
+                                                                   exp.Concat, exp.DPipe, exp.Trim, exp.Replace),
+    "ABS, ROUND, FLOOR, CEIL": (exp.Abs, exp.Round, exp.Floor, exp.Ceil),
+    "YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC": (exp.Year, exp.Month, exp.Day, exp.Hour,
+                                                                       exp.Minute, exp.DayOfWeek, exp.TsOrDsToDate,
+                                                                       exp.TimestampTrunc, exp.DateTrunc),
+}
+_WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.Var, exp.Star)
+WHERE_SUPPORTED = "in WHERE: columns, literals, " + "; ".join(WHERE_FUNCTIONS)
+
+
+def _check_where(path: Path, node: exp.Expression) -> None:
+    allowed = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
+    for child in node.walk():
+        if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, allowed):
+            what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
+            raise _fail(path, child, f"{what} in WHERE", WHERE_SUPPORTED)
 
 
 def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict) -> str:

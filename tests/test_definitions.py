@@ -1,6 +1,7 @@
 """Table definitions: the shipped tables parse; unsupported SQL fails early and precisely."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,19 @@ def test_the_fingerprint_changes_with_meaning_and_not_with_operations(tmp_path):
         assert meaning_changes(first.meaning(), other.meaning())
     assert meaning_changes(first.meaning(), parse(path, "-- partitions: 2\n" + base).meaning()) == \
         ["partitions: 4 -> 2"]
+
+
+@pytest.mark.parametrize("where, construct", [
+    ("FOO(v) > 1", "FOO(v) in WHERE"),
+    ("v > (SELECT 1)", "(SELECT 1) in WHERE"),
+    ("RAND() > 0.5", "RAND() in WHERE"),
+])
+def test_where_outside_the_supported_functions_fails_at_its_position_with_the_list(tmp_path, where, construct):
+    path = tmp_path / "w.sql"
+    path.write_text("-- schema: k STRING, v DOUBLE, ts TIMESTAMP\n"
+                    f"CREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s WHERE {where} GROUP BY k")
+    with pytest.raises(DefinitionError) as err:
+        parse(path)
+    message = str(err.value)
+    assert re.search(rf"{re.escape(str(path))}:2:\d+: {re.escape(construct)} is not supported", message), message
+    assert "CASE, IF, CAST" in message and "UPPER" in message and "DATE_TRUNC" in message
