@@ -84,6 +84,7 @@ class TableDefinition:
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
     output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
     having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
+    derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
@@ -111,6 +112,7 @@ class TableDefinition:
                                                         self.window.grace_ms],
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
+            **({"derived": dict(self.derived)} if self.derived else {}),
         }
 
     @property
@@ -321,6 +323,18 @@ class _Scope:
         self.stream_fields = dict(stream_schema)
         self.aliases: dict[str, str] = {stream_alias: ""}
         self.joined_refs: list[tuple[str, str, str]] = []    # (qualified name, joined table, "line:col")
+        self.derived: dict[str, str] = {}                     # "_x0" -> an aggregate argument's expression
+
+    def argument(self, node: exp.Expression) -> str:
+        """An aggregate's input: a column, or an expression computed per event before the
+        aggregate folds it (named `_x<n>`; the Spark-SQL pass computes it)."""
+        if isinstance(node, exp.Column):
+            return self.column(node)
+        self.check_expression(node)
+        _check_where(self.path, node, "in an aggregate's argument")
+        name = f"_x{len(self.derived)}"
+        self.derived[name] = node.sql(dialect="spark")
+        return name
 
     def column(self, node: exp.Expression, what: str = "an aggregate input") -> str:
         if not isinstance(node, exp.Column):
@@ -352,11 +366,11 @@ def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColu
             return AggregateColumn(alias, "count_distinct", (scope.column(inner.expressions[0]),))
         if isinstance(inner, exp.Star):
             return AggregateColumn(alias, "count", ())
-        return AggregateColumn(alias, "count", (scope.column(inner),))
+        return AggregateColumn(alias, "count", (scope.argument(inner),))
     simple = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
     for cls, name in simple.items():
         if isinstance(func, cls):
-            return AggregateColumn(alias, name, (scope.column(func.this),))
+            return AggregateColumn(alias, name, (scope.argument(func.this),))
     if isinstance(func, exp.Anonymous):
         name = func.name.upper()
         args = func.expressions
@@ -552,7 +566,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
-        _check_where(path, where.this)
+        _check_where(path, where.this, "in WHERE")
         if where.find(exp.AggFunc):
             raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
@@ -564,6 +578,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
         where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
+        derived=scope.derived,
         **common,
     )
 
@@ -589,12 +604,12 @@ _WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, 
 WHERE_SUPPORTED = "in WHERE: columns, literals, " + "; ".join(WHERE_FUNCTIONS)
 
 
-def _check_where(path: Path, node: exp.Expression) -> None:
+def _check_where(path: Path, node: exp.Expression, where: str) -> None:
     allowed = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
     for child in node.walk():
         if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, allowed):
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
-            raise _fail(path, child, f"{what} in WHERE", WHERE_SUPPORTED)
+            raise _fail(path, child, f"{what} {where}", WHERE_SUPPORTED.replace("in WHERE", where))
 
 
 def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict) -> str:

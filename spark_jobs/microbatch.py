@@ -57,6 +57,13 @@ def where_condition(table: TableDefinition):
     SQL semantics: an event passes only when the predicate is true, not when it is null."""
     if not table.where:
         return None
+    from pyspark.sql import functions as F
+
+    return F.coalesce(spark_expression(table, table.where), F.lit(False))
+
+
+def spark_expression(table: TableDefinition, sql: str):
+    """Spark SQL over the event's fields as a column of the flattened event frame (`_q` names)."""
     import sqlglot
     from pyspark.sql import functions as F
     from sqlglot import exp
@@ -67,8 +74,7 @@ def where_condition(table: TableDefinition):
             return exp.column(_q(table, name), quoted=True)
         return node
 
-    tree = sqlglot.parse_one(table.where, dialect="spark").transform(rename)
-    return F.coalesce(F.expr(tree.sql(dialect="spark")), F.lit(False))
+    return F.expr(sqlglot.parse_one(sql, dialect="spark").transform(rename).sql(dialect="spark"))
 
 
 def check_definition(batch_log: BatchLog, name: str, definition: dict) -> None:
@@ -609,6 +615,8 @@ class MicroBatchRunner:
         """The events the table's WHERE keeps; `counts["filtered"]` says how many it did not."""
         from pyspark.sql import functions as F
 
+        for name, sql in self.table.derived.items():          # aggregate arguments that are expressions
+            frame = frame.withColumn(_q(self.table, name), spark_expression(self.table, sql))
         condition = where_condition(self.table)
         if condition is None:
             return frame
