@@ -17,7 +17,7 @@ import difflib
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sqlglot
@@ -55,6 +55,7 @@ class AggregateColumn:
     function: str            # count, sum, min, max, avg, count_distinct, latest_by_offset, topk
     args: tuple[str, ...]    # input columns (qualified "alias.col" where joins exist)
     n: int | None = None     # TOPK's N
+    hidden: bool = False     # kept for a computed column (`SUM(a) / COUNT(*) AS r`), not shown
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class TableDefinition:
     output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
     having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
     derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
+    computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
@@ -539,7 +541,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set())
     if len(key_names) != len(keys) + (window is not None):
         raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
-    aggregates, seen = [], {}
+    aggregates, seen, computed_nodes = [], {}, {}
     for projection in select.expressions:
         target = projection.this if isinstance(projection, exp.Alias) else projection
         if isinstance(target, exp.Column):
@@ -554,15 +556,20 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if alias in key_names:
             raise _invalid(path, projection, f"aggregate alias {alias!r} is also a key column; rows would show "
                                              f"only one of them. Rename the aggregate")
-        if alias in seen:
+        if alias in seen or alias in computed_nodes:
             raise _invalid(path, projection, f"aggregate alias {alias!r} is used twice; rows would show only one "
                                              f"of them. Give each aggregate its own name")
-        seen[alias] = projection
-        aggregates.append(_aggregate(scope, alias, target))
+        if _is_aggregate_call(target):
+            seen[alias] = projection
+            aggregates.append(_aggregate(scope, alias, target))
+        else:
+            computed_nodes[alias] = projection
+    computed = {alias: _computed(scope, projection, key_names, seen, aggregates)
+                for alias, projection in computed_nodes.items()}
     if not aggregates:
         raise _fail(path, select, "a GROUP BY without aggregates")
     having = select.args.get("having")
-    having_sql = _having(path, having.this, key_names, seen) if having is not None else None
+    having_sql = _having(path, having.this, key_names | set(computed), seen) if having is not None else None
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
@@ -578,7 +585,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
         where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
-        derived=scope.derived,
+        derived=scope.derived, computed=computed,
         **common,
     )
 
@@ -610,6 +617,43 @@ def _check_where(path: Path, node: exp.Expression, where: str) -> None:
         if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, allowed):
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
             raise _fail(path, child, f"{what} {where}", WHERE_SUPPORTED.replace("in WHERE", where))
+
+
+def _is_aggregate_call(node: exp.Expression) -> bool:
+    return isinstance(node, exp.AggFunc) or isinstance(node, exp.Anonymous) and \
+        node.name.upper() in ("LATEST_BY_OFFSET", "TOPK")
+
+
+def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list) -> str:
+    """A SELECT column computed from the aggregates (and keys) when a row is shown, e.g.
+    `SUM(amount) / COUNT(*) AS mean`. An aggregate in it that SELECT does not name is kept hidden
+    in the state (`_h<n>`). Returns it as SQL over the row's columns."""
+    from catalog.expressions import SUPPORTED as ROW_SUPPORTED, Unsupported, compile_value
+
+    path, target = scope.path, projection.this
+    if not any(_is_aggregate_call(n) for n in target.walk()):
+        raise _fail(path, target, f"column {projection.alias!r} = {target.sql()}, outside GROUP BY and outside an "
+                                  f"aggregate", "an expression over the keys and aggregates")
+    by_sql = {p.this.sql(dialect="spark"): alias for alias, p in named.items()}
+
+    def to_columns(child: exp.Expression) -> exp.Expression:
+        if _is_aggregate_call(child):
+            text = child.sql(dialect="spark")
+            if text not in by_sql:
+                hidden = f"_h{sum(a.hidden for a in aggregates)}"
+                aggregates.append(replace(_aggregate(scope, hidden, child), hidden=True))
+                by_sql[text] = hidden
+            return exp.column(by_sql[text])
+        if isinstance(child, exp.Column):
+            return exp.column(child.name)
+        return child
+
+    expression = target.copy().transform(to_columns)
+    try:
+        compile_value(expression, set(key_names) | {a.name for a in aggregates})
+    except Unsupported as exc:
+        raise _fail(path, _located(target, exc.node), f"column {projection.alias!r}: {exc}", ROW_SUPPORTED) from None
+    return expression.sql(dialect="spark")
 
 
 def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict) -> str:

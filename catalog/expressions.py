@@ -36,6 +36,12 @@ def compile_predicate(node: exp.Expression, columns: set[str]) -> Callable[[dict
     return lambda row: value(row) is True
 
 
+def compile_value(node: exp.Expression, columns: set[str]) -> Callable[[dict], object]:
+    """`node` as a function of a row dict giving its value (None for SQL's NULL; x / 0 is NULL, as
+    in Spark SQL)."""
+    return _compile(node, columns)
+
+
 def _compile(node: exp.Expression, columns: set[str]) -> Callable[[dict], object]:
     if isinstance(node, exp.Paren):
         return _compile(node.this, columns)

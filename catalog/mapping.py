@@ -50,6 +50,8 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         row.update(zip(table.value_columns, value))
     else:
         row.update((aggregator or state_spec(table).aggregator).result(value))
+        if table.computed:
+            row = _with_computed(table, row)
     for name, item in row.items():
         if type(item) is float or isinstance(item, (tuple, list)):
             row[name] = finite_value(item)
@@ -57,6 +59,34 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
 
 
 _PREDICATES: dict[tuple[str, str], object] = {}
+_COMPUTED: dict[tuple[str, tuple], list] = {}
+
+
+def shown_columns(table: TableDefinition) -> list[str]:
+    """The columns of a row as the API shows it."""
+    if table.kind == "source":
+        return key_names(table) + [c for c in table.value_columns if c not in key_names(table)]
+    return key_names(table) + [a.name for a in table.aggregates if not a.hidden] + list(table.computed)
+
+
+def _with_computed(table: TableDefinition, row: dict) -> dict:
+    """The row with its computed SELECT columns, and without the aggregates kept only for them."""
+    key = (table.name, tuple(table.computed.items()))
+    compiled = _COMPUTED.get(key)
+    if compiled is None:
+        import sqlglot
+
+        from catalog.expressions import compile_value
+
+        columns = set(key_names(table)) | {a.name for a in table.aggregates}
+        compiled = _COMPUTED[key] = [(name, compile_value(sqlglot.parse_one(sql, dialect="spark"), columns))
+                                     for name, sql in table.computed.items()]
+    computed = {name: value(row) for name, value in compiled}
+    for aggregate in table.aggregates:
+        if aggregate.hidden:
+            row.pop(aggregate.name, None)
+    row.update(computed)
+    return row
 
 
 def shown(table: TableDefinition, row: dict | None) -> dict | None:
@@ -72,5 +102,6 @@ def shown(table: TableDefinition, row: dict | None) -> dict | None:
         from catalog.expressions import compile_predicate
 
         predicate = _PREDICATES[key] = compile_predicate(sqlglot.parse_one(table.having, dialect="spark"),
-                                                         set(key_names(table)) | {a.name for a in table.aggregates})
+                                                         set(key_names(table)) | {a.name for a in table.aggregates}
+                                                         | set(table.computed))
     return row if predicate(row) else None

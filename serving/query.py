@@ -32,7 +32,7 @@ from state import codec
 from state.views import TableView
 from catalog import registry
 from catalog.batch_log import BatchLog
-from catalog.mapping import key_names, row_of, shown, state_spec
+from catalog.mapping import key_names, row_of, shown, shown_columns, state_spec
 from catalog.definitions import TableDefinition, load_all
 from catalog.definitions import parse as parse_definition
 from state.table import DefinitionChanged
@@ -399,8 +399,7 @@ class QueryService:
                     readable = {"readable_batch": batch, "available": True}
             except StateUnavailable as exc:
                 readable = {"readable_batch": None, "available": False, "reason": str(exc)}
-            columns = key_names(table) + ([a.name for a in table.aggregates] if table.kind == "aggregate"
-                                          else list(table.value_columns))
+            columns = shown_columns(table)
             out.append({**info, "columns": columns, "key": key_names(table), "windowed": table.window is not None,
                         **readable})
         return out

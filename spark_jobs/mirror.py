@@ -97,6 +97,17 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
                   for k, v in zip(zip(*columns), values)]
     deleted = [v is None for v in values]
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
+    if table.computed:
+        # Computed columns: the row as row_of shows it, one by one (the fast path below knows
+        # only stored aggregates).
+        columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
+        aggregator = aggregator or state_spec(table).aggregator
+        rows = [None if v is None else row_of(table, k, v, aggregator) for k, v in zip(zip(*columns), values)]
+        key_row = _joined("{", _separated(key_parts.values(), list(key_parts)), "}")
+        row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
+                              pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
+        return pa.table({"key": _joined("[", _separated(key_parts.values()), "]"), "key_object": key_row,
+                         "row": row_json, "deleted": pa.array(deleted, pa.bool_())})
     value_names, value_columns = _value_columns(table, values, aggregator)
     # A dict's order: a value column named like a key column (a source table's key) takes the
     # key's place, as row_of's dict.update does.

@@ -167,13 +167,19 @@ def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(e
         assert int(dict(m.headers())["batch"]) == closed_in[start]
 
 
-def test_having_hides_rows_from_the_api_and_the_change_topic_while_the_state_keeps_them(env, spark):
+def _table_with_change_topic(env, name: str, schema: str, select: str):
+    """(runtime, change topic, input topic, producer) of table `name` keyed by `k`, 2 partitions."""
     rt, suffix = env
-    topic, out = "having_events" + suffix, "having-out" + suffix
-    producer = new_table(rt, "busy", f"-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 2\n"
-                         f"-- output_topic: {out}\n"
-                         "CREATE TABLE busy AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k\n"
-                         "HAVING COUNT(v) >= 2 AND s < 100;\n", topic)
+    topic, out = f"{name}_events{suffix}", f"{name}-out{suffix}"
+    producer = new_table(rt, name, f"-- topic: {topic}\n-- schema: {schema}\n-- partitions: 2\n-- output_topic: {out}\n"
+                         f"CREATE TABLE {name} AS {select};\n", topic)
+    return rt, out, topic, producer
+
+
+def test_having_hides_rows_from_the_api_and_the_change_topic_while_the_state_keeps_them(env, spark):
+    rt, out, topic, producer = _table_with_change_topic(
+        env, "busy", "k STRING, v BIGINT",
+        "SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k\nHAVING COUNT(v) >= 2 AND s < 100")
     produced = []
     for batch in ([("a", 1), ("b", 2), ("b", 3), ("c", 50), ("c", 60)], [("a", 4), ("d", 7)]):
         for k, v in batch:
@@ -194,3 +200,34 @@ def test_having_hides_rows_from_the_api_and_the_change_topic_while_the_state_kee
     folded, seen = fold_change_topic(rt.bootstrap, out)
     assert folded == {json.dumps({"k": k}): row for k, row in shown.items()}
     assert (json.dumps({"k": "a"}), 0) in seen                   # a's first change was a tombstone
+
+
+def test_select_columns_computed_from_aggregates_show_in_the_api_and_the_change_topic(env, spark):
+    """`SUM(amount) / COUNT(*) AS mean` and `MAX(amount) - MIN(amount) AS spread`: the state keeps
+    the aggregates (SUM, MAX and MIN hidden), the rows show the computed columns, and HAVING
+    can use them."""
+    rt, out, topic, producer = _table_with_change_topic(
+        env, "spreads", "k STRING, amount DOUBLE",
+        "SELECT k, COUNT(*) AS n, SUM(amount) / COUNT(*) AS mean, MAX(amount) - MIN(amount) AS spread FROM events "
+        "GROUP BY k HAVING mean > 2")
+    produced = [("a", 1.0), ("a", 2.0), ("b", 4.0), ("b", 7.5), ("c", 0.5), ("a", 9.0)]
+    for k, amount in produced:
+        producer.produce(topic, json.dumps({"k": k, "amount": amount}).encode(), key=k.encode())
+    producer.flush()
+    jobs.run("spreads", until_caught_up=True, spark=spark, rt=rt)
+
+    frame = pd.DataFrame(produced, columns=["k", "amount"]).groupby("k")["amount"]
+    every = {k: {"k": k, "n": int(g.count()), "mean": g.sum() / g.count(), "spread": g.max() - g.min()}
+             for k, g in frame}
+    shown = {k: row for k, row in every.items() if row["mean"] > 2}
+    assert set(shown) == {"a", "b"}
+    for k in every:
+        row = lookup("spreads", (k,), rt=rt)
+        if k not in shown:
+            assert row is None, row
+            continue
+        assert list(row) == ["k", "n", "mean", "spread"]          # the hidden aggregates stay hidden
+        assert row["n"] == shown[k]["n"] and abs(row["mean"] - shown[k]["mean"]) < 1e-9
+        assert abs(row["spread"] - shown[k]["spread"]) < 1e-9
+    folded, _ = fold_change_topic(rt.bootstrap, out)
+    assert folded == {json.dumps({"k": k}): lookup("spreads", (k,), rt=rt) for k in shown}
