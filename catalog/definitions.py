@@ -333,7 +333,7 @@ class _Scope:
         if isinstance(node, exp.Column):
             return self.column(node)
         self.check_expression(node)
-        _check_where(self.path, node, "in an aggregate's argument")
+        _check_functions(self.path, node, "in an aggregate's argument")
         name = f"_x{len(self.derived)}"
         self.derived[name] = node.sql(dialect="spark")
         return name
@@ -573,7 +573,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
-        _check_where(path, where.this, "in WHERE")
+        _check_functions(path, where.this, "in WHERE")
         if where.find(exp.AggFunc):
             raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
@@ -608,15 +608,16 @@ WHERE_FUNCTIONS = {
                                                                        exp.TimestampTrunc, exp.DateTrunc),
 }
 _WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.Var, exp.Star)
-WHERE_SUPPORTED = "in WHERE: columns, literals, " + "; ".join(WHERE_FUNCTIONS)
+_ALLOWED = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
 
 
-def _check_where(path: Path, node: exp.Expression, where: str) -> None:
-    allowed = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
+def _check_functions(path: Path, node: exp.Expression, where: str) -> None:
+    """Every node of an event-level expression (WHERE, an aggregate's argument) is one Spark
+    evaluates alike on every batch; `where` says where it is ("in WHERE")."""
     for child in node.walk():
-        if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, allowed):
+        if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, _ALLOWED):
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
-            raise _fail(path, child, f"{what} {where}", WHERE_SUPPORTED.replace("in WHERE", where))
+            raise _fail(path, child, f"{what} {where}", f"{where}: columns, literals, " + "; ".join(WHERE_FUNCTIONS))
 
 
 def _is_aggregate_call(node: exp.Expression) -> bool:

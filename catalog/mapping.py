@@ -58,8 +58,24 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
     return row
 
 
-_PREDICATES: dict[tuple[str, str], object] = {}
-_COMPUTED: dict[tuple[str, tuple], list] = {}
+_COMPILED: dict[tuple, object] = {}
+
+
+def _compiled(compile_name: str, sql: str, columns: set[str]):
+    """catalog.expressions' `compile_name` of `sql` over `columns`, once per process."""
+    key = (compile_name, sql, frozenset(columns))
+    if key not in _COMPILED:
+        import sqlglot
+
+        from catalog import expressions
+
+        _COMPILED[key] = getattr(expressions, compile_name)(sqlglot.parse_one(sql, dialect="spark"), columns)
+    return _COMPILED[key]
+
+
+def _row_columns(table: TableDefinition) -> set[str]:
+    """What HAVING and computed columns may read: the keys and every aggregate, hidden ones too."""
+    return set(key_names(table)) | {a.name for a in table.aggregates}
 
 
 def shown_columns(table: TableDefinition) -> list[str]:
@@ -71,17 +87,7 @@ def shown_columns(table: TableDefinition) -> list[str]:
 
 def _with_computed(table: TableDefinition, row: dict) -> dict:
     """The row with its computed SELECT columns, and without the aggregates kept only for them."""
-    key = (table.name, tuple(table.computed.items()))
-    compiled = _COMPUTED.get(key)
-    if compiled is None:
-        import sqlglot
-
-        from catalog.expressions import compile_value
-
-        columns = set(key_names(table)) | {a.name for a in table.aggregates}
-        compiled = _COMPUTED[key] = [(name, compile_value(sqlglot.parse_one(sql, dialect="spark"), columns))
-                                     for name, sql in table.computed.items()]
-    computed = {name: value(row) for name, value in compiled}
+    computed = {name: _compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()}
     for aggregate in table.aggregates:
         if aggregate.hidden:
             row.pop(aggregate.name, None)
@@ -94,14 +100,5 @@ def shown(table: TableDefinition, row: dict | None) -> dict | None:
     while the state keeps its aggregate."""
     if row is None or table.having is None:
         return row
-    key = (table.name, table.having)
-    predicate = _PREDICATES.get(key)
-    if predicate is None:
-        import sqlglot
-
-        from catalog.expressions import compile_predicate
-
-        predicate = _PREDICATES[key] = compile_predicate(sqlglot.parse_one(table.having, dialect="spark"),
-                                                         set(key_names(table)) | {a.name for a in table.aggregates}
-                                                         | set(table.computed))
-    return row if predicate(row) else None
+    passes = _compiled("compile_predicate", table.having, _row_columns(table) | set(table.computed))
+    return row if passes(row) else None

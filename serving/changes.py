@@ -13,6 +13,7 @@ superseded; from the newest day on, every change.
 from __future__ import annotations
 
 import json
+
 from state import codec
 from state.changelog import is_marker, partition_bounds, replay
 from catalog.batch_log import BatchCommit, BatchLog

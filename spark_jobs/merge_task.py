@@ -125,22 +125,21 @@ def outputs_of(table: TableDefinition, aggregator):
     changed key, decoded from the commit's own changes. None when the table has no change topic."""
     if table.output_topic is None:
         return None
-    from spark_jobs.mirror import change_columns
+    from spark_jobs.mirror import change_rows
 
     def outputs(changes: dict) -> list:
         if not changes:
             return []
         keys = [codec.decode_key(k) for k in changes]
-        columns = [list(c) for c in zip(*keys)]
         values = [None if v is None else codec.decode_value(v) for v in changes.values()]
-        return change_records(table.output_topic, change_columns(table, columns, values, aggregator))
+        return change_records(table.output_topic, change_rows(table, keys, values, aggregator))
     return outputs
 
 
 def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict) -> list:
     """emit: final: the windows this batch closed, once each, with their final values; nothing
     for a window still open, and nothing when the batch moved no watermark."""
-    from spark_jobs.mirror import change_columns
+    from spark_jobs.mirror import change_rows
     from state.windows import closing
 
     if ctx.closing is None or ctx.closing[1] is None:
@@ -148,8 +147,8 @@ def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict) -> list:
     closed = closing(part, ctx.table.window, changes, *ctx.closing)
     if not closed:
         return []
-    columns = [list(c) for c in zip(*[key for key, _ in closed])]
-    return change_records(ctx.table.output_topic, change_columns(ctx.table, columns, [v for _, v in closed], aggregator))
+    keys, values = zip(*closed)
+    return change_records(ctx.table.output_topic, change_rows(ctx.table, list(keys), list(values), aggregator))
 
 
 def change_records(topic: str, columns) -> list[tuple[str, bytes, bytes | None]]:
@@ -220,12 +219,12 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         summary = {"partition": partition, **commit}
         lap("commit")
         if mirror_dir is not None:
-            from spark_jobs.mirror import write_change_columns
+            from spark_jobs.mirror import write_change_rows
 
             rows = built.get("rows") if not commit["noop"] else None
             if rows is None:
                 rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
-            write_change_columns(mirror_dir, ctx.table, ctx.batch_id, partition, [], [], columns=rows)
+            write_change_rows(mirror_dir, ctx.batch_id, partition, rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)
         summary["ms"] = ms

@@ -64,18 +64,21 @@ def change_schema():
 def write_changes(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list, values: list,
                   aggregator=None) -> None:
     """A partition's changed rows of a batch (value None: the key is gone), written atomically under
-    their fixed name; `aggregator` as for compile.row_of. Keys are tuples; see write_change_columns."""
+    their fixed name; `aggregator` as for compile.row_of. Keys are tuples."""
+    write_change_rows(folder, batch_id, partition, change_rows(table, keys, values, aggregator))
+
+
+def change_rows(table: TableDefinition, keys: list[tuple], values: list, aggregator=None) -> pa.Table:
+    """change_columns of keys given as tuples (decoded from state, not held as columns)."""
     columns = [list(c) for c in zip(*keys)] if keys else [[] for _ in key_names(table)]
-    write_change_columns(folder, table, batch_id, partition, columns, values, aggregator)
+    return change_columns(table, columns, values, aggregator)
 
 
-def write_change_columns(folder: str, table: TableDefinition, batch_id: int, partition: int, keys: list,
-                         values: list, aggregator=None, columns: pa.Table | None = None) -> None:
-    """write_changes with the keys as columns (Arrow arrays or lists), as the merge tasks hold them;
-    `columns`: change_columns of the same rows, when the caller built them already."""
+def write_change_rows(folder: str, batch_id: int, partition: int, built: pa.Table) -> None:
+    """A partition's change file of a batch from change_columns' rows (the merge task builds them
+    once, for its change topic and for this file)."""
     from spark_jobs.arrow_pass import write_parquet_atomically
 
-    built = columns if columns is not None else change_columns(table, keys, values, aggregator)
     rows = pa.table({"key": built.column("key"), "row": built.column("row"),
                      "batch_id": pa.array([batch_id] * built.num_rows, pa.int64()),
                      "deleted": built.column("deleted")}, schema=change_schema())
@@ -90,35 +93,29 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
     The JSON is what `json.dumps(row_of(...), default=str)` gives, byte for byte, but built
     column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
     million-key batch has a million rows here. A row HAVING hides is a delete here."""
-    if table.having is not None:
+    rows = None
+    if table.having is not None or table.computed:
+        # The row as row_of shows it, one by one: HAVING judges it, and computed columns exist
+        # only there (the column-wise path below knows only the stored aggregates).
         columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
         aggregator = aggregator or state_spec(table).aggregator
-        values = [None if v is None or shown(table, row_of(table, k, v, aggregator)) is None else v
-                  for k, v in zip(zip(*columns), values)]
+        rows = [None if v is None else shown(table, row_of(table, k, v, aggregator))
+                for k, v in zip(zip(*columns), values)]
+        values = [None if r is None else v for r, v in zip(rows, values)]
     deleted = [v is None for v in values]
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
-    if table.computed:
-        # Computed columns: the row as row_of shows it, one by one (the fast path below knows
-        # only stored aggregates).
-        columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
-        aggregator = aggregator or state_spec(table).aggregator
-        rows = [None if v is None else row_of(table, k, v, aggregator) for k, v in zip(zip(*columns), values)]
-        key_row = _joined("{", _separated(key_parts.values(), list(key_parts)), "}")
-        row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
-                              pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
-        return pa.table({"key": _joined("[", _separated(key_parts.values()), "]"), "key_object": key_row,
-                         "row": row_json, "deleted": pa.array(deleted, pa.bool_())})
-    value_names, value_columns = _value_columns(table, values, aggregator)
-    # A dict's order: a value column named like a key column (a source table's key) takes the
-    # key's place, as row_of's dict.update does.
-    row_parts = {**key_parts, **dict(zip(value_names, [_json_fragments(c, finite=True) for c in value_columns]))}
     key_json = _joined("[", _separated(key_parts.values()), "]")
     key_row = _joined("{", _separated(key_parts.values(), list(key_parts)), "}")
-    if not value_columns or all(deleted):
-        row_json = key_row
-    else:
+    if table.computed:
         row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
-                              _joined("{", _separated(row_parts.values(), list(row_parts)), "}"))
+                              pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
+    else:
+        value_names, value_columns = _value_columns(table, values, aggregator)
+        # A dict's order: a value column named like a key column (a source table's key) takes the
+        # key's place, as row_of's dict.update does.
+        row_parts = {**key_parts, **dict(zip(value_names, [_json_fragments(c, finite=True) for c in value_columns]))}
+        row_json = key_row if not value_columns or all(deleted) else pc.if_else(
+            pa.array(deleted, pa.bool_()), key_row, _joined("{", _separated(row_parts.values(), list(row_parts)), "}"))
     return pa.table({"key": key_json, "key_object": key_row, "row": row_json,
                      "deleted": pa.array(deleted, pa.bool_())})
 
