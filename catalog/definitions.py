@@ -35,13 +35,15 @@ SUPPORTED = (
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
-    "output_topic", "key_format", "emit",
+    "output_topic", "key_format", "emit", "ttl",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
 TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
 TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
+TTL_AGGREGATE = "_last_event_ms"                  # a TTL table's hidden MAX of its event time
+EVENT_MS = "_event_ms"                            # ... over this per-event column (event time as epoch ms)
 MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
 
 
@@ -88,6 +90,7 @@ class TableDefinition:
     derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
     computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
+    ttl_ms: int | None = None                  # keys idle this long in event time are deleted (see _ttl)
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
     event_time: str | None = None
@@ -115,7 +118,21 @@ class TableDefinition:
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
+            **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
         }
+
+    @property
+    def timed(self) -> bool:
+        """Whether the table runs on event time (a window or a TTL): its events need one, and its
+        batches keep a watermark."""
+        return self.window is not None or self.ttl_ms is not None
+
+    @property
+    def ttl_index(self) -> int | None:
+        """Which aggregate holds a TTL table's newest event time (see _ttl), or None."""
+        if self.ttl_ms is None:
+            return None
+        return next(i for i, a in enumerate(self.aggregates) if a.name == TTL_AGGREGATE)
 
     @property
     def fingerprint(self) -> str:
@@ -241,6 +258,43 @@ def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
         raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
                               f"(GROUP BY ..., TUMBLE or HOP) with an output_topic, whose closed windows it emits")
     return raw
+
+
+def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
+    """`-- ttl: 30d`: a key whose newest event is that much older than the table's watermark (the
+    newest event time it has read) is deleted, in the batch that moves the watermark there.
+
+    Event time, not the clock: a recomputation from bronze, a restore and a rebuild must delete
+    exactly what the batches deleted, and a clock-based expiry would depend on when each batch
+    happened to run. The newest event time per key is kept as a hidden MAX aggregate, so the
+    changelog, snapshots and restores carry it like any other column."""
+    raw = header.get("ttl")
+    if raw is None:
+        return
+    where = header.where(path, "ttl")
+    try:
+        ttl = duration_ms(raw)
+    except ValueError as exc:
+        raise DefinitionError(f"{where}: table {table.name!r}: option ttl: {exc} (units s, m, h, d)") from None
+    if ttl <= 0:
+        raise DefinitionError(f"{where}: table {table.name!r}: option ttl={raw!r} must be positive, e.g. 30d")
+    if table.kind != "aggregate":
+        raise DefinitionError(f"{where}: table {table.name!r}: ttl is for aggregate tables; a source table's rows "
+                              f"go away with a tombstone (a null value for the key) on its topic")
+    if table.window is not None:
+        raise DefinitionError(f"{where}: table {table.name!r}: a windowed table drops old windows by itself (after "
+                              f"size + grace + retention); remove the ttl option, or the window")
+    fields = dict(table.schema)
+    if table.event_time is None or fields.get(table.event_time) != "TIMESTAMP":
+        found = f"event_time {table.event_time!r} is not a TIMESTAMP field of the schema" if table.event_time \
+            else "it has no event_time"
+        raise DefinitionError(f"{where}: table {table.name!r}: ttl counts in event time, and {found}; add "
+                              f"'-- event_time: <field>' naming a TIMESTAMP field of '-- schema:'")
+    if any(a.name == TTL_AGGREGATE for a in table.aggregates) or EVENT_MS in fields:
+        raise DefinitionError(f"{where}: table {table.name!r}: the names {TTL_AGGREGATE!r} and {EVENT_MS!r} are "
+                              f"the ttl's own; rename that column")
+    table.ttl_ms = ttl
+    table.aggregates.append(AggregateColumn(TTL_AGGREGATE, "max", (EVENT_MS,), hidden=True))
 
 
 def _topic_option(path: Path, header: _Header, key: str) -> str | None:
@@ -441,6 +495,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
         else _aggregate_table(path, create, header, common)
     table.emit = _emit(path, header, table)
+    _ttl(path, header, table)
     if table.output_topic is not None and table.output_topic == table.topic:
         raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
                               f"to its own input topic {table.topic!r}; name another output_topic")

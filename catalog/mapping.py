@@ -52,6 +52,9 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         row.update((aggregator or state_spec(table).aggregator).result(value))
         if table.computed:
             row = _with_computed(table, row)
+        for aggregate in table.aggregates:
+            if aggregate.hidden:        # kept for a computed column or the TTL, not shown
+                row.pop(aggregate.name, None)
     for name, item in row.items():
         if type(item) is float or isinstance(item, (tuple, list)):
             row[name] = finite_value(item)
@@ -86,12 +89,8 @@ def shown_columns(table: TableDefinition) -> list[str]:
 
 
 def _with_computed(table: TableDefinition, row: dict) -> dict:
-    """The row with its computed SELECT columns, and without the aggregates kept only for them."""
-    computed = {name: _compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()}
-    for aggregate in table.aggregates:
-        if aggregate.hidden:
-            row.pop(aggregate.name, None)
-    row.update(computed)
+    """The row with its computed SELECT columns."""
+    row.update({name: _compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()})
     return row
 
 

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from state import codec
 from state.table import partition_of
-from catalog.definitions import TableDefinition
+from catalog.definitions import EVENT_MS, TableDefinition
 from spark_jobs.parse import MAX_VALUE_BYTES
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
@@ -72,7 +72,7 @@ class PassSpec:
 
     @property
     def fields(self) -> dict[str, str]:
-        return dict(self.table.schema)
+        return pass_fields(self.table)
 
     @property
     def key_fields(self) -> list[str]:
@@ -80,13 +80,19 @@ class PassSpec:
 
 
 # ---------------------------------------------------------------------------------------- checks
+def pass_fields(table: TableDefinition) -> dict[str, str]:
+    """The columns the pass aggregates over: the stream's fields, and a TTL table's event time as
+    epoch milliseconds (the input of its hidden MAX; see catalog.definitions._ttl)."""
+    return {**dict(table.schema), **({EVENT_MS: "BIGINT"} if table.ttl_ms is not None else {})}
+
+
 def check_supported(table: TableDefinition) -> None:
     """Raise Unsupported for what the Arrow pass cannot run yet; checked before the first batch."""
     if table.kind != "aggregate":
         raise Unsupported("source tables")
     if table.joins:
         raise Unsupported("joins")
-    fields = dict(table.schema)
+    fields = pass_fields(table)
     used = [k.split(".")[-1] for k in table.key_columns] + [a.split(".")[-1] for g in table.aggregates for a in g.args]
     for name in used:
         if name not in fields:
@@ -106,7 +112,7 @@ def check_supported(table: TableDefinition) -> None:
 def output_columns(table: TableDefinition) -> list[tuple[str, str, pa.DataType]]:
     """The pass's output rows, as (name, Spark DDL type, Arrow type): partials, dead letters and
     counts, told apart by `_kind`. Built here, without a Spark session, for both sides."""
-    fields = dict(table.schema)
+    fields = pass_fields(table)
     cols = [("_kind", "STRING", pa.string()), ("_sp", "INT", pa.int32())]
     for i, name in enumerate(k.split(".")[-1] for k in table.key_columns):
         cols.append((f"_k{i}", SPARK_TYPE.get(fields[name], fields[name]), arrow_type(fields[name])))
@@ -490,7 +496,7 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     # Rules on parsed rows, in the order parse.classify applies them.
     rule = pa.nulls(parsed.num_rows, pa.string())
     checks = [("missing_key", _any_null(parsed, spec.key_fields))]
-    if table.window is not None:
+    if table.timed:
         event = parsed.column(table.event_time)
         checks.append(("missing_event_time", pc.is_null(event)))
         if spec.now_ms is not None:
@@ -768,7 +774,7 @@ def run(spec: PassSpec, batches):
             lookup = pc.index_in(late.column("source_offset"), value_set=batch.column("offset"))
             dead = pa.concat_tables([dead, _dead_letters(batch, lookup, ["late"] * late.num_rows, spec)])
             counts["late"] = counts.get("late", 0) + late.num_rows
-        if spec.table.window is not None and events.num_rows:
+        if spec.table.timed and events.num_rows:
             newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()
             max_event = newest if max_event is None else max(max_event, newest)
         if spec.bronze is not None and events.num_rows:
@@ -779,6 +785,8 @@ def run(spec: PassSpec, batches):
             counts["filtered"] = counts.get("filtered", 0) + events.num_rows - selected.num_rows
         if spec.table.window is not None and selected.num_rows:
             selected = _windowed(selected, spec)
+        if spec.table.ttl_ms is not None and selected.num_rows:
+            selected = selected.append_column(EVENT_MS, _millis(selected.column(spec.table.event_time)))
         if dead.num_rows:
             yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
         if selected.num_rows:

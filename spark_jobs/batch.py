@@ -96,8 +96,50 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     bronze = spark.read.format("delta").load(path)
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
-    partials = runner._partials(runner._selected(runner._joined(bronze)), exclude=refused)
+    selected = runner._selected(runner._joined(bronze))
+    if table.ttl_ms is not None:
+        selected = _last_lives(spark, table, selected, commits)
+    partials = runner._partials(selected, exclude=refused)
     return runner.partitioned(partials), last_purge_watermark(table, commits)
+
+
+def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit]):
+    """A TTL table's events that its state still holds: each key's events after the last batch
+    that expired it (see state.windows.expire_idle), as the batches decided.
+
+    A batch P expires a key when the key's newest event time up to P is at or before P's
+    watermark minus the TTL. Between two batches with events for the key its newest time stands
+    still and the watermark only grows, so the last batch before the key's next events decides
+    for the whole stretch. And the newest time over all of a key's events may stand for its
+    current life's: an earlier life's newest was at or below an earlier watermark minus the TTL,
+    so it is below every later one and never decides. No loop over batches is needed."""
+    from pyspark.sql import Window, functions as F
+
+    from catalog.definitions import EVENT_MS
+    from spark_jobs.microbatch import _q
+
+    if not commits:
+        return events
+    marks, high = [], None
+    for commit in commits:           # the watermark after each batch (it never goes back)
+        if commit.watermark_ms is not None:
+            high = commit.watermark_ms if high is None else max(high, commit.watermark_ms)
+        if high is not None:
+            marks.append((commit.batch_id, high))
+    if not marks:
+        return events
+    keys = [_q(table, k) for k in table.key_columns]
+    by_batch = events.groupBy(*keys, "batch_id").agg(F.max(_q(table, EVENT_MS)).alias("_newest_in"))
+    order = Window.partitionBy(*keys).orderBy("batch_id")
+    by_batch = (by_batch
+                .withColumn("_newest", F.max("_newest_in").over(order.rowsBetween(Window.unboundedPreceding, 0)))
+                .withColumn("_until", F.coalesce(F.lead("batch_id").over(order) - 1, F.lit(commits[-1].batch_id))))
+    watermarks = spark.createDataFrame(marks, "_until BIGINT, _watermark BIGINT")
+    cuts = (by_batch.join(F.broadcast(watermarks), "_until")
+            .where(F.col("_newest") <= F.col("_watermark") - F.lit(table.ttl_ms))
+            .groupBy(*keys).agg(F.max("_until").alias("_cut")))
+    return (events.join(cuts, keys, "left").where(F.col("_cut").isNull() | (F.col("batch_id") > F.col("_cut")))
+            .drop("_cut"))
 
 
 def _compare_group(ctx, group):

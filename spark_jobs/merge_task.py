@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from state import codec, faults
 from state.table import StateTable
-from state.windows import purge
+from state.windows import expire_idle, purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
 from catalog.mapping import state_spec
 from catalog.runtime import task_state_dir
@@ -37,14 +37,18 @@ class MergeContext:
     namespace: str = ""
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
     closing: tuple | None = None    # emit: final: (previous watermark, this batch's): windows closing between
+    expire_before: int | None = None    # ttl: keys whose newest event time is at or before this go
 
 
-def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None) -> tuple[dict, dict]:
-    """Purge expired windows, commit the partition's batch, and summarise it for the driver;
-    also the commit's changes (encoded key -> new bytes). `outputs`: see Transaction.commit."""
-    purged = 0
+def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None, touched=None) -> tuple[dict, dict]:
+    """Purge expired windows and keys past their TTL, commit the partition's batch, and summarise
+    it for the driver; also the commit's changes (encoded key -> new bytes). `outputs`: see
+    Transaction.commit; `touched`: see state.windows.expire_idle."""
+    purged = expired = 0
     if ctx.purge_watermark is not None and ctx.table.window is not None:
         purged = purge(part, tx, ctx.table.window, ctx.purge_watermark)
+    if ctx.expire_before is not None and ctx.table.ttl_index is not None:
+        expired = expire_idle(part, tx, ctx.table.ttl_index, ctx.expire_before, touched or {})
     result = tx.commit(outputs)
     if partition == 0:
         faults.point("batch.mid_merge")
@@ -52,7 +56,7 @@ def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None) -> tuple[
     return {
         "noop": result.noop, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
         "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "applied_batch": meta.applied_batch,
-        "purged": purged, "rejected": [(list(codec.decode_key(k)), reason) for k, reason in result.rejected],
+        "purged": purged, "expired": expired, "rejected": [(list(codec.decode_key(k)), reason) for k, reason in result.rejected],
     }, result.changes
 
 
@@ -118,6 +122,14 @@ def _changed_rows(ctx: MergeContext, aggregator, part, partials, last: dict, cha
     take = pa.array(rows, pa.int64())
     return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
                           [None if r is None else decode(r) for r in raw], aggregator)
+
+
+def _expired_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
+    """The mirror's deletes for keys a TTL expired without this batch touching them."""
+    from spark_jobs.mirror import change_rows
+
+    gone = [codec.decode_key(k) for k, v in changes.items() if v is None and k not in last]
+    return change_rows(table, gone, [None] * len(gone), aggregator)
 
 
 def outputs_of(table: TableDefinition, aggregator):
@@ -211,11 +223,13 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             if not changes:
                 return []
             built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
-            purged = {k: v for k, v in changes.items() if k not in last}    # windows past retention
+            purged = {k: v for k, v in changes.items() if k not in last}    # windows past retention, keys past TTL
             return change_records(ctx.table.output_topic, built["rows"]) + \
                 (outputs_of(ctx.table, spec.aggregator)(purged) if purged else [])
 
-        commit, changes = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None)
+        ttl = ctx.table.ttl_index
+        touched = None if ttl is None else {key: value[ttl] for key, value in zip(keys, values)}
+        commit, changes = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None, touched)
         summary = {"partition": partition, **commit}
         lap("commit")
         if mirror_dir is not None:
@@ -224,6 +238,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             rows = built.get("rows") if not commit["noop"] else None
             if rows is None:
                 rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
+            if commit["expired"]:
+                rows = pa.concat_tables([rows, _expired_rows(ctx.table, spec.aggregator, last, changes)])
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)

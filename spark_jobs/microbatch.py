@@ -35,7 +35,7 @@ from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged
 from spark_jobs import delta_files, parse
 from catalog.batch_log import BatchCommit, BatchLog, BatchLogLost, BatchPlan
-from catalog.definitions import TableDefinition
+from catalog.definitions import EVENT_MS, TableDefinition
 from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
@@ -248,6 +248,10 @@ class MicroBatchRunner:
             late_count = late.count()
             if batch_max is not None:
                 watermark = max(watermark or batch_max, batch_max)
+        elif self.table.timed:
+            batch_max = events.agg(F.max(F.unix_millis(F.col(self.table.event_time)))).first()[0]
+            if batch_max is not None:
+                watermark = max(watermark or batch_max, batch_max)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
         read_count = sum(reasons.values())
         steps = {"read": time.monotonic() - started}
@@ -369,6 +373,7 @@ class MicroBatchRunner:
             "dead_lettered": dead_count + sum(refused_counts.values()),
             "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
             "delta_keys": step["delta_keys"], "purged_windows": sum(s["purged"] for s in summaries.values()),
+            **({"expired_keys": sum(s["expired"] for s in summaries.values())} if self.table.ttl_ms else {}),
             **({"purge_watermark_ms": purge_at} if (purge_at := self._purge_at(plan.batch_id, watermark)) else {}),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
             **{f"dead_{reason}": n for reason, n in refused_counts.items()},
@@ -512,7 +517,8 @@ class MicroBatchRunner:
         table = self.table
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
                            self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog,
-                           closing=(previous_watermark, watermark) if table.emit == "final" else None)
+                           closing=(previous_watermark, watermark) if table.emit == "final" else None,
+                           expire_before=watermark - table.ttl_ms if table.ttl_ms and watermark is not None else None)
         mirror_dir = mirror.changes_path(self.rt, table.name)
         summaries = per_state_partition(self.spark, partials, table.partitions,
                                         lambda group: merge_arrow(ctx, mirror_dir, group),
@@ -617,6 +623,8 @@ class MicroBatchRunner:
 
         for name, sql in self.table.derived.items():          # aggregate arguments that are expressions
             frame = frame.withColumn(_q(self.table, name), spark_expression(self.table, sql))
+        if self.table.ttl_ms is not None:                     # the TTL's hidden MAX reads it
+            frame = frame.withColumn(_q(self.table, EVENT_MS), F.unix_millis(F.col(_q(self.table, self.table.event_time))))
         condition = where_condition(self.table)
         if condition is None:
             return frame

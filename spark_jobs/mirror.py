@@ -144,13 +144,16 @@ def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[li
         names = list(table.value_columns)
         return names, [[None if v is None else v[i] for v in values] for i in range(len(names))]
     aggregator = aggregator or state_spec(table).aggregator
-    columns = []
-    for i, agg in enumerate(aggregator.columns.values()):
+    names, columns = [], []
+    for i, (column, agg) in enumerate(zip(table.aggregates, aggregator.columns.values())):
+        if column.hidden:
+            continue
         states = [None if v is None else v[i] for v in values]
         if type(agg).result is not Aggregate.result:
             states = [None if v is None else agg.result(s) for v, s in zip(values, states)]
+        names.append(column.name)
         columns.append(states)
-    return list(aggregator.columns), columns
+    return names, columns
 
 
 def _json_fragments(column, finite: bool = False):

@@ -8,8 +8,8 @@ dead letters with a reason. Nothing is dropped silently:
   wrong_type         a declared field is present but does not have its type; NaN and
                      infinities are not numbers here (they break MAX, TOPK and JSON answers)
   missing_key        a key column is null or absent
-  missing_event_time (windowed tables) the event-time field is null or absent
-  future_event_time  (windowed tables) the event time is past the batch's clock plus the
+  missing_event_time (windowed and TTL tables) the event-time field is null or absent
+  future_event_time  (windowed and TTL tables) the event time is past the batch's clock plus the
                      table's event_time_skew: one such record would move the watermark
                      and make every later event late
   late               (windowed tables) every window of the event had closed
@@ -110,7 +110,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         .when(wrong_type, F.lit("wrong_type"))
         .when(missing_key, F.lit("missing_key"))
     )
-    if table.window is not None:
+    if table.timed:
         event_time = F.col(f"_parsed.`{table.event_time}`")
         reason = reason.when(event_time.isNull(), F.lit("missing_event_time"))
         if now_ms is not None:

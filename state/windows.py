@@ -1,9 +1,11 @@
-"""Windowed state: keys (key..., window_start) with retention.
+"""State that ages in event time: windows with retention, and keys with a TTL.
 
 The window start is the last key component, so all windows of a key are one
 prefix scan and a time range is one range scan. A window is purged when the
-watermark has passed its end plus grace plus retention; purges are ordinary
-deletes, so they reach the changelog and a restore purges them too.
+watermark has passed its end plus grace plus retention; a TTL table's key is
+expired when the watermark has passed its newest event time plus the TTL.
+Both are ordinary deletes, so they reach the changelog and a restore repeats
+them.
 """
 from __future__ import annotations
 
@@ -71,6 +73,30 @@ def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermar
     for full_key, _ in partition.items():
         if spec.expired(full_key[-1], watermark):
             tx.delete(full_key)
+            expired += 1
+    return expired
+
+
+def expire_idle(partition: StatePartition, tx: Transaction, index: int, horizon: int,
+                touched: dict[bytes, int | None]) -> int:
+    """TTL: delete, within `tx`, every key whose newest event time is at or before `horizon` (the
+    watermark minus the TTL); returns how many, counting new keys that go at once. A value's aggregate `index` holds that time, and
+    `touched` gives it for the keys this transaction merges (their partials' newest), so a key the
+    batch refreshed is judged on its merged value, and a new key as old as the horizon goes at once.
+    A full scan of the partition: the price of exact expiry without an index by time."""
+    expired, seen = 0, set()
+    for key, raw in partition.raw_items():
+        newest = codec.decode_value(raw)[index]
+        if key in touched:
+            seen.add(key)
+            fresh = touched[key]
+            newest = fresh if newest is None else newest if fresh is None else max(newest, fresh)
+        if newest is not None and newest <= horizon:
+            tx.delete_encoded(key)
+            expired += 1
+    for key, fresh in touched.items():
+        if key not in seen and fresh is not None and fresh <= horizon:
+            tx.delete_encoded(key)          # never stored: the delete cancels the merge, no change
             expired += 1
     return expired
 

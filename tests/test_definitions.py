@@ -143,6 +143,14 @@ STREAM = "-- schema: k STRING, v DOUBLE, n BIGINT, ts TIMESTAMP\n"
     ("", "CREATE TABLE t AS SELECT k, COUNT(DISTINCT v, n) AS d FROM s GROUP BY k", "over several columns", "2:"),
     ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s WHERE " + "(" * 500 + "v > 0" + ")" * 500
      + " GROUP BY k", "nest deeper than 64", "2:"),
+    ("-- ttl: 30d\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "table 't': ttl counts in event time, and it has no event_time; add '-- event_time: <field>'", "1:1"),
+    ("-- ttl: 30d\n-- event_time: v\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "event_time 'v' is not a TIMESTAMP field", "1:1"),
+    ("-- ttl: a month\n-- event_time: ts\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k",
+     "option ttl: 'a month' is not a duration like 30s, 15m, 1h or 7d", "1:1"),
+    ("-- ttl: 1h\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, TUMBLE(ts, INTERVAL '1' HOUR)",
+     "a windowed table drops old windows by itself", "1:1"),
 ])
 def test_bad_definitions_fail_with_file_line_column_and_what_to_do(tmp_path, header, sql, problem, position):
     path = tmp_path / "bad.sql"
@@ -211,3 +219,20 @@ def test_where_outside_the_supported_functions_fails_at_its_position_with_the_li
     message = str(err.value)
     assert re.search(rf"{re.escape(str(path))}:2:\d+: {re.escape(construct)} is not supported", message), message
     assert "CASE, IF, CAST" in message and "UPPER" in message and "DATE_TRUNC" in message
+
+
+def test_a_ttl_is_event_time_milliseconds_kept_by_a_hidden_max_and_part_of_the_meaning(tmp_path):
+    text = STREAM + "-- event_time: ts\n{}CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k"
+    (tmp_path / "t.sql").write_text(text.format("-- ttl: 30d\n"))
+    table = parse(tmp_path / "t.sql")
+    assert table.ttl_ms == 30 * 86_400_000 and table.timed
+    assert [(a.name, a.function, a.args, a.hidden) for a in table.aggregates] == [
+        ("c", "count", (), False), ("_last_event_ms", "max", ("_event_ms",), True)]
+    (tmp_path / "u.sql").write_text(text.format("-- ttl: 7d\n"))
+    (tmp_path / "v.sql").write_text(text.format(""))
+    assert len({table.fingerprint, parse(tmp_path / "u.sql").fingerprint, parse(tmp_path / "v.sql").fingerprint}) == 3
+    source = tmp_path / "src.sql"
+    source.write_text("-- ttl: 1d\nCREATE TABLE src (id BIGINT PRIMARY KEY, name STRING) WITH (topic='src');")
+    with pytest.raises(DefinitionError, match="ttl is for aggregate tables; a source table's rows go away with a "
+                                              "tombstone"):
+        parse(source)
