@@ -22,6 +22,7 @@ from pathlib import Path
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.spark import Spark
 
 from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
 from state.windows import WindowSpec
@@ -29,7 +30,8 @@ from state.windows import WindowSpec
 SUPPORTED = (
     "CREATE TABLE t (col TYPE PRIMARY KEY, ...) WITH (topic='...') for source tables; "
     "CREATE TABLE t AS SELECT key, AGG(...) AS name FROM stream [JOIN|LEFT JOIN table ON stream.col = table.key] "
-    "[WHERE ...] GROUP BY key [, TUMBLE(ts, size[, grace]) | HOP(ts, size, advance[, grace])] with AGG one of "
+    "[WHERE ...] GROUP BY key [, TUMBLE(ts, size[, grace]) | HOP(ts, size, advance[, grace]) | SESSION(ts, gap[, grace])] "
+    "[HAVING ...] with AGG one of "
     "COUNT, SUM, MIN, MAX, AVG, COUNT(DISTINCT x), LATEST_BY_OFFSET(x), TOPK(n, score, col, ...)"
 )
 HEADER_KEYS = {
@@ -43,8 +45,17 @@ TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for t
 TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
 TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
 TTL_AGGREGATE = "_last_event_ms"                  # a TTL table's hidden MAX of its event time
-EVENT_MS = "_event_ms"                            # ... over this per-event column (event time as epoch ms)
+SESSION_LAST = "window_end"                       # a session's last event time: a MAX the rows show
+EVENT_MS = "_event_ms"                            # ... both over this per-event column (event time as epoch ms)
 MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
+
+
+class _DefinitionSQL(Spark):
+    """Spark SQL with SESSION as a plain name, so `SESSION(ts, gap)` in GROUP BY parses as a call
+    (Spark's tokenizer reserves the word for SET SESSION statements, which definitions never use)."""
+
+    class Tokenizer(Spark.Tokenizer):
+        KEYWORDS = {word: kind for word, kind in Spark.Tokenizer.KEYWORDS.items() if word != "SESSION"}
 
 
 class DefinitionError(ValueError):
@@ -114,7 +125,7 @@ class TableDefinition:
             "where": self.where, "joins": [[j.table, j.alias, j.kind, j.stream_column, j.table_column]
                                            for j in self.joins],
             "window": None if self.window is None else [self.window.size_ms, self.window.advance,
-                                                        self.window.grace_ms],
+                                                        self.window.grace_ms] + (["session"] if self.window.session else []),
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
@@ -126,6 +137,24 @@ class TableDefinition:
         """Whether the table runs on event time (a window or a TTL): its events need one, and its
         batches keep a watermark."""
         return self.window is not None or self.ttl_ms is not None
+
+    @property
+    def event_ms(self) -> bool:
+        """Whether the passes add EVENT_MS to each event: the input of a TTL's or a session's hidden MAX."""
+        return self.ttl_ms is not None or (self.window is not None and self.window.session)
+
+    @property
+    def routing_width(self) -> int | None:
+        """How many leading key parts pick the state partition: a session table's key without the
+        session start, so all sessions of a key meet in one merge task (None: the whole key)."""
+        return len(self.key_columns) if self.window is not None and self.window.session else None
+
+    @property
+    def session_last_index(self) -> int | None:
+        """Which aggregate holds a session's last event time, or None."""
+        if self.window is None or not self.window.session:
+            return None
+        return next(i for i, a in enumerate(self.aggregates) if a.name == SESSION_LAST)
 
     @property
     def ttl_index(self) -> int | None:
@@ -256,7 +285,7 @@ def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
                               f"change) or final (each window once, when it closes)")
     if raw == "final" and (table.window is None or table.output_topic is None):
         raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
-                              f"(GROUP BY ..., TUMBLE or HOP) with an output_topic, whose closed windows it emits")
+                              f"(GROUP BY ..., TUMBLE, HOP or SESSION) with an output_topic, whose closed windows it emits")
     return raw
 
 
@@ -453,6 +482,10 @@ def _window(scope: _Scope, node: exp.Anonymous) -> tuple[str, WindowSpec]:
         size, advance = _interval_ms(path, args[1]), _interval_ms(path, args[2])
         grace = _interval_ms(path, args[3]) if len(args) == 4 else 0
         spec = dict(size_ms=size, advance_ms=advance, grace_ms=grace, retention_ms=size)
+    elif name == "SESSION" and len(args) in (2, 3):
+        gap = _interval_ms(path, args[1])
+        grace = _interval_ms(path, args[2]) if len(args) == 3 else 0
+        spec = dict(size_ms=gap, grace_ms=grace, retention_ms=gap, session=True)
     else:
         raise _fail(path, node, f"GROUP BY {node.sql()}")
     ts = scope.column(args[0], "a window's event time")
@@ -471,7 +504,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     header = _parse_header(path, text)
     _check_nesting(path, text)
     try:
-        statements = [s for s in sqlglot.parse(text, dialect="spark") if s is not None]
+        statements = [s for s in sqlglot.parse(text, dialect=_DefinitionSQL) if s is not None]
     except sqlglot.errors.ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
         raise DefinitionError(f"{path}:{err.get('line', '?')}:{err.get('col', '?')}: SQL does not parse "
@@ -587,14 +620,15 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
             if key in keys:
                 raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
             keys.append(key)
-        elif isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP"):
+        elif isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP", "SESSION"):
             if window is not None:
                 raise _invalid(path, item, "a table has at most one window in GROUP BY")
             event_time, window = _window(scope, item)
         else:
             raise _fail(path, item, f"GROUP BY {item.sql()}")
-    key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set())
-    if len(key_names) != len(keys) + (window is not None):
+    key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set()) \
+        | ({SESSION_LAST} if window and window.session else set())
+    if len(key_names) != len(keys) + (window is not None) + (window is not None and window.session):
         raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
     aggregates, seen, computed_nodes = [], {}, {}
     for projection in select.expressions:
@@ -632,6 +666,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if where.find(exp.AggFunc):
             raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
     common["event_time"] = event_time
+    if window is not None and window.session:        # a session ends by its last event: shown as window_end
+        aggregates.append(AggregateColumn(SESSION_LAST, "max", (EVENT_MS,)))
     if "key_format" in header:
         raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format is for source tables (CREATE "
                               f"TABLE t (... PRIMARY KEY) WITH (topic=...)); an aggregate table's key comes from "

@@ -20,7 +20,8 @@ def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     if table.kind == "aggregate":
         aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
     return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
-                     changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()))
+                     changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()),
+                     routing_width=table.routing_width)
 
 
 def key_names(table: TableDefinition) -> list[str]:

@@ -81,9 +81,9 @@ class PassSpec:
 
 # ---------------------------------------------------------------------------------------- checks
 def pass_fields(table: TableDefinition) -> dict[str, str]:
-    """The columns the pass aggregates over: the stream's fields, and a TTL table's event time as
-    epoch milliseconds (the input of its hidden MAX; see catalog.definitions._ttl)."""
-    return {**dict(table.schema), **({EVENT_MS: "BIGINT"} if table.ttl_ms is not None else {})}
+    """The columns the pass aggregates over: the stream's fields, and the event time as epoch
+    milliseconds where a TTL or a session keeps a MAX of it (TableDefinition.event_ms)."""
+    return {**dict(table.schema), **({EVENT_MS: "BIGINT"} if table.event_ms else {})}
 
 
 def check_supported(table: TableDefinition) -> None:
@@ -547,6 +547,9 @@ def _split_late(events: pa.Table, spec: PassSpec):
     if window is None or spec.watermark_ms is None or not events.num_rows:
         return events, events.slice(0, 0)
     ts = _millis(events.column(spec.table.event_time))
+    if window.session:
+        late = pc.less(pc.add(ts, window.grace_ms), spec.watermark_ms)
+        return events.filter(pc.invert(late)), events.filter(late)
     last_start = pc.subtract(ts, _pmod(ts, window.advance))
     late = pc.less_equal(pc.add(last_start, window.size_ms + window.grace_ms), spec.watermark_ms)
     return events.filter(pc.invert(late)), events.filter(late)
@@ -562,8 +565,11 @@ def _pmod(ts, divisor: int):
 
 
 def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
-    """Each event once per window it falls in, with the window start (ms) as `_wstart`."""
+    """Each event once per window it falls in, with the window start (ms) as `_wstart`; for a
+    session window, each event once, with the start of its session among these events."""
     window = spec.table.window
+    if window.session:
+        return _sessioned(events, spec)
     ts = _millis(events.column(spec.table.event_time))
     last_start = pc.subtract(ts, _pmod(ts, window.advance))
     parts = []
@@ -572,6 +578,22 @@ def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
         inside = pc.greater(pc.add(start, window.size_ms), ts)
         parts.append(events.append_column("_wstart", start).filter(inside))
     return pa.concat_tables(parts)
+
+
+def _sessioned(events: pa.Table, spec: PassSpec) -> pa.Table:
+    """Sessions among this Arrow batch's events: by key and event time, a gap of at least the
+    session gap starts a new one. The merge task joins them with the stored sessions and with
+    other tasks' (state.windows.merge_sessions), so here they are partial."""
+    keys = spec.key_fields
+    ordered = events.take(pc.sort_indices(events, [(k, "ascending") for k in keys] + [(EVENT_MS, "ascending")]))
+    ts = ordered.column(EVENT_MS).to_numpy()
+    new = np.ones(len(ts), dtype=bool)
+    new[1:] = ts[1:] - ts[:-1] >= spec.table.window.size_ms
+    for key in keys:
+        values = np.asarray(ordered.column(key).to_numpy(zero_copy_only=False))
+        new[1:] |= values[1:] != values[:-1]
+    session = np.cumsum(new) - 1
+    return ordered.append_column("_wstart", pa.array(ts[np.flatnonzero(new)][session], pa.int64()))
 
 
 def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
@@ -743,16 +765,19 @@ def encoded_keys(partials: pa.Table) -> list[bytes]:
     return pc.binary_join_element_wise(*parts, _NO_SEPARATOR).to_pylist()
 
 
-def state_partitions(partials: pa.Table, partitions: int) -> pa.Array:
-    """Each partial's state partition: crc32 of its encoded key (the state library's rule)."""
+def state_partitions(partials: pa.Table, partitions: int, width: int | None = None) -> pa.Array:
+    """Each partial's state partition: crc32 of its encoded key, or of its first `width` key parts
+    (the state library's rule, TableSpec.route)."""
+    if width:
+        partials = partials.select(key_columns(partials)[:width])
     return pa.array([partition_of(key, partitions) for key in encoded_keys(partials)], pa.int32())
 
 
-def with_state_partition(partitions: int, batches):
+def with_state_partition(partitions: int, batches, width: int | None = None):
     """mapInArrow body for the Spark-SQL pass's partials: each row with its state partition `_sp`."""
     for batch in batches:
         table = pa.Table.from_batches([batch])
-        yield from table.append_column("_sp", state_partitions(table, partitions)).to_batches()
+        yield from table.append_column("_sp", state_partitions(table, partitions, width)).to_batches()
 
 
 def run(spec: PassSpec, batches):
@@ -783,10 +808,10 @@ def run(spec: PassSpec, batches):
         if where is not None:
             selected = events.filter(where)
             counts["filtered"] = counts.get("filtered", 0) + events.num_rows - selected.num_rows
+        if spec.table.event_ms and selected.num_rows:
+            selected = selected.append_column(EVENT_MS, _millis(selected.column(spec.table.event_time)))
         if spec.table.window is not None and selected.num_rows:
             selected = _windowed(selected, spec)
-        if spec.table.ttl_ms is not None and selected.num_rows:
-            selected = selected.append_column(EVENT_MS, _millis(selected.column(spec.table.event_time)))
         if dead.num_rows:
             yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
         if selected.num_rows:
@@ -816,7 +841,8 @@ def _folded(held: list[pa.Table], table: TableDefinition) -> pa.Table:
 
 
 def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> pa.RecordBatch:
-    partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions)) \
+    partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions,
+                                                              spec.table.routing_width)) \
         .append_column("_kind", pa.array(["partial"] * partials.num_rows))
     return _shaped(partials, schema)
 

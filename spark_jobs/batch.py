@@ -69,7 +69,9 @@ def _kept(table: TableDefinition, key: tuple, value, purged_at: int | None) -> b
     """A recomputed row the state holds: not a deleted source row, not a window purged at the last purge."""
     if value is None:
         return False
-    return purged_at is None or not table.window.expired(key[-1], purged_at)
+    if purged_at is None:
+        return True
+    return not table.window.expired(value[table.session_last_index] if table.window.session else key[-1], purged_at)
 
 
 def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from state import codec, faults
 from state.table import StateTable
-from state.windows import expire_idle, purge
+from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
 from catalog.mapping import state_spec
 from catalog.runtime import task_state_dir
@@ -45,8 +45,13 @@ def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None, touched=N
     it for the driver; also the commit's changes (encoded key -> new bytes). `outputs`: see
     Transaction.commit; `touched`: see state.windows.expire_idle."""
     purged = expired = 0
-    if ctx.purge_watermark is not None and ctx.table.window is not None:
-        purged = purge(part, tx, ctx.table.window, ctx.purge_watermark)
+    window = ctx.table.window
+    if ctx.purge_watermark is not None and window is not None and window.session:
+        # judged on the merged sessions (`touched`): one this batch extended may still go
+        purged = expire_idle(part, tx, ctx.table.session_last_index, ctx.purge_watermark - window.size_ms
+                             - window.grace_ms - window.retention_ms, touched or {})
+    elif ctx.purge_watermark is not None and window is not None:
+        purged = purge(part, tx, window, ctx.purge_watermark)
     if ctx.expire_before is not None and ctx.table.ttl_index is not None:
         expired = expire_idle(part, tx, ctx.table.ttl_index, ctx.expire_before, touched or {})
     result = tx.commit(outputs)
@@ -124,12 +129,14 @@ def _changed_rows(ctx: MergeContext, aggregator, part, partials, last: dict, cha
                           [None if r is None else decode(r) for r in raw], aggregator)
 
 
-def _expired_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
-    """The mirror's deletes for keys a TTL expired without this batch touching them."""
+def _unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
+    """The mirror's rows for changed keys that are not the batch's partial keys: keys a TTL
+    expired, and sessions merged under another start, or swallowed."""
     from spark_jobs.mirror import change_rows
 
-    gone = [codec.decode_key(k) for k, v in changes.items() if v is None and k not in last]
-    return change_rows(table, gone, [None] * len(gone), aggregator)
+    other = {k: v for k, v in changes.items() if k not in last}
+    return change_rows(table, [codec.decode_key(k) for k in other],
+                       [None if v is None else codec.decode_value(v) for v in other.values()], aggregator)
 
 
 def outputs_of(table: TableDefinition, aggregator):
@@ -148,7 +155,7 @@ def outputs_of(table: TableDefinition, aggregator):
     return outputs
 
 
-def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict) -> list:
+def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict, swallowed: frozenset) -> list:
     """emit: final: the windows this batch closed, once each, with their final values; nothing
     for a window still open, and nothing when the batch moved no watermark."""
     from spark_jobs.mirror import change_rows
@@ -156,7 +163,7 @@ def _closed_windows(ctx: MergeContext, aggregator, part, changes: dict) -> list:
 
     if ctx.closing is None or ctx.closing[1] is None:
         return []
-    closed = closing(part, ctx.table.window, changes, *ctx.closing)
+    closed = closing(part, ctx.table.window, changes, *ctx.closing, ctx.table.session_last_index, swallowed)
     if not closed:
         return []
     keys, values = zip(*closed)
@@ -204,12 +211,16 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         lap("open")
         keys, values = encoded_keys(partials), partial_values(ctx.table, partials)
         tx = part.begin(ctx.batch_id)
+        sessions = None
         if ctx.table.kind == "source":
             for key, value in zip(keys, values):
                 if value is None:
                     tx.delete_encoded(key)
                 else:
                     tx.put_encoded(key, value)
+        elif ctx.table.window is not None and ctx.table.window.session:
+            sessions = merge_sessions(part, tx, ctx.table.window.size_ms, ctx.table.session_last_index,
+                                      spec.aggregator.merge, list(zip(map(codec.decode_key, keys), values)))
         else:
             for key, value in zip(keys, values):
                 tx.merge_encoded(key, value)
@@ -219,7 +230,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
 
         def outputs(changes):
             if ctx.table.emit == "final":
-                return _closed_windows(ctx, spec.aggregator, part, changes)
+                return _closed_windows(ctx, spec.aggregator, part, changes,
+                                       frozenset(sessions[1]) if sessions is not None else frozenset())
             if not changes:
                 return []
             built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
@@ -229,6 +241,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
 
         ttl = ctx.table.ttl_index
         touched = None if ttl is None else {key: value[ttl] for key, value in zip(keys, values)}
+        if sessions is not None:
+            touched = sessions[0]
         commit, changes = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None, touched)
         summary = {"partition": partition, **commit}
         lap("commit")
@@ -238,8 +252,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             rows = built.get("rows") if not commit["noop"] else None
             if rows is None:
                 rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
-            if commit["expired"]:
-                rows = pa.concat_tables([rows, _expired_rows(ctx.table, spec.aggregator, last, changes)])
+            if not commit["noop"] and (ctx.table.ttl_ms or sessions is not None):
+                rows = pa.concat_tables([rows, _unbatched_rows(ctx.table, spec.aggregator, last, changes)])
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)

@@ -408,8 +408,8 @@ class MicroBatchRunner:
         window = self.table.window
         ts = F.unix_millis(F.col(self.table.event_time))
         last_start = ts - F.pmod(ts, F.lit(window.advance))
-        is_late = F.lit(False) if watermark_ms is None else \
-            (last_start + window.size_ms + window.grace_ms <= F.lit(watermark_ms))
+        is_late = F.lit(False) if watermark_ms is None else (ts + window.grace_ms < F.lit(watermark_ms)) \
+            if window.session else (last_start + window.size_ms + window.grace_ms <= F.lit(watermark_ms))
         flagged = events.withColumn("_late", is_late)
         batch_max = flagged.where(~F.col("_late")).agg(F.max(ts)).first()[0]
         return flagged.where(~F.col("_late")).drop("_late"), flagged.where(F.col("_late")).drop("_late"), batch_max
@@ -623,7 +623,7 @@ class MicroBatchRunner:
 
         for name, sql in self.table.derived.items():          # aggregate arguments that are expressions
             frame = frame.withColumn(_q(self.table, name), spark_expression(self.table, sql))
-        if self.table.ttl_ms is not None:                     # the TTL's hidden MAX reads it
+        if self.table.event_ms:                               # a TTL's or a session's MAX reads it
             frame = frame.withColumn(_q(self.table, EVENT_MS), F.unix_millis(F.col(_q(self.table, self.table.event_time))))
         condition = where_condition(self.table)
         if condition is None:
@@ -639,7 +639,10 @@ class MicroBatchRunner:
 
         table = self.table
         group_cols = [F.col(_q(table, k)).alias(f"_k{i}") for i, k in enumerate(table.key_columns)]
-        if table.window is not None:
+        if table.window is not None and table.window.session:
+            frame = self._sessioned(frame)
+            group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
+        elif table.window is not None:
             window = table.window
             ts_col = _q(table, table.event_time)
             w = F.window(F.col(ts_col), f"{window.size_ms} milliseconds", f"{window.advance} milliseconds")
@@ -647,6 +650,21 @@ class MicroBatchRunner:
             group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
         key_aliases = [f"_k{i}" for i in range(len(group_cols))]
         return frame.select(*group_cols, *[F.col(c) for c in frame.columns if c not in ("_w",)]), key_aliases
+
+    def _sessioned(self, frame):
+        """Each event with the start of its session (`_wstart`) among the frame's events: by key
+        and event time, a gap of at least the session gap starts a new one (as arrow_pass does;
+        state.windows.merge_sessions joins them with the stored ones). Over bronze, these are the
+        table's whole sessions."""
+        from pyspark.sql import Window, functions as F
+
+        table = self.table
+        ts = F.col(_q(table, EVENT_MS))
+        keys = [F.col(_q(table, k)) for k in table.key_columns]
+        by_time = Window.partitionBy(*keys).orderBy(ts)
+        starts = F.coalesce(ts - F.lag(ts).over(by_time) >= F.lit(table.window.size_ms), F.lit(True))
+        return (frame.withColumn("_session", F.sum(starts.cast("int")).over(by_time.rowsBetween(Window.unboundedPreceding, 0)))
+                .withColumn("_wstart", F.min(ts).over(Window.partitionBy(*keys, "_session"))).drop("_session"))
 
     def _refused_events(self, events, refused: dict[tuple, str]):
         """(source_partition, source_offset, reason) of this batch's events for keys the state refused."""
@@ -719,9 +737,9 @@ class MicroBatchRunner:
 
         from spark_jobs.arrow_pass import with_state_partition
 
-        parts = self.table.partitions
+        parts, width = self.table.partitions, self.table.routing_width
         schema = StructType(partials.schema.fields + [StructField("_sp", IntegerType())])
-        return partials.mapInArrow(lambda batches: with_state_partition(parts, batches), schema)
+        return partials.mapInArrow(lambda batches: with_state_partition(parts, batches, width), schema)
 
     # ------------------------------------------------------------ merge
     def _purge_at(self, batch_id: int, watermark: int | None) -> int | None:

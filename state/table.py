@@ -45,6 +45,12 @@ class TableSpec:
     snapshot_keep: int = 3
     changelog: str | None = None              # topic; default "<name>-changelog"
     meaning: tuple | None = None              # the definition's normalised meaning, as sorted (field, json) pairs
+    routing_width: int | None = None          # leading key parts that pick the partition (None: all); a session
+                                              # table routes by its key without the start, so a key's sessions meet
+
+    def route(self, key: tuple) -> int:
+        """The partition of a key tuple."""
+        return partition_of(codec.encode_key(key[:self.routing_width] if self.routing_width else key), self.partitions)
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -152,7 +158,7 @@ class StateTable:
             os.close(folder)
 
     def partition_of(self, key: tuple) -> int:
-        return partition_of(codec.encode_key(key), self.spec.partitions)
+        return self.spec.route(key)
 
     def partition_dir(self, partition: int) -> Path:
         return self.dir / f"p{partition:04d}"

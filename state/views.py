@@ -19,7 +19,7 @@ from pathlib import Path
 
 from state import codec
 from state.backends import MemoryBackend, PartitionMeta, RocksBackend
-from state.table import TableSpec, partition_of
+from state.table import TableSpec
 
 
 class PartitionView:
@@ -91,7 +91,7 @@ class TableView:
         return {p: view.refresh().applied_batch for p, view in enumerate(self.partitions)}
 
     def get(self, key: tuple):
-        return self.partitions[partition_of(codec.encode_key(key), self.spec.partitions)].get(key)
+        return self.partitions[self.spec.route(key)].get(key)
 
     def scan(self, prefix: tuple = (), start: tuple | None = None, end: tuple | None = None,
              limit: int | None = None) -> list[tuple[tuple, object]]:

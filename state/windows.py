@@ -21,6 +21,8 @@ class WindowSpec:
     advance_ms: int | None = None   # None: tumbling (advance = size)
     grace_ms: int = 0
     retention_ms: int = 0
+    session: bool = False           # SESSION: size_ms is the inactivity gap; a session's start is its
+                                    # first event, its end the last event plus the gap (see merge_sessions)
 
     def __post_init__(self) -> None:
         advance = self.advance_ms or self.size_ms
@@ -43,11 +45,22 @@ class WindowSpec:
         return starts[::-1]
 
     def is_late(self, ts: int, watermark: int) -> bool:
-        """True when every window of `ts` closed (end + grace <= watermark) before it arrived."""
+        """True when every window of `ts` closed (end + grace <= watermark) before it arrived. A
+        session event is late when it is more than grace behind the watermark: an older one could
+        reach back into a session that has closed."""
+        if self.session:
+            return ts + self.grace_ms < watermark
         return all(start + self.size_ms + self.grace_ms <= watermark for start in self.starts_for(ts))
 
     def expired(self, start: int, watermark: int) -> bool:
+        """For a session, `start` is its last event's time: sessions end by their last event."""
         return start + self.size_ms + self.grace_ms + self.retention_ms <= watermark
+
+    def closes_at(self, full_key: tuple, value, last_index: int | None) -> int:
+        """The watermark at which a window (or session) closes: its end plus grace."""
+        if self.session:
+            return value[last_index] + self.size_ms + self.grace_ms
+        return full_key[-1] + self.size_ms + self.grace_ms
 
 
 def window_key(key: tuple, start: int) -> tuple:
@@ -67,11 +80,14 @@ def fetch(partition: StatePartition, key: tuple, time_from: int | None = None,
     return out
 
 
-def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermark: int) -> int:
-    """Delete, within `tx`, every window expired at `watermark`; returns how many."""
+def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermark: int,
+          last_index: int | None = None) -> int:
+    """Delete, within `tx`, every window expired at `watermark`; returns how many. A session
+    expires by its last event (aggregate `last_index` of its value); no event still to come can
+    reach a closed session, so one this transaction merges into is never purged."""
     expired = 0
-    for full_key, _ in partition.items():
-        if spec.expired(full_key[-1], watermark):
+    for full_key, value in partition.items():
+        if spec.expired(value[last_index] if spec.session else full_key[-1], watermark):
             tx.delete(full_key)
             expired += 1
     return expired
@@ -101,26 +117,70 @@ def expire_idle(partition: StatePartition, tx: Transaction, index: int, horizon:
     return expired
 
 
+def merge_sessions(partition: StatePartition, tx: Transaction, gap_ms: int, last_index: int, merge,
+                   partials: list[tuple[tuple, object]]) -> tuple[dict[bytes, int], set[bytes]]:
+    """Fold a batch's partial sessions ((key..., start), value) into the stored ones, within `tx`.
+
+    Sessions of a key, stored and new, are taken by start; one that starts before the previous
+    one's last event plus the gap joins it, so an event that bridges two stored sessions merges
+    them. A merged session is stored under its first start with the aggregates merged (they are
+    associative, see state.aggregates); the keys of the sessions it swallowed are deleted. A
+    stored session that nothing reached is left as it is. Returns the sessions put (encoded key ->
+    last event time: what a purge in the same commit judges, see expire_idle) and the keys of the
+    sessions swallowed."""
+    put, swallowed = {}, set()
+    by_key: dict[tuple, list] = {}
+    for full, value in partials:
+        by_key.setdefault(full[:-1], []).append((full[-1], value, False))
+    for key, spans in by_key.items():
+        spans += [(full[-1], value, True) for full, value in partition.items(prefix=key) if len(full) == len(key) + 1]
+        spans.sort(key=lambda span: (span[0], not span[2]))
+        groups: list[list] = []          # [start, last event, members]
+        for start, value, stored in spans:
+            if groups and start < groups[-1][1] + gap_ms:
+                groups[-1][1] = max(groups[-1][1], value[last_index])
+                groups[-1][2].append((start, value, stored))
+            else:
+                groups.append([start, value[last_index], [(start, value, stored)]])
+        for start, _, members in groups:
+            if len(members) == 1 and members[0][2]:
+                continue
+            merged = None
+            for _, value, _ in members:
+                merged = merge(merged, value)
+            for member_start, _, stored in members:
+                if stored and member_start != start:
+                    tx.delete(key + (member_start,))
+                    swallowed.add(codec.encode_key(key + (member_start,)))
+            tx.put(key + (start,), merged)
+            put[codec.encode_key(key + (start,))] = merged[last_index]
+    return put, swallowed
+
+
 def closing(partition: StatePartition, spec: WindowSpec, changes: dict, after: int | None,
-            until: int) -> list[tuple[tuple, object]]:
+            until: int, last_index: int | None = None, swallowed: frozenset = frozenset()) -> list[tuple[tuple, object]]:
     """(window key, value) of every window that closes in (after, until]: its end plus grace
-    passed in that range of the watermark, so no later event can change it (a later one is late).
-    Values are as a commit's `changes` (encoded key -> new bytes, None: deleted) leave them; a
-    window the same commit purges keeps its last value. A full scan: windowed state is bounded
-    by retention."""
-    def closes(start: int) -> bool:
-        end = start + spec.size_ms + spec.grace_ms
+    (a session's: its last event plus gap plus grace) passed in that range of the watermark, so no
+    later event can change it (a later one is late). Values are as a commit's `changes`
+    (encoded key -> new bytes, None: deleted) leave them; a window the same commit purges keeps
+    its last value, and a session it merged into another (`swallowed`) is no longer one. A full
+    scan: windowed state is bounded by retention."""
+    def closes(full: tuple, raw: bytes) -> bool:
+        end = spec.closes_at(full, codec.decode_value(raw) if spec.session else None, last_index)
         return (after is None or end > after) and end <= until
 
     found: dict[bytes, tuple[tuple, bytes]] = {}
     for key, stored in partition.raw_items():
+        if key in swallowed:
+            continue
+        new = changes.get(key, stored)
+        value = stored if new is None else new
         full = codec.decode_key(key)
-        if closes(full[-1]):
-            new = changes.get(key, stored)
-            found[key] = (full, stored if new is None else new)
+        if closes(full, value):
+            found[key] = (full, value)
     for key, new in changes.items():
         if key not in found and new is not None:
             full = codec.decode_key(key)
-            if closes(full[-1]):
+            if closes(full, new):
                 found[key] = (full, new)
     return [(full, codec.decode_value(raw)) for full, raw in found.values()]

@@ -151,6 +151,12 @@ STREAM = "-- schema: k STRING, v DOUBLE, n BIGINT, ts TIMESTAMP\n"
      "option ttl: 'a month' is not a duration like 30s, 15m, 1h or 7d", "1:1"),
     ("-- ttl: 1h\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, TUMBLE(ts, INTERVAL '1' HOUR)",
      "a windowed table drops old windows by itself", "1:1"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, SESSION(ts, INTERVAL '0' MINUTE)",
+     "window length INTERVAL '0' MINUTE must be positive", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, SESSION(v, INTERVAL '5' MINUTE)",
+     "must be a TIMESTAMP field", "2:"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS window_end FROM s GROUP BY k, SESSION(ts, INTERVAL '5' MINUTE)",
+     "alias 'window_end' is also a key column", "2:"),
 ])
 def test_bad_definitions_fail_with_file_line_column_and_what_to_do(tmp_path, header, sql, problem, position):
     path = tmp_path / "bad.sql"
@@ -236,3 +242,13 @@ def test_a_ttl_is_event_time_milliseconds_kept_by_a_hidden_max_and_part_of_the_m
     with pytest.raises(DefinitionError, match="ttl is for aggregate tables; a source table's rows go away with a "
                                               "tombstone"):
         parse(source)
+
+
+def test_a_session_window_parses_with_its_gap_grace_and_a_shown_window_end(tmp_path):
+    (tmp_path / "t.sql").write_text(STREAM + "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s\n"
+                                    "GROUP BY k, SESSION(ts, INTERVAL '30' MINUTE, INTERVAL '5' MINUTE)")
+    table = parse(tmp_path / "t.sql")
+    assert (table.window.session, table.window.size_ms, table.window.grace_ms) == (True, 1_800_000, 300_000)
+    assert [(a.name, a.function, a.args, a.hidden) for a in table.aggregates] == [
+        ("c", "count", (), False), ("window_end", "max", ("_event_ms",), False)]
+    assert table.routing_width == 1 and table.event_time == "ts" and table.meaning()["window"][-1] == "session"

@@ -301,3 +301,52 @@ def test_a_sum_past_64_bits_or_a_value_past_the_record_limit_keeps_the_old_value
     again = part.begin(1)
     again.merge(big, (100, ("b",)))
     assert again.commit().noop and dict(part.begin(1).commit().rejected) == dict(result.rejected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 60)), max_size=8), min_size=1, max_size=5))
+def test_sessions_merged_batch_by_batch_equal_sessions_over_all_events(batches):
+    """merge_sessions over batches (each batch's own sessions first, as the passes make them)
+    ends with the sessions a sort of every event gives: events apart by less than the gap join."""
+    from state.windows import merge_sessions
+
+    gap = 10
+    part = StatePartition("mem", 0, MemoryBackend(), RowAggregator({"n": Count(), "last": Max()}))
+
+    def sessions(events):
+        out = {}
+        for key in sorted({k for k, _ in events}):
+            times = sorted(t for k, t in events if k == key)
+            start = prev = times[0]
+            n = 0
+            for t in times:
+                if t - prev >= gap:
+                    out[(key, start)] = (n, prev)
+                    start, n = t, 0
+                n, prev = n + 1, t
+            out[(key, start)] = (n, prev)
+        return out
+
+    for batch_id, events in enumerate(batches):
+        tx = part.begin(batch_id)
+        merge_sessions(part, tx, gap, 1, part.aggregator.merge, list(sessions(events).items()))
+        tx.commit()
+    everything = [e for events in batches for e in events]
+    assert dict(part.items()) == (sessions(everything) if everything else {})
+
+
+def test_expire_idle_judges_merged_values_and_deletes_new_keys_past_the_horizon():
+    from state.windows import expire_idle
+
+    part = StatePartition("mem", 0, MemoryBackend(), RowAggregator({"n": Count(), "last": Max()}))
+    with part.begin(0) as tx:
+        tx.put(("old",), (1, 5))
+        tx.put(("refreshed",), (1, 5))
+        tx.put(("young",), (1, 50))
+    tx = part.begin(1)
+    tx.merge(("refreshed",), (1, 40))
+    tx.merge(("stale_new",), (1, 10))
+    touched = {codec.encode_key(("refreshed",)): 40, codec.encode_key(("stale_new",)): 10}
+    assert expire_idle(part, tx, 1, 20, touched) == 2        # "old", and "stale_new" at once
+    tx.commit()
+    assert dict(part.items()) == {("refreshed",): (2, 40), ("young",): (1, 50)}
