@@ -717,15 +717,12 @@ def _is_aggregate_call(node: exp.Expression) -> bool:
 
 
 def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list) -> str:
-    """A SELECT column computed from the aggregates (and keys) when a row is shown, e.g.
-    `SUM(amount) / COUNT(*) AS mean`. An aggregate in it that SELECT does not name is kept hidden
+    """A SELECT column computed from the aggregates and keys when a row is shown, e.g.
+    `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED). An aggregate in it that SELECT does not name is kept hidden
     in the state (`_h<n>`). Returns it as SQL over the row's columns."""
     from catalog.expressions import SUPPORTED as ROW_SUPPORTED, Unsupported, compile_value
 
     path, target = scope.path, projection.this
-    if not any(_is_aggregate_call(n) for n in target.walk()):
-        raise _fail(path, target, f"column {projection.alias!r} = {target.sql()}, outside GROUP BY and outside an "
-                                  f"aggregate", "an expression over the keys and aggregates")
     by_sql = {p.this.sql(dialect="spark"): alias for alias, p in named.items()}
 
     def to_columns(child: exp.Expression) -> exp.Expression:

@@ -231,3 +231,33 @@ def test_select_columns_computed_from_aggregates_show_in_the_api_and_the_change_
         assert abs(row["spread"] - shown[k]["spread"]) < 1e-9
     folded, _ = fold_change_topic(rt.bootstrap, out)
     assert folded == {json.dumps({"k": k}): lookup("spreads", (k,), rt=rt) for k in shown}
+
+
+def test_case_cast_coalesce_and_string_functions_in_select_match_pandas(env, spark):
+    """SELECT columns with CASE, CAST, COALESCE, ROUND, UPPER, CONCAT and SUBSTRING, over keys and
+    aggregates (one over the keys alone), computed when rows are shown; pandas computes the same."""
+    rt, out, topic, producer = _table_with_change_topic(
+        env, "labels", "k STRING, amount DOUBLE",
+        "SELECT k, COUNT(*) AS n, UPPER(SUBSTRING(k, 1, 3)) AS tag,\n"
+        "  CASE WHEN SUM(amount) >= 10 THEN 'big' WHEN SUM(amount) > 0 THEN 'small' ELSE 'none' END AS size,\n"
+        "  CAST(ROUND(AVG(amount), 1) AS STRING) AS mean_text, COALESCE(MAX(amount), -1) AS top,\n"
+        "  CONCAT(k, ':', CAST(COUNT(*) AS STRING)) AS label\n"
+        "FROM events GROUP BY k")
+    produced = [("alpha", 1.25), ("alpha", 2.0), ("beta", 4.0), ("beta", 7.5), ("gamma", None), ("alpha", 9.0)]
+    for k, amount in produced:
+        producer.produce(topic, json.dumps({"k": k, "amount": amount}).encode(), key=k.encode())
+    producer.flush()
+    jobs.run("labels", until_caught_up=True, spark=spark, rt=rt)
+
+    frame = pd.DataFrame(produced, columns=["k", "amount"])
+    expected = {}
+    for k, g in frame.groupby("k"):
+        total, mean, top = g["amount"].sum(min_count=1), g["amount"].mean(), g["amount"].max()
+        size = "big" if total >= 10 else "small" if total > 0 else "none"
+        expected[k] = {"k": k, "n": len(g), "tag": k[:3].upper(), "size": size,
+                       "mean_text": None if pd.isna(mean) else str(float(f"{mean + 1e-12:.1f}")),
+                       "top": -1 if pd.isna(top) else top, "label": f"{k}:{len(g)}"}
+    assert expected["alpha"]["mean_text"] == "4.1" and expected["gamma"]["size"] == "none"
+    assert {k: lookup("labels", (k,), rt=rt) for k in expected} == expected
+    folded, _ = fold_change_topic(rt.bootstrap, out)
+    assert folded == {json.dumps({"k": k}): row for k, row in expected.items()}
