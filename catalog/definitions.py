@@ -498,6 +498,24 @@ def _window(scope: _Scope, node: exp.Anonymous) -> tuple[str, WindowSpec]:
         raise _fail(path, node, f"window {node.sql()} ({exc})") from None
 
 
+def _unparsed(path: Path, text: str) -> DefinitionError:
+    """sqlglot keeps a CREATE it cannot parse as an opaque command, without saying where: its
+    SELECT is parsed alone to find the place (a reserved word used as a name, most often)."""
+    match = re.search(r"\bAS\s+(SELECT\b)", text, flags=re.IGNORECASE)
+    where, problem = f"{path}", "the CREATE TABLE does not parse"
+    if match:
+        try:
+            sqlglot.parse_one(text[match.start(1):], dialect=_DefinitionSQL)
+        except sqlglot.errors.ParseError as exc:
+            err = exc.errors[0] if exc.errors else {}
+            line = text.count("\n", 0, match.start(1)) + err.get("line", 1)
+            col = err.get("col", 0) + (match.start(1) - text.rfind("\n", 0, match.start(1)) - 1
+                                       if err.get("line", 1) == 1 else 0)
+            where, problem = f"{path}:{line}:{col}", f"SQL does not parse ({err.get('description', exc)})"
+    return DefinitionError(f"{where}: {problem}; a word SQL reserves (order, date, set, ...) used as a "
+                           f"column or table name must be quoted in backticks, as `order`. Supported: {SUPPORTED}")
+
+
 def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     path = Path(path)
     text = path.read_text() if text is None else text
@@ -509,6 +527,8 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
         err = exc.errors[0] if exc.errors else {}
         raise DefinitionError(f"{path}:{err.get('line', '?')}:{err.get('col', '?')}: SQL does not parse "
                               f"({err.get('description', exc)}). Supported: {SUPPORTED}") from None
+    if len(statements) == 1 and isinstance(statements[0], exp.Command):
+        raise _unparsed(path, text)
     if len(statements) != 1 or not isinstance(statements[0], exp.Create):
         raise DefinitionError(f"{path}: expected exactly one CREATE TABLE statement. Supported: {SUPPORTED}")
     create = statements[0]

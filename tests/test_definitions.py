@@ -151,6 +151,8 @@ STREAM = "-- schema: k STRING, v DOUBLE, n BIGINT, ts TIMESTAMP\n"
      "option ttl: 'a month' is not a duration like 30s, 15m, 1h or 7d", "1:1"),
     ("-- ttl: 1h\n", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, TUMBLE(ts, INTERVAL '1' HOUR)",
      "a windowed table drops old windows by itself", "1:1"),
+    ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s\nGROUP BY k, SET(1)",
+     "SQL does not parse (Invalid expression / Unexpected token); a word SQL reserves", "3:"),
     ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, SESSION(ts, INTERVAL '0' MINUTE)",
      "window length INTERVAL '0' MINUTE must be positive", "2:"),
     ("", "CREATE TABLE t AS SELECT k, COUNT(*) AS c FROM s GROUP BY k, SESSION(v, INTERVAL '5' MINUTE)",
