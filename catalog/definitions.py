@@ -260,16 +260,17 @@ def duration_ms(text: str) -> int:
     return int(match.group(1)) * DURATION_UNITS[match.group(2)]
 
 
-def _duration_option(path: Path, header: _Header, key: str, default: int) -> int:
+def _duration_option(path: Path, header: _Header, key: str, default: int | None, table: str | None = None) -> int | None:
     raw = header.get(key)
     if raw is None:
         return default
+    where = header.where(path, key) + (f": table {table!r}" if table else "")
     try:
         value = duration_ms(raw)
     except ValueError as exc:
-        raise DefinitionError(f"{header.where(path, key)}: option {key}: {exc}") from None
+        raise DefinitionError(f"{where}: option {key}: {exc}") from None
     if value <= 0:
-        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be positive, e.g. 1h")
+        raise DefinitionError(f"{where}: option {key}={raw!r} must be positive, e.g. 1h")
     return value
 
 
@@ -297,16 +298,10 @@ def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
     exactly what the batches deleted, and a clock-based expiry would depend on when each batch
     happened to run. The newest event time per key is kept as a hidden MAX aggregate, so the
     changelog, snapshots and restores carry it like any other column."""
-    raw = header.get("ttl")
-    if raw is None:
+    ttl = _duration_option(path, header, "ttl", None, table.name)
+    if ttl is None:
         return
     where = header.where(path, "ttl")
-    try:
-        ttl = duration_ms(raw)
-    except ValueError as exc:
-        raise DefinitionError(f"{where}: table {table.name!r}: option ttl: {exc} (units s, m, h, d)") from None
-    if ttl <= 0:
-        raise DefinitionError(f"{where}: table {table.name!r}: option ttl={raw!r} must be positive, e.g. 30d")
     if table.kind != "aggregate":
         raise DefinitionError(f"{where}: table {table.name!r}: ttl is for aggregate tables; a source table's rows "
                               f"go away with a tombstone (a null value for the key) on its topic")
