@@ -443,7 +443,7 @@ def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColu
         if isinstance(inner, exp.Distinct):
             if len(inner.expressions) != 1:
                 raise _fail(path, func, f"aggregate {func.sql()} over several columns", "COUNT(DISTINCT col)")
-            return AggregateColumn(alias, "count_distinct", (scope.column(inner.expressions[0]),))
+            return AggregateColumn(alias, "count_distinct", (scope.argument(inner.expressions[0]),))
         if isinstance(inner, exp.Star):
             return AggregateColumn(alias, "count", ())
         return AggregateColumn(alias, "count", (scope.argument(inner),))
@@ -455,14 +455,14 @@ def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColu
         name = func.name.upper()
         args = func.expressions
         if name == "LATEST_BY_OFFSET" and len(args) == 1:
-            return AggregateColumn(alias, "latest_by_offset", (scope.column(args[0]),))
+            return AggregateColumn(alias, "latest_by_offset", (scope.argument(args[0]),))
         if name == "TOPK" and len(args) >= 2:
             n = args[0]
             if not (isinstance(n, exp.Literal) and not n.is_string and re.fullmatch(r"\d+", n.name)
                     and 1 <= int(n.name) <= TOPK_MAX):
                 raise _invalid(path, n, f"TOPK's first argument {n.sql()} must be a whole number from 1 to "
                                         f"{TOPK_MAX}, the entries kept per key")
-            return AggregateColumn(alias, "topk", tuple(scope.column(a) for a in args[1:]), n=int(n.name))
+            return AggregateColumn(alias, "topk", tuple(scope.argument(a) for a in args[1:]), n=int(n.name))
     raise _fail(path, func, f"aggregate {func.sql()}")
 
 

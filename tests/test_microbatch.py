@@ -386,7 +386,8 @@ def test_where_with_expressions_keeps_the_events_pandas_keeps(env, spark):
 
 
 def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
-    """SUM(amount * 2), COUNT(CASE ...), MAX(LENGTH(...)), AVG(COALESCE(...)): computed per event
+    """SUM(amount * 2), COUNT(CASE ...), MAX(LENGTH(...)), AVG(COALESCE(...)), COUNT(DISTINCT FLOOR(...)),
+    TOPK(2, amount * -1, UPPER(title)): computed per event
     before the aggregates fold them, in two batches; verify's recomputation from bronze agrees."""
     from spark_jobs import batch
 
@@ -395,7 +396,8 @@ def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
     producer = new_table(rt, "derived_sales", f"-- topic: {topic}\n-- schema: title STRING, amount DOUBLE\n"
                          "CREATE TABLE derived_sales AS SELECT title, SUM(amount * 2) AS doubled, "
                          "COUNT(CASE WHEN amount > 3 THEN 1 END) AS big, MAX(LENGTH(UPPER(title))) AS len, "
-                         "AVG(COALESCE(amount, 10)) AS mean FROM sales GROUP BY title", topic)
+                         "AVG(COALESCE(amount, 10)) AS mean, COUNT(DISTINCT FLOOR(amount)) AS floors, "
+                         "TOPK(2, amount * -1, UPPER(title)) AS cheapest FROM sales GROUP BY title", topic)
     events = [{"title": t, "amount": a} for t in ("a", "bb", "ccc") for a in (None, 1.5, 3.0, 4.5, 8.0)]
     for half in (events[::2], events[1::2]):
         for event in half:
@@ -407,11 +409,14 @@ def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
     for title, group in frame.groupby("title"):
         amounts = group["amount"]
         expected[(title,)] = {"title": title, "doubled": (amounts * 2).sum(), "big": int((amounts > 3).sum()),
-                              "len": len(title), "mean": amounts.fillna(10).mean()}
+                              "len": len(title), "mean": amounts.fillna(10).mean(),
+                              "floors": amounts.dropna().floordiv(1).nunique(),
+                              "cheapest": [[-a, title.upper()] for a in sorted(amounts.dropna())[:2]]}
     got = {(t,): lookup("derived_sales", (t,), rt=rt) for (t,) in expected}
     assert got.keys() == expected.keys()
     for key, row in got.items():
         want = expected[key]
         assert (row["title"], row["big"], row["len"]) == (want["title"], want["big"], want["len"]), row
+        assert (row["floors"], [list(e) for e in row["cheapest"]]) == (want["floors"], want["cheapest"]), row
         assert abs(row["doubled"] - want["doubled"]) < 1e-9 and abs(row["mean"] - want["mean"]) < 1e-9, row
     assert batch.verify("derived_sales", spark=spark, rt=rt).ok
