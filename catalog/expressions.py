@@ -8,6 +8,7 @@ compares state, is unaffected by it.
 """
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import math
 import operator
@@ -19,7 +20,8 @@ SUPPORTED = ("column names (the key columns and the aggregates' aliases), the ag
              "strings, TRUE/FALSE/NULL, = != <> < <= > >=, + - * / %, AND, OR, NOT, IS [NOT] NULL, IN (...), "
              "BETWEEN, CASE, IF, CAST and TRY_CAST (to STRING, BIGINT, INT, DOUBLE, FLOAT, BOOLEAN), COALESCE, "
              "NULLIF, GREATEST, LEAST, ABS, ROUND, FLOOR, CEIL, UPPER, LOWER, LENGTH, TRIM, SUBSTRING, CONCAT, ||, "
-             "REPLACE")
+             "REPLACE, and YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC over epoch milliseconds "
+             "(window_start, window_end) or ISO text")
 
 _COMPARE = {exp.EQ: operator.eq, exp.NEQ: operator.ne, exp.GT: operator.gt, exp.GTE: operator.ge,
             exp.LT: operator.lt, exp.LTE: operator.le}
@@ -207,10 +209,50 @@ def _function(node: exp.Expression, columns: set[str]) -> Callable[[dict], objec
         start = part(node.args["start"]) if node.args.get("start") is not None else (lambda row: 1)
         length = part(node.args["length"]) if node.args.get("length") is not None else (lambda row: 1 << 62)
         return _null_safe(_substring, part(node.this), start, length)
+    if isinstance(node, exp.TsOrDsToDate):
+        return _null_safe(lambda v: _instant(v).date().isoformat(), part(node.this))     # as JSON shows a DATE
+    if type(node) in _DATE_PARTS:
+        return _null_safe(lambda v, pick=_DATE_PARTS[type(node)]: pick(_instant(v)), part(node.this))
+    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+        unit = node.args["unit"].name.upper()
+        if unit not in _TRUNCATE:
+            raise Unsupported(node, f"DATE_TRUNC to {unit} (units {sorted(_TRUNCATE)})")
+        return _null_safe(lambda v: _truncated(v, unit), part(node.this))
     if isinstance(node, exp.Replace):
         return _null_safe(lambda text, old, new: text.replace(old, new), part(node.this), part(node.expression),
                           part(node.args["replacement"]))
     return None
+
+
+def _instant(value) -> dt.datetime:
+    """A row's time value as a UTC datetime: epoch milliseconds (window_start, window_end), a
+    date or datetime, or ISO text."""
+    if isinstance(value, bool):
+        raise TypeError("a boolean is no time")
+    if isinstance(value, (int, float)):
+        return dt.datetime.fromtimestamp(value / 1000, tz=dt.timezone.utc)
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+_DATE_PARTS = {exp.Year: lambda t: t.year, exp.Month: lambda t: t.month, exp.Day: lambda t: t.day,
+               exp.Hour: lambda t: t.hour, exp.Minute: lambda t: t.minute,
+               exp.DayOfWeek: lambda t: t.isoweekday() % 7 + 1}         # Spark: 1 = Sunday
+_TRUNCATE = {"YEAR": dict(month=1, day=1, hour=0, minute=0, second=0, microsecond=0),
+             "MONTH": dict(day=1, hour=0, minute=0, second=0, microsecond=0),
+             "DAY": dict(hour=0, minute=0, second=0, microsecond=0),
+             "HOUR": dict(minute=0, second=0, microsecond=0), "MINUTE": dict(second=0, microsecond=0)}
+
+
+def _truncated(value, unit: str):
+    """DATE_TRUNC, giving back the kind it was given: epoch milliseconds stay milliseconds, and
+    anything else becomes ISO text in UTC."""
+    cut = _instant(value).replace(**_TRUNCATE[unit])
+    return int(cut.timestamp() * 1000) if isinstance(value, (int, float)) else cut.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _substring(text: str, start: int, length: int) -> str:

@@ -254,3 +254,27 @@ def test_a_session_window_parses_with_its_gap_grace_and_a_shown_window_end(tmp_p
     assert [(a.name, a.function, a.args, a.hidden) for a in table.aggregates] == [
         ("c", "count", (), False), ("window_end", "max", ("_event_ms",), False)]
     assert table.routing_width == 1 and table.event_time == "ts" and table.meaning()["window"][-1] == "session"
+
+
+def test_row_date_functions_over_epoch_milliseconds_match_pandas():
+    """SELECT and HAVING see window_start and window_end as epoch milliseconds; the date functions
+    read them as UTC instants, as pandas does."""
+    import pandas as pd
+    import sqlglot
+
+    from catalog.expressions import compile_value
+
+    starts = [1_793_491_200_000 + i * 37_123_457 for i in range(50)]
+    stamps = pd.to_datetime(pd.Series(starts), unit="ms", utc=True)
+    functions = {
+        "YEAR(w)": stamps.dt.year, "MONTH(w)": stamps.dt.month, "DAY(w)": stamps.dt.day,
+        "HOUR(w)": stamps.dt.hour, "MINUTE(w)": stamps.dt.minute,
+        "DAYOFWEEK(w)": (stamps.dt.dayofweek + 1) % 7 + 1,          # pandas: Monday 0; Spark: Sunday 1
+        "TO_DATE(w)": stamps.dt.strftime("%Y-%m-%d"),
+        "DATE_TRUNC('HOUR', w)": stamps.dt.floor("h").astype("int64") // 1_000_000,
+        "DATE_TRUNC('DAY', w)": stamps.dt.floor("D").astype("int64") // 1_000_000,
+    }
+    for sql, expected in functions.items():
+        value = compile_value(sqlglot.parse_one(sql, dialect="spark"), {"w"})
+        assert [value({"w": w}) for w in starts] == expected.tolist(), sql
+    assert compile_value(sqlglot.parse_one("HOUR(w)", dialect="spark"), {"w"})({"w": None}) is None
