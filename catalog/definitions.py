@@ -102,6 +102,7 @@ class TableDefinition:
     computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
     ttl_ms: int | None = None                  # keys idle this long in event time are deleted (see _ttl)
+    key_types: dict[str, str] = field(default_factory=dict)  # computed GROUP BY keys (in `derived`) -> type
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
     event_time: str | None = None
@@ -142,6 +143,12 @@ class TableDefinition:
     def event_ms(self) -> bool:
         """Whether the passes add EVENT_MS to each event: the input of a TTL's or a session's hidden MAX."""
         return self.ttl_ms is not None or (self.window is not None and self.window.session)
+
+    @property
+    def stream_key_fields(self) -> list[str]:
+        """The key columns an event carries (a null one dead-letters it as missing_key); a
+        computed key is not one: a NULL from it is a group, as SQL groups NULLs."""
+        return [k.split(".")[-1] for k in self.key_columns if k not in self.key_types]
 
     @property
     def routing_width(self) -> int | None:
@@ -627,9 +634,15 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     group = select.args.get("group")
     if group is None:
         raise _fail(path, select, "an aggregate without GROUP BY")
-    keys, window = [], None
+    keys, window, key_types = [], None, {}
     event_time = common.get("event_time")
+    selected = {p.this.sql(dialect="spark"): p.alias for p in select.expressions
+                if isinstance(p, exp.Alias) and not isinstance(p.this, exp.Column)}
+    by_alias = {p.alias: p.this for p in select.expressions if isinstance(p, exp.Alias)}
     for item in group.expressions:
+        if isinstance(item, exp.Column) and not item.table and item.name not in scope.stream_fields \
+                and item.name in by_alias and not isinstance(by_alias[item.name], exp.Column):
+            item = by_alias[item.name]          # GROUP BY an alias of SELECT: its expression
         if isinstance(item, exp.Column):
             key = scope.column(item, "a GROUP BY key")
             if key in keys:
@@ -639,6 +652,12 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
             if window is not None:
                 raise _invalid(path, item, "a table has at most one window in GROUP BY")
             event_time, window = _window(scope, item)
+        elif not _is_aggregate_call(item) and not item.find(exp.AggFunc):
+            key = _computed_key(scope, item, selected)
+            if key in keys:
+                raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
+            keys.append(key)
+            key_types[key] = _key_type(path, item, schema)
         else:
             raise _fail(path, item, f"GROUP BY {item.sql()}")
     key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set()) \
@@ -657,6 +676,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if not isinstance(projection, exp.Alias):
             raise _fail(path, projection, f"aggregate {projection.sql()} without an alias", "AGG(...) AS name")
         alias = projection.alias
+        if alias in key_types:
+            continue                            # a computed GROUP BY key
         if alias in key_names:
             raise _invalid(path, projection, f"aggregate alias {alias!r} is also a key column; rows would show "
                                              f"only one of them. Rename the aggregate")
@@ -691,7 +712,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
         where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
-        derived=scope.derived, computed=computed,
+        derived=scope.derived, computed=computed, key_types=key_types,
         **common,
     )
 
@@ -724,6 +745,42 @@ def _check_functions(path: Path, node: exp.Expression, where: str) -> None:
         if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, _ALLOWED):
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
             raise _fail(path, child, f"{what} {where}", f"{where}: columns, literals, " + "; ".join(WHERE_FUNCTIONS))
+
+
+KEY_TYPES = ("STRING", "BIGINT", "INT", "DOUBLE", "BOOLEAN")
+
+
+def _computed_key(scope: "_Scope", node: exp.Expression, selected: dict[str, str]) -> str:
+    """A GROUP BY expression (`GROUP BY UPPER(country)`, or the alias of one in SELECT): computed
+    per event before grouping, by the Spark-SQL pass, and named as SELECT names it (ksqlDB asks
+    the same: a grouping expression must be selected, so its rows have a column for it)."""
+    text = node.sql(dialect="spark")
+    if text not in selected:
+        raise _invalid(scope.path, node, f"GROUP BY {node.sql()} must also be in SELECT with a name, e.g. "
+                                         f"SELECT {node.sql()} AS name, ...; the rows show it under that name")
+    scope.check_expression(node)
+    _check_functions(scope.path, node, "in GROUP BY")
+    scope.derived[selected[text]] = text
+    return selected[text]
+
+
+def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -> str:
+    """A computed key's type, from sqlglot's type inference over the stream's schema: URL keys
+    are parsed by it, and the state keys only plain values."""
+    from sqlglot.optimizer.annotate_types import annotate_types
+
+    columns = {name: dtype for name, dtype in schema}
+    query = exp.select(node.copy().transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
+                       .as_("k")).from_("events")
+    try:
+        kind = annotate_types(query, schema={"events": columns}, dialect="spark").selects[0].type.sql(dialect="spark")
+    except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type below
+        kind = "UNKNOWN"
+    kind = {"VARCHAR": "STRING", "TEXT": "STRING", "FLOAT": "DOUBLE", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+    if kind not in KEY_TYPES:
+        raise _invalid(path, node, f"GROUP BY {node.sql()} is {kind}; a computed key must be one of {list(KEY_TYPES)}: "
+                                   f"CAST it, e.g. CAST({node.sql()} AS STRING)")
+    return kind
 
 
 def _is_aggregate_call(node: exp.Expression) -> bool:

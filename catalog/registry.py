@@ -159,7 +159,7 @@ _INT_RANGES = {"BIGINT": 64, "LONG": 64, "INT": 32}
 def coerce_key(table: TableDefinition, key: tuple) -> tuple:
     """CLI/HTTP keys arrive as strings; give each component its declared type, or raise
     ValueError (never a codec error) for a value no key of that type can have."""
-    types = dict(table.schema)
+    types = {**dict(table.schema), **table.key_types}
     out = []
     for name, value in zip(table.key_columns, key):
         dtype = types.get(name.split(".")[-1], "STRING")

@@ -233,7 +233,7 @@ class MicroBatchRunner:
 
         self._describe(plan.batch_id, "read")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group)
-        key_fields = [k.split(".")[-1] for k in self.table.key_columns] if self.table.kind == "aggregate" \
+        key_fields = self.table.stream_key_fields if self.table.kind == "aggregate" \
             else self.table.key_columns
         # The plan's creation time is the batch's clock: a re-run judges future event times alike.
         classified = parse.classify(raw, self.table, key_fields, now_ms=int(plan.created_at * 1000)) \
@@ -545,7 +545,7 @@ class MicroBatchRunner:
             events = self.spark.read.format("delta").load(self.rt.delta_path(self.table.name, "bronze")) \
                 .where(F.col("batch_id") == plan.batch_id)
         else:
-            key_fields = [k.split(".")[-1] for k in self.table.key_columns]
+            key_fields = self.table.stream_key_fields
             classified = parse.classify(records, self.table, key_fields, now_ms=int(plan.created_at * 1000))
             events = parse.good_events(classified, self.table)
             if self.table.window is not None:
