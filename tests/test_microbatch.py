@@ -385,6 +385,14 @@ def test_where_with_expressions_keeps_the_events_pandas_keeps(env, spark):
     assert sum(c.counts.get("filtered", 0) for c in commits) == len(events) - len(kept)
 
 
+def _run_in_two_batches(rt, spark, producer, topic: str, table: str, events: list[dict]) -> None:
+    for half in (events[::2], events[1::2]):
+        for event in half:
+            producer.produce(topic, json.dumps(event).encode())
+        assert producer.flush(10) == 0
+        assert len(jobs.run(table, until_caught_up=True, spark=spark, rt=rt)) == 1
+
+
 def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
     """SUM(amount * 2), COUNT(CASE ...), MAX(LENGTH(...)), AVG(COALESCE(...)), COUNT(DISTINCT FLOOR(...)),
     TOPK(2, amount * -1, UPPER(title)): computed per event
@@ -399,11 +407,7 @@ def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
                          "AVG(COALESCE(amount, 10)) AS mean, COUNT(DISTINCT FLOOR(amount)) AS floors, "
                          "TOPK(2, amount * -1, UPPER(title)) AS cheapest FROM sales GROUP BY title", topic)
     events = [{"title": t, "amount": a} for t in ("a", "bb", "ccc") for a in (None, 1.5, 3.0, 4.5, 8.0)]
-    for half in (events[::2], events[1::2]):
-        for event in half:
-            producer.produce(topic, json.dumps(event).encode())
-        assert producer.flush(10) == 0
-        assert len(jobs.run("derived_sales", until_caught_up=True, spark=spark, rt=rt)) == 1
+    _run_in_two_batches(rt, spark, producer, topic, "derived_sales", events)
     frame = pd.DataFrame(events)
     expected = {}
     for title, group in frame.groupby("title"):
@@ -434,11 +438,7 @@ def test_computed_group_by_keys_group_as_pandas_groups_and_verify_agrees(env, sp
                          "CREATE TABLE by_country AS SELECT UPPER(country) AS c, CAST(FLOOR(amount) AS BIGINT) AS bucket,"
                          " COUNT(*) AS n, SUM(amount) AS total FROM sales GROUP BY UPPER(country), bucket", topic)
     events = [{"country": c, "amount": a} for c in ("de", "DE", "fr", "Fr") for a in (1.25, 1.5, 3.0, 7.75)]
-    for half in (events[::2], events[1::2]):
-        for event in half:
-            producer.produce(topic, json.dumps(event).encode())
-        assert producer.flush(10) == 0
-        assert len(jobs.run("by_country", until_caught_up=True, spark=spark, rt=rt)) == 1
+    _run_in_two_batches(rt, spark, producer, topic, "by_country", events)
     frame = pd.DataFrame(events)
     frame["c"], frame["bucket"] = frame["country"].str.upper(), frame["amount"].floordiv(1).astype(int)
     expected = {(c, int(b)): {"c": c, "bucket": int(b), "n": len(g), "total": float(g["amount"].sum())}
