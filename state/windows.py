@@ -80,14 +80,12 @@ def fetch(partition: StatePartition, key: tuple, time_from: int | None = None,
     return out
 
 
-def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermark: int,
-          last_index: int | None = None) -> int:
-    """Delete, within `tx`, every window expired at `watermark`; returns how many. A session
-    expires by its last event (aggregate `last_index` of its value); no event still to come can
-    reach a closed session, so one this transaction merges into is never purged."""
+def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermark: int) -> int:
+    """Delete, within `tx`, every window expired at `watermark`; returns how many. (Sessions
+    expire by their last event, judged on the merged values: see expire_idle.)"""
     expired = 0
-    for full_key, value in partition.items():
-        if spec.expired(value[last_index] if spec.session else full_key[-1], watermark):
+    for full_key, _ in partition.items():
+        if spec.expired(full_key[-1], watermark):
             tx.delete(full_key)
             expired += 1
     return expired
