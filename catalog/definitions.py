@@ -141,8 +141,8 @@ class TableDefinition:
 
     @property
     def event_ms(self) -> bool:
-        """Whether the passes add EVENT_MS to each event: the input of a TTL's or a session's hidden MAX."""
-        return self.ttl_ms is not None or (self.window is not None and self.window.session)
+        """Whether the passes add EVENT_MS to each event: the input of a TTL's or a session's MAX."""
+        return self.ttl_index is not None or self.session_last_index is not None
 
     @property
     def stream_key_fields(self) -> list[str]:
@@ -159,16 +159,15 @@ class TableDefinition:
     @property
     def session_last_index(self) -> int | None:
         """Which aggregate holds a session's last event time, or None."""
-        if self.window is None or not self.window.session:
-            return None
-        return next(i for i, a in enumerate(self.aggregates) if a.name == SESSION_LAST)
+        return self._index_of(SESSION_LAST) if self.window is not None and self.window.session else None
 
     @property
     def ttl_index(self) -> int | None:
         """Which aggregate holds a TTL table's newest event time (see _ttl), or None."""
-        if self.ttl_ms is None:
-            return None
-        return next(i for i, a in enumerate(self.aggregates) if a.name == TTL_AGGREGATE)
+        return self._index_of(TTL_AGGREGATE) if self.ttl_ms is not None else None
+
+    def _index_of(self, aggregate: str) -> int:
+        return next(i for i, a in enumerate(self.aggregates) if a.name == aggregate)
 
     @property
     def fingerprint(self) -> str:
@@ -643,26 +642,25 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if isinstance(item, exp.Column) and not item.table and item.name not in scope.stream_fields \
                 and item.name in by_alias and not isinstance(by_alias[item.name], exp.Column):
             item = by_alias[item.name]          # GROUP BY an alias of SELECT: its expression
-        if isinstance(item, exp.Column):
-            key = scope.column(item, "a GROUP BY key")
-            if key in keys:
-                raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
-            keys.append(key)
-        elif isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP", "SESSION"):
+        if isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP", "SESSION"):
             if window is not None:
                 raise _invalid(path, item, "a table has at most one window in GROUP BY")
             event_time, window = _window(scope, item)
+            continue
+        if isinstance(item, exp.Column):
+            key = scope.column(item, "a GROUP BY key")
         elif not _is_aggregate_call(item) and not item.find(exp.AggFunc):
             key = _computed_key(scope, item, selected)
-            if key in keys:
-                raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
-            keys.append(key)
             key_types[key] = _key_type(path, item, schema)
         else:
             raise _fail(path, item, f"GROUP BY {item.sql()}")
-    key_names = {k.split(".")[-1] for k in keys} | ({"window_start"} if window else set()) \
-        | ({SESSION_LAST} if window and window.session else set())
-    if len(key_names) != len(keys) + (window is not None) + (window is not None and window.session):
+        if key in keys:
+            raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
+        keys.append(key)
+    shown_keys = [k.split(".")[-1] for k in keys] + (["window_start"] if window else []) \
+        + ([SESSION_LAST] if window and window.session else [])
+    key_names = set(shown_keys)
+    if len(key_names) != len(shown_keys):
         raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
     aggregates, seen, computed_nodes = [], {}, {}
     for projection in select.expressions:
@@ -769,11 +767,10 @@ def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -
     are parsed by it, and the state keys only plain values."""
     from sqlglot.optimizer.annotate_types import annotate_types
 
-    columns = {name: dtype for name, dtype in schema}
     query = exp.select(node.copy().transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
                        .as_("k")).from_("events")
     try:
-        kind = annotate_types(query, schema={"events": columns}, dialect="spark").selects[0].type.sql(dialect="spark")
+        kind = annotate_types(query, schema={"events": dict(schema)}, dialect="spark").selects[0].type.sql(dialect="spark")
     except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type below
         kind = "UNKNOWN"
     kind = {"VARCHAR": "STRING", "TEXT": "STRING", "FLOAT": "DOUBLE", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
@@ -790,8 +787,9 @@ def _is_aggregate_call(node: exp.Expression) -> bool:
 
 def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list) -> str:
     """A SELECT column computed from the aggregates and keys when a row is shown, e.g.
-    `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED). An aggregate in it that SELECT does not name is kept hidden
-    in the state (`_h<n>`). Returns it as SQL over the row's columns."""
+    `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED).
+    An aggregate in it that SELECT does not name is kept hidden in the state (`_h<n>`). Returns
+    it as SQL over the row's columns."""
     from catalog.expressions import SUPPORTED as ROW_SUPPORTED, Unsupported, compile_value
 
     path, target = scope.path, projection.this

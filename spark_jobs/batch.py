@@ -69,9 +69,8 @@ def _kept(table: TableDefinition, key: tuple, value, purged_at: int | None) -> b
     """A recomputed row the state holds: not a deleted source row, not a window purged at the last purge."""
     if value is None:
         return False
-    if purged_at is None:
-        return True
-    return not table.window.expired(value[table.session_last_index] if table.window.session else key[-1], purged_at)
+    return purged_at is None or not table.window.expired(table.window.anchor(key, value, table.session_last_index),
+                                                         purged_at)
 
 
 def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):

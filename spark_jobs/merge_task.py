@@ -48,8 +48,8 @@ def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None, touched=N
     window = ctx.table.window
     if ctx.purge_watermark is not None and window is not None and window.session:
         # judged on the merged sessions (`touched`): one this batch extended may still go
-        purged = expire_idle(part, tx, ctx.table.session_last_index, ctx.purge_watermark - window.size_ms
-                             - window.grace_ms - window.retention_ms, touched or {})
+        purged = expire_idle(part, tx, ctx.table.session_last_index, window.expiry_horizon(ctx.purge_watermark),
+                             touched or {})
     elif ctx.purge_watermark is not None and window is not None:
         purged = purge(part, tx, window, ctx.purge_watermark)
     if ctx.expire_before is not None and ctx.table.ttl_index is not None:
@@ -130,8 +130,9 @@ def _changed_rows(ctx: MergeContext, aggregator, part, partials, last: dict, cha
 
 
 def _unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
-    """The mirror's rows for changed keys that are not the batch's partial keys: keys a TTL
-    expired, and sessions merged under another start, or swallowed."""
+    """change_columns of the changed keys that are not the batch's partial keys: windows past
+    retention, keys a TTL expired, sessions merged under another start or swallowed; every one
+    for a rebuild, whose commit holds no partials (`last` empty)."""
     from spark_jobs.mirror import change_rows
 
     other = {k: v for k, v in changes.items() if k not in last}
@@ -144,14 +145,9 @@ def outputs_of(table: TableDefinition, aggregator):
     changed key, decoded from the commit's own changes. None when the table has no change topic."""
     if table.output_topic is None:
         return None
-    from spark_jobs.mirror import change_rows
 
     def outputs(changes: dict) -> list:
-        if not changes:
-            return []
-        keys = [codec.decode_key(k) for k in changes]
-        values = [None if v is None else codec.decode_value(v) for v in changes.values()]
-        return change_records(table.output_topic, change_rows(table, keys, values, aggregator))
+        return change_records(table.output_topic, _unbatched_rows(table, aggregator, {}, changes)) if changes else []
     return outputs
 
 
@@ -235,9 +231,9 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             if not changes:
                 return []
             built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
-            purged = {k: v for k, v in changes.items() if k not in last}    # windows past retention, keys past TTL
+            built["other"] = _unbatched_rows(ctx.table, spec.aggregator, last, changes)
             return change_records(ctx.table.output_topic, built["rows"]) + \
-                (outputs_of(ctx.table, spec.aggregator)(purged) if purged else [])
+                change_records(ctx.table.output_topic, built["other"])
 
         ttl = ctx.table.ttl_index
         touched = None if ttl is None else {key: value[ttl] for key, value in zip(keys, values)}
@@ -253,7 +249,9 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             if rows is None:
                 rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
             if not commit["noop"] and (ctx.table.ttl_ms or sessions is not None):
-                rows = pa.concat_tables([rows, _unbatched_rows(ctx.table, spec.aggregator, last, changes)])
+                other = built.get("other")
+                rows = pa.concat_tables([rows, other if other is not None else
+                                         _unbatched_rows(ctx.table, spec.aggregator, last, changes)])
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)

@@ -239,19 +239,17 @@ class MicroBatchRunner:
         classified = parse.classify(raw, self.table, key_fields, now_ms=int(plan.created_at * 1000)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
         events = parse.good_events(classified, self.table)
-        late_count = 0
+        late_count, batch_max = 0, None
         watermark = plan.watermark_ms
         if self.table.window is not None:
             events, late, batch_max = self._split_late(events, plan.watermark_ms)
             events = events.persist(StorageLevel.MEMORY_AND_DISK)
             late = late.persist(StorageLevel.MEMORY_AND_DISK)
             late_count = late.count()
-            if batch_max is not None:
-                watermark = max(watermark or batch_max, batch_max)
         elif self.table.timed:
             batch_max = events.agg(F.max(F.unix_millis(F.col(self.table.event_time)))).first()[0]
-            if batch_max is not None:
-                watermark = max(watermark or batch_max, batch_max)
+        if batch_max is not None:
+            watermark = max(watermark or batch_max, batch_max)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
         read_count = sum(reasons.values())
         steps = {"read": time.monotonic() - started}

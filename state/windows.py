@@ -52,15 +52,21 @@ class WindowSpec:
             return ts + self.grace_ms < watermark
         return all(start + self.size_ms + self.grace_ms <= watermark for start in self.starts_for(ts))
 
-    def expired(self, start: int, watermark: int) -> bool:
-        """For a session, `start` is its last event's time: sessions end by their last event."""
-        return start + self.size_ms + self.grace_ms + self.retention_ms <= watermark
+    def anchor(self, full_key: tuple, value, last_index: int | None) -> int:
+        """The time a window's end counts from: its start, or a session's last event (aggregate
+        `last_index` of its value)."""
+        return value[last_index] if self.session else full_key[-1]
+
+    def expiry_horizon(self, watermark: int) -> int:
+        """The newest anchor that is past retention at `watermark`."""
+        return watermark - self.size_ms - self.grace_ms - self.retention_ms
+
+    def expired(self, anchor: int, watermark: int) -> bool:
+        return anchor <= self.expiry_horizon(watermark)
 
     def closes_at(self, full_key: tuple, value, last_index: int | None) -> int:
         """The watermark at which a window (or session) closes: its end plus grace."""
-        if self.session:
-            return value[last_index] + self.size_ms + self.grace_ms
-        return full_key[-1] + self.size_ms + self.grace_ms
+        return self.anchor(full_key, value, last_index) + self.size_ms + self.grace_ms
 
 
 def window_key(key: tuple, start: int) -> tuple:
@@ -94,9 +100,9 @@ def purge(partition: StatePartition, tx: Transaction, spec: WindowSpec, watermar
 def expire_idle(partition: StatePartition, tx: Transaction, index: int, horizon: int,
                 touched: dict[bytes, int | None]) -> int:
     """TTL: delete, within `tx`, every key whose newest event time is at or before `horizon` (the
-    watermark minus the TTL); returns how many, counting new keys that go at once. A value's aggregate `index` holds that time, and
-    `touched` gives it for the keys this transaction merges (their partials' newest), so a key the
-    batch refreshed is judged on its merged value, and a new key as old as the horizon goes at once.
+    watermark minus the TTL, or a session's retention horizon); returns how many, new keys that
+    go at once included. A value's aggregate `index` holds that time, and `touched` gives it for
+    the keys this transaction writes, so a key the batch refreshed is judged on its merged value.
     A full scan of the partition: the price of exact expiry without an index by time."""
     expired, seen = 0, set()
     for key, raw in partition.raw_items():
