@@ -383,7 +383,8 @@ def _check_nesting(path: Path, text: str) -> None:
                                       f"simplify the expression")
 
 
-def _interval_ms(path: Path, node: exp.Expression) -> int:
+def _interval_ms(path: Path, node: exp.Expression, what: str = "window length", zero: bool = False) -> int:
+    """An INTERVAL in milliseconds; a grace (`zero`) may be 0, as in Kafka Streams' ofSizeAndGrace."""
     if isinstance(node, exp.Interval):
         try:
             amount = float(node.this.name)
@@ -392,10 +393,10 @@ def _interval_ms(path: Path, node: exp.Expression) -> int:
         unit = (node.unit.name if node.unit else "SECOND").upper().rstrip("S")
         factor = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}.get(unit)
         if factor and amount is not None:
-            if amount <= 0:
-                raise _invalid(path, node, f"window length {node.sql()} must be positive")
+            if amount < 0 or amount == 0 and not zero:
+                raise _invalid(path, node, f"{what} {node.sql()} must be {'zero or ' if zero else ''}positive")
             return int(amount * factor)
-    raise _fail(path, node, f"window length {node.sql()}", "INTERVAL 'n' SECOND|MINUTE|HOUR|DAY")
+    raise _fail(path, node, f"{what} {node.sql()}", "INTERVAL 'n' SECOND|MINUTE|HOUR|DAY")
 
 
 class _Scope:
@@ -477,15 +478,15 @@ def _window(scope: _Scope, node: exp.Anonymous) -> tuple[str, WindowSpec]:
     name, args = node.name.upper(), node.expressions
     if name == "TUMBLE" and len(args) in (2, 3):
         size = _interval_ms(path, args[1])
-        grace = _interval_ms(path, args[2]) if len(args) == 3 else 0
+        grace = _interval_ms(path, args[2], "grace", zero=True) if len(args) == 3 else 0
         spec = dict(size_ms=size, grace_ms=grace, retention_ms=size)
     elif name == "HOP" and len(args) in (3, 4):
         size, advance = _interval_ms(path, args[1]), _interval_ms(path, args[2])
-        grace = _interval_ms(path, args[3]) if len(args) == 4 else 0
+        grace = _interval_ms(path, args[3], "grace", zero=True) if len(args) == 4 else 0
         spec = dict(size_ms=size, advance_ms=advance, grace_ms=grace, retention_ms=size)
     elif name == "SESSION" and len(args) in (2, 3):
         gap = _interval_ms(path, args[1])
-        grace = _interval_ms(path, args[2]) if len(args) == 3 else 0
+        grace = _interval_ms(path, args[2], "grace", zero=True) if len(args) == 3 else 0
         spec = dict(size_ms=gap, grace_ms=grace, retention_ms=gap, session=True)
     else:
         raise _fail(path, node, f"GROUP BY {node.sql()}")
@@ -635,10 +636,11 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         raise _fail(path, select, "an aggregate without GROUP BY")
     keys, window, key_types = [], None, {}
     event_time = common.get("event_time")
-    selected = {p.this.sql(dialect="spark"): p.alias for p in select.expressions
+    selected = {p.this.unnest().sql(dialect="spark"): p.alias for p in select.expressions
                 if isinstance(p, exp.Alias) and not isinstance(p.this, exp.Column)}
     by_alias = {p.alias: p.this for p in select.expressions if isinstance(p, exp.Alias)}
     for item in group.expressions:
+        item = item.unnest()                    # GROUP BY (a + b) groups by a + b
         if isinstance(item, exp.Column) and not item.table and item.name not in scope.stream_fields \
                 and item.name in by_alias and not isinstance(by_alias[item.name], exp.Column):
             item = by_alias[item.name]          # GROUP BY an alias of SELECT: its expression
@@ -665,6 +667,12 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     aggregates, seen, computed_nodes = [], {}, {}
     for projection in select.expressions:
         target = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(target, exp.Column) and window is not None and not target.table \
+                and target.name in ("window_start", SESSION_LAST) and target.name not in scope.stream_fields:
+            alias = projection.alias if isinstance(projection, exp.Alias) else target.name
+            if alias != target.name or alias not in key_names:     # renamed, or a TUMBLE/HOP window_end
+                computed_nodes[alias] = exp.alias_(target, alias)
+            continue
         if isinstance(target, exp.Column):
             if scope.column(target, "a selected column") not in keys:
                 raise _fail(path, target, f"column {target.sql()} outside GROUP BY and outside an aggregate")
@@ -687,7 +695,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
             aggregates.append(_aggregate(scope, alias, target))
         else:
             computed_nodes[alias] = projection
-    computed = {alias: _computed(scope, projection, key_names, seen, aggregates)
+    computed = {alias: _computed(scope, projection, key_names, seen, aggregates, window)
                 for alias, projection in computed_nodes.items()}
     if not aggregates:
         raise _fail(path, select, "a GROUP BY without aggregates")
@@ -767,8 +775,10 @@ def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -
     are parsed by it, and the state keys only plain values."""
     from sqlglot.optimizer.annotate_types import annotate_types
 
-    query = exp.select(node.copy().transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
-                       .as_("k")).from_("events")
+    # Columns qualified by their table: unqualified ones stay UNKNOWN to the inference, and so
+    # does any arithmetic or SUBSTRING over them.
+    query = exp.select(node.copy().transform(
+        lambda n: exp.column(n.name, table="events") if isinstance(n, exp.Column) else n).as_("k")).from_("events")
     try:
         kind = annotate_types(query, schema={"events": dict(schema)}, dialect="spark").selects[0].type.sql(dialect="spark")
     except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type below
@@ -785,7 +795,8 @@ def _is_aggregate_call(node: exp.Expression) -> bool:
         node.name.upper() in ("LATEST_BY_OFFSET", "TOPK")
 
 
-def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list) -> str:
+def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list,
+              window: WindowSpec | None = None) -> str:
     """A SELECT column computed from the aggregates and keys when a row is shown, e.g.
     `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED).
     An aggregate in it that SELECT does not name is kept hidden in the state (`_h<n>`). Returns
@@ -803,6 +814,10 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
                 aggregates.append(replace(_aggregate(scope, hidden, child), hidden=True))
                 by_sql[text] = hidden
             return exp.column(by_sql[text])
+        if isinstance(child, exp.Column) and child.name == SESSION_LAST and window is not None \
+                and not window.session and child.name not in scope.stream_fields:
+            # A TUMBLE or HOP window ends size after it starts (rows keep only the start).
+            return exp.paren(exp.Add(this=exp.column("window_start"), expression=exp.Literal.number(window.size_ms)))
         if isinstance(child, exp.Column):
             return exp.column(child.name)
         return child

@@ -159,7 +159,7 @@ def _serve(args) -> int:
     except ValueError as exc:
         raise SystemExit(f"statetable serve: {exc}") from None
     _logging()
-    print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json, docs at /docs)", flush=True)
+    print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json)", flush=True)
     if args.readers == 1 or args.readers < 0:
         raise SystemExit(f"statetable serve: --readers {args.readers}: use 0 (read in the server process) or 2 "
                          "or more (reader processes that take turns catching up)")
@@ -301,9 +301,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its own first line (a Spark error's JVM stack and a definition's
+    caret display stay out), prefixed with its type unless it is one of ours that speaks for itself."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    ours = type(exc).__module__.split(".")[0] in ("catalog", "state", "spark_jobs", "serving", "ops", "deploy")
+    return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end as one line naming the command and table, with a non-zero exit
+    (2: the definition or the request is wrong, 1: anything else); STATETABLE_DEBUG=1 re-raises
+    for the traceback. A user never has to read Python to learn what to fix."""
+    import os
+
+    from catalog.definitions import DefinitionError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+        if os.environ.get("STATETABLE_DEBUG"):
+            raise
+        table = getattr(args, "table", None) or getattr(args, "name", None)
+        where = f"statetable {args.command}" + (f" {table}" if isinstance(table, str) else "")
+        hint = "" if isinstance(exc, (DefinitionError, LookupError)) or "statetable " in str(exc) else \
+            " (STATETABLE_DEBUG=1 shows the traceback)"
+        print(f"{where}: {one_line(exc)}{hint}", file=sys.stderr)
+        return 2 if isinstance(exc, (DefinitionError, LookupError)) else 1
 
 
 if __name__ == "__main__":

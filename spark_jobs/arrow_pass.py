@@ -231,12 +231,15 @@ def where_expression(table: TableDefinition):
             low = literal_for(node.args["low"], column_type(target))
             high = literal_for(node.args["high"], column_type(target))
             return (_expr(convert(target)) >= _expr(low)) & (_expr(convert(target)) <= _expr(high))
-        if isinstance(node, exp.Like):
+        if isinstance(node, (exp.Like, exp.ILike)):
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
                 raise Unsupported(f"LIKE {pattern.sql()}")
-            return pc.Expression._call("match_like", [_expr(convert(node.this))],
-                                       pc.MatchSubstringOptions(pattern.this))
+            # sqlglot keeps NOT LIKE as Like(negate=True) rather than Not(Like): honour it.
+            matched = pc.Expression._call("match_like", [_expr(convert(node.this))],
+                                          pc.MatchSubstringOptions(pattern.this,
+                                                                   ignore_case=isinstance(node, exp.ILike)))
+            return ~matched if node.args.get("negate") else matched
         raise Unsupported(f"{node.key.upper()} in WHERE")
 
     return convert(sqlglot.parse_one(table.where, dialect="spark"))
@@ -410,8 +413,13 @@ def _read_block(values: pa.Array, schema: list[tuple[str, str]]) -> pa.Table:
     return _typed(parsed.combine_chunks(), schema)
 
 
-def parse_values(values: pa.Array, schema: list[tuple[str, str]]):
-    """(typed table of the records that parsed, their indices, [(index, reason)] of the rest)."""
+def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str]]):
+    """(typed table of the records that parsed, their indices, [(index, reason)] of the rest).
+
+    `values` may come chunked (a column read from several files or batches): the JSON reader
+    wants one contiguous buffer, so the chunks are joined once here."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
     good, good_index, bad = [], [], []
 
     def visit(lo: int, hi: int) -> None:

@@ -574,7 +574,12 @@ class MicroBatchRunner:
         """A joined table's rows: the batch's pinned file, or (no pin) its committed state now."""
         if pins is not None:
             return self.spark.read.parquet(spark_path(f"{self.log.location}/joins/{pins[other.name]['file']}"))
-        return self.spark.createDataFrame(_typed_rows(other, mirror.committed_rows(self.rt, other.name)[1]))
+        # The declared schema, not one inferred: a table with no rows yet (never run, or all
+        # deleted) is an ordinary reference and must join as an empty one.
+        from spark_jobs.arrow_pass import SPARK_TYPE
+
+        ddl = ", ".join(f"`{n}` {SPARK_TYPE.get(t, t)}" for n, t in other.schema)
+        return self.spark.createDataFrame(_typed_rows(other, mirror.committed_rows(self.rt, other.name)[1]), ddl)
 
     def _joined(self, events, counts: dict | None = None):
         """Stream columns as `<alias>__<col>`, with each joined table's values as the batch saw them
