@@ -97,10 +97,14 @@ def check_supported(table: TableDefinition) -> None:
     for name in used:
         if name not in fields:
             raise Unsupported(f"column {name}")
-        if fields[name] in ("TIMESTAMP", "DATE", "DECIMAL"):
+        if fields[name].split("(")[0] in ("TIMESTAMP", "DATE", "DECIMAL"):
             # Their Python values differ between Spark rows and Arrow (zone-aware datetimes,
             # decimals): state written by one pass must key and fold alike under the other.
             raise Unsupported(f"{fields[name]} column {name} as a key or aggregate input")
+    for agg in table.aggregates:
+        score = fields.get(agg.args[0].split(".")[-1]) if agg.function == "topk" else None
+        if score is not None and score not in INTEGERS and score not in ("DOUBLE", "FLOAT"):
+            raise Unsupported(f"TOPK over a {score} score")        # the pass ranks numbers as doubles
     if table.where:
         empty = pa.table({n: pa.array([], arrow_type(t)) for n, t in table.schema})
         try:
@@ -638,9 +642,13 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
         elif agg.function == "count_distinct":
             add(args[0], "distinct", pc.CountOptions("only_valid"))
             post.append(("plain", i))
-        elif agg.function == "latest_by_offset":
-            add("source_offset", "max")
-            add(args[0], "last", pc.ScalarAggregateOptions(skip_nulls=False))
+        elif agg.function == "latest_by_offset":   # nulls are skipped (state.aggregates.LatestByOffset)
+            offset = f"_o_{args[0]}"
+            if offset not in events.column_names:
+                events = events.append_column(offset, pc.if_else(pc.is_valid(events.column(args[0])),
+                                                                 events.column("source_offset"), None))
+            add(offset, "max")
+            add(args[0], "last", pc.ScalarAggregateOptions(skip_nulls=True))
             post.append(("latest", i))
         else:
             post.append(("topk", i))
@@ -667,7 +675,7 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
                     [pc.fill_null(total, zero).combine_chunks(), count.combine_chunks()], names=["s", "n"])
         elif kind == "latest":
             out[f"_a{i}"] = pa.StructArray.from_arrays(
-                [grouped.column("source_offset_max").combine_chunks(), grouped.column(f"{args[0]}_last").combine_chunks()],
+                [grouped.column(f"_o_{args[0]}_max").combine_chunks(), grouped.column(f"{args[0]}_last").combine_chunks()],
                 names=["o", "v"])
         else:
             out[f"_a{i}"] = _topk(events, grouped, keys, args, agg.n)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from state import codec, faults
+from state.aggregates import ranked
 from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
@@ -76,11 +77,11 @@ def _partial_values(column, function: str) -> list:
         return [None if v is None else (_number(v["s"]), v["n"]) for v in values]
     if function == "count_distinct":
         return [tuple(sorted(v)) if v is not None else () for v in values]
-    if function == "latest_by_offset":
-        return [None if v is None else (v["o"], v["v"]) for v in values]
+    if function == "latest_by_offset":       # o is null when every value of the key was null
+        return [None if v is None or v["o"] is None else (v["o"], v["v"]) for v in values]
     if function == "topk":
-        return [tuple(sorted(((e["score"], e["o"], tuple(e["typed"].values())) for e in (v or [])),
-                             key=lambda e: (-e[0], e[1]))) for v in values]
+        return [tuple(ranked([(e["score"], e["o"], tuple(e["typed"].values())) for e in (v or [])]))
+                for v in values]
     return values
 
 

@@ -691,8 +691,9 @@ class MicroBatchRunner:
             refused = self.spark.createDataFrame([tuple(k) + (b,) for b, k in exclude], key_aliases + ["batch_id"])
             frame = frame.join(refused, key_aliases + ["batch_id"], "left_anti")
         plain, topks = [], []
+        stored = _state_columns(frame)
         for i, agg in enumerate(table.aggregates):
-            args = [F.col(_q(table, a)) for a in agg.args]
+            args = [stored(_q(table, a)) for a in agg.args]
             if agg.function == "count":
                 plain.append(F.count(args[0] if args else F.lit(1)).alias(f"_a{i}"))
             elif agg.function in ("sum", "min", "max"):
@@ -703,7 +704,8 @@ class MicroBatchRunner:
             elif agg.function == "count_distinct":
                 plain.append(F.array_sort(F.collect_set(args[0])).alias(f"_a{i}"))
             elif agg.function == "latest_by_offset":
-                plain.append(F.struct(F.max("_order").alias("o"), F.max_by(args[0], "_order").alias("v"))
+                order = F.when(args[0].isNotNull(), F.col("_order"))    # nulls are skipped, as ksqlDB does
+                plain.append(F.struct(F.max(order).alias("o"), F.max_by(args[0], order).alias("v"))
                              .alias(f"_a{i}"))
             else:
                 topks.append((i, agg, args))
@@ -714,7 +716,7 @@ class MicroBatchRunner:
             top = (frame.where(score.isNotNull()).withColumn("_rn", F.row_number().over(rank))
                    .where(F.col("_rn") <= agg.n)
                    .groupBy(*key_aliases)
-                   .agg(F.collect_list(F.struct(score.cast("double").alias("score"), F.col("_order").alias("o"),
+                   .agg(F.collect_list(F.struct(_topk_score(score, stored.types.get(_q(table, agg.args[0]))).alias("score"), F.col("_order").alias("o"),
                                                 F.struct(*rest).alias("typed"))).alias(f"_a{i}")))
             grouped = grouped.join(top, key_aliases, "left")
         return grouped
@@ -838,6 +840,33 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
     if sorted(summaries) != list(range(partitions)):
         raise RuntimeError(f"{what} tasks reported partitions {sorted(summaries)}")
     return summaries
+
+
+def _state_columns(frame):
+    """A function from a column name of `frame` to the column as the state keeps it: TIMESTAMP as
+    epoch milliseconds and DATE as days since 1970 (as ksqlDB's JSON shows them), since the state's
+    codec holds plain values and both passes must fold alike."""
+    from pyspark.sql import functions as F, types as T
+
+    types = {f.name: f.dataType for f in frame.schema.fields}
+
+    def stored(name: str):
+        col, kind = F.col(f"`{name}`"), types.get(name)
+        if isinstance(kind, (T.TimestampType, T.TimestampNTZType)):
+            return F.unix_millis(col)
+        if isinstance(kind, T.DateType):
+            return F.unix_date(col)
+        return col
+    stored.types = types
+    return stored
+
+
+def _topk_score(score, kind):
+    """TOPK's score as the Arrow pass gives it (a DOUBLE) when it is a number, a time (epoch
+    milliseconds) or a date (days); a STRING score ranks by its own order (state.aggregates.ranked)."""
+    from pyspark.sql import types as T
+
+    return score if isinstance(kind, (T.StringType, T.BooleanType)) else score.cast("double")
 
 
 def engine_of(table: TableDefinition) -> str:

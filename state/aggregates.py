@@ -96,12 +96,13 @@ class Avg(Aggregate):
 
 
 class LatestByOffset(Aggregate):
-    """The value of the event with the highest order (offset); state is (order, value)."""
+    """The value of the event with the highest order (offset) among those whose value is not
+    null, as ksqlDB's LATEST_BY_OFFSET(x) ignores nulls; state is (order, value)."""
 
     name = "latest_by_offset"
 
     def lift(self, value, order=0):
-        return (order, value)
+        return None if value is None else (order, value)
 
     def merge(self, stored, partial):
         if stored is None:
@@ -134,8 +135,7 @@ class TopN(Aggregate):
         return ((score, order, row),)
 
     def merge(self, stored, partial):
-        entries = list(stored or ()) + list(partial or ())
-        entries.sort(key=lambda e: (-e[0], e[1]))
+        entries = ranked(list(stored or ()) + list(partial or ()))
         if self.distinct_by is not None:
             seen, unique = set(), []
             for entry in entries:
@@ -152,6 +152,15 @@ class TopN(Aggregate):
 
     def spec(self) -> tuple:
         return (self.name, self.n, self.distinct_by)
+
+
+def ranked(entries: list) -> list:
+    """TOPK entries (score, order, row) best first: score descending, ties to the earlier event.
+    Two stable sorts rather than one on (-score, order), so a score may be any ordered value
+    (a string, as ksqlDB's TOPK orders them, or a time as epoch milliseconds)."""
+    entries.sort(key=lambda e: e[1])
+    entries.sort(key=lambda e: e[0], reverse=True)
+    return entries
 
 
 class CountDistinct(Aggregate):
