@@ -351,7 +351,7 @@ def _schedule(path: Path, header: _Header) -> str:
 
 def _parse_schema(path: Path, raw: str) -> list[tuple[str, str]]:
     columns = []
-    for part in raw.split(","):
+    for part in re.split(r",(?![^(]*\))", raw):      # DECIMAL(10,2) keeps its comma
         bits = part.split()
         if len(bits) != 2 or bits[1].upper().split("(")[0] not in SPARK_TYPES \
                 or not re.fullmatch(r"[A-Za-z_]\w*", bits[0]):

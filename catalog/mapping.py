@@ -1,6 +1,7 @@
 """From a table definition to the state library's table spec and back to rows."""
 from __future__ import annotations
 
+import decimal
 import math
 
 from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
@@ -35,6 +36,8 @@ def finite_value(value):
     were dead-lettered may still hold them."""
     if type(value) is float:
         return value if math.isfinite(value) else None
+    if isinstance(value, decimal.Decimal):      # a DECIMAL is a JSON number, as ksqlDB writes it
+        return float(value) if value.is_finite() else None
     if isinstance(value, (tuple, list)):
         return type(value)(finite_value(v) for v in value)
     return value
@@ -57,7 +60,7 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
             if aggregate.hidden:        # kept for a computed column or the TTL, not shown
                 row.pop(aggregate.name, None)
     for name, item in row.items():
-        if type(item) is float or isinstance(item, (tuple, list)):
+        if type(item) is float or isinstance(item, (tuple, list, decimal.Decimal)):
             row[name] = finite_value(item)
     return row
 

@@ -71,10 +71,14 @@ def _partial_values(column, function: str) -> list:
     values = column.to_pylist()
     if function == "sum" and (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         return values
+    # Integer sums come as DECIMAL(38,0) (see arrow_pass._sum_type) and fold as ints; a DECIMAL
+    # column's sum keeps its scale, exactly.
+    whole = _whole_numbers(column.type if function == "sum" else
+                           column.type.field("s").type if function == "avg" else None)
     if function in ("sum",):
-        return [None if v is None else _number(v) for v in values]
+        return [None if v is None else _number(v, whole) for v in values]
     if function == "avg":
-        return [None if v is None else (_number(v["s"]), v["n"]) for v in values]
+        return [None if v is None else (_number(v["s"], whole), v["n"]) for v in values]
     if function == "count_distinct":
         return [tuple(sorted(v)) if v is not None else () for v in values]
     if function == "latest_by_offset":       # o is null when every value of the key was null
@@ -85,10 +89,14 @@ def _partial_values(column, function: str) -> list:
     return values
 
 
-def _number(v):
+def _whole_numbers(kind) -> bool:
+    return kind is not None and pa.types.is_decimal(kind) and kind.scale == 0
+
+
+def _number(v, whole: bool = True):
     import decimal
 
-    return int(v) if isinstance(v, decimal.Decimal) else v
+    return int(v) if whole and isinstance(v, decimal.Decimal) else v
 
 
 def partial_rows(table: TableDefinition, partials) -> tuple[list[tuple], list]:

@@ -163,3 +163,29 @@ def test_zero_grace_window_bounds_in_select_and_computed_keys_match_pandas(env, 
         ab = None if pd.isna(ab) else int(ab)
         expected[json.dumps([ab, p])] = {"p": p, "ab": ab, "n": len(g)}
     assert _rows(rt, "computed") == _plain(expected)
+
+
+def test_decimal_with_precision_and_scale_is_declared_and_aggregated_exactly(env, spark):
+    import decimal
+
+    rt, suffix = env
+    topic = "money" + suffix
+    producer = new_table(rt, "money", (
+        f"-- topic: {topic}\n-- schema: k STRING, amount DECIMAL(4,1), whole DECIMAL\n-- partitions: 2\n"
+        "CREATE TABLE money AS SELECT k, SUM(amount) AS total, MIN(amount) AS lo, MAX(amount) AS hi,\n"
+        "  AVG(amount) AS mean, SUM(whole) AS wholes FROM events GROUP BY k"), topic)
+    records = [{"k": "a", "amount": 0.1, "whole": 3}, {"k": "a", "amount": 0.2, "whole": 4},
+               {"k": "b", "amount": 999.9, "whole": 1}, {"k": "a", "amount": -12.5, "whole": None},
+               {"k": "b", "amount": 999.9, "whole": 2}, {"k": "a", "amount": 0.3, "whole": 5}]
+    _run_in_two(rt, spark, producer, topic, "money", records)
+    _KEYS["money"] = {"k"}
+    expected = {}
+    for k in ("a", "b"):
+        amounts = [decimal.Decimal(str(r["amount"])) for r in records if r["k"] == k]
+        wholes = [r["whole"] for r in records if r["k"] == k and r["whole"] is not None]
+        expected[json.dumps([k])] = {"k": k, "total": float(sum(amounts)), "lo": float(min(amounts)),
+                                     "hi": float(max(amounts)), "mean": float(sum(amounts) / len(amounts)),
+                                     "wholes": sum(wholes)}
+    got = _rows(rt, "money")
+    assert got == expected
+    assert got['["a"]']["total"] == -11.9 and got['["b"]']["total"] == 1999.8     # exact, not 1999.8000000000002
