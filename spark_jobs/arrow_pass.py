@@ -594,6 +594,8 @@ def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
     for j in range(-(-window.size_ms // window.advance)):
         start = pc.subtract(last_start, j * window.advance)
         inside = pc.greater(pc.add(start, window.size_ms), ts)
+        if spec.watermark_ms is not None:     # a window closed before the batch: not this event's any more
+            inside = pc.and_(inside, pc.greater(pc.add(start, window.size_ms + window.grace_ms), spec.watermark_ms))
         parts.append(events.append_column("_wstart", start).filter(inside))
     return pa.concat_tables(parts)
 

@@ -105,6 +105,7 @@ class MicroBatchRunner:
         self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
         self.engine = engine_of(table)
         self.reader_group = f"{runtime.namespace}statetable.{table.name}.reader"
+        self.window_floor: int | None = None     # the running batch's starting watermark (_open_windows)
         if writer:
             drop_stale_cache(self.spec, runtime)
             check_definition(self.log, table.name, self.definition)
@@ -278,6 +279,7 @@ class MicroBatchRunner:
 
         self._describe(plan.batch_id, "aggregate_merge")
         join_counts: dict = {}
+        self.window_floor = plan.watermark_ms
         partials = self._batch_partials(events, classified, join_counts)
         summaries = self._merge_arrow(partials.withColumn("_kind", F.lit("partial")), plan.batch_id, watermark,
                                       plan.watermark_ms)
@@ -650,9 +652,36 @@ class MicroBatchRunner:
             ts_col = _q(table, table.event_time)
             w = F.window(F.col(ts_col), f"{window.size_ms} milliseconds", f"{window.advance} milliseconds")
             frame = frame.withColumn("_w", w).withColumn("_wstart", F.unix_millis(F.col("_w.start")))
+            frame = self._open_windows(frame)
             group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
         key_aliases = [f"_k{i}" for i in range(len(group_cols))]
         return frame.select(*group_cols, *[F.col(c) for c in frame.columns if c not in ("_w",)]), key_aliases
+
+    def _open_windows(self, frame):
+        """A HOP event's windows that were still open when its batch started: one whose end plus
+        grace is at or before the batch's starting watermark has closed (and, with `emit: final`,
+        been published), so the event joins only its newer windows, as in Kafka Streams and
+        ksqlDB. Live, the batch's plan gives the watermark (`window_floor`); over bronze, each
+        event's batch does, from the batch log."""
+        from pyspark.sql import functions as F
+
+        window = self.table.window
+        if window.advance >= window.size_ms:          # TUMBLE: one window, judged by _split_late
+            return frame
+        closes = F.col("_wstart") + F.lit(window.size_ms + window.grace_ms)
+        if "batch_id" not in frame.columns:
+            floor = self.window_floor
+            return frame if floor is None else frame.where(closes > F.lit(floor))
+        marks, high = [], None
+        for commit in self.log.commits():             # the watermark each batch started from
+            marks.append((commit.batch_id, high))
+            if commit.watermark_ms is not None:
+                high = commit.watermark_ms if high is None else max(high, commit.watermark_ms)
+        if not any(mark is not None for _, mark in marks):
+            return frame
+        floors = self.spark.createDataFrame(marks, "batch_id BIGINT, _floor BIGINT")
+        return (frame.join(F.broadcast(floors), "batch_id", "left")
+                .where(F.col("_floor").isNull() | (closes > F.col("_floor"))).drop("_floor"))
 
     def _sessioned(self, frame):
         """Each event with the start of its session (`_wstart`) among the frame's events: by key

@@ -189,3 +189,43 @@ def test_decimal_with_precision_and_scale_is_declared_and_aggregated_exactly(env
     got = _rows(rt, "money")
     assert got == expected
     assert got['["a"]']["total"] == -11.9 and got['["b"]']["total"] == 1999.8     # exact, not 1999.8000000000002
+
+
+def test_a_hop_event_skips_only_its_closed_windows_and_emit_final_publishes_each_once(env, spark):
+    """Kafka Streams' and ksqlDB's rule: an event whose oldest window closed (end + grace at or
+    before the batch's starting watermark) but whose newest is open joins the open ones only."""
+    from spark_jobs import batch
+    from tests.table_env import fold_change_topic, read_topic
+
+    rt, suffix = env
+    topic, out = "hops" + suffix, "hops-final" + suffix
+    producer = new_table(rt, "hops", (
+        f"-- topic: {topic}\n-- schema: k STRING, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 100\n"
+        f"-- output_topic: {out}\n-- emit: final\n"
+        "CREATE TABLE hops AS SELECT k, COUNT(*) AS n FROM events\n"
+        "GROUP BY k, HOP(ts, INTERVAL '2' MINUTE, INTERVAL '1' MINUTE)"), topic)
+    _KEYS["hops"] = {"k", "window_start"}
+    batches = [[("a", "10:00:30"), ("a", "10:02:00")],       # watermark 10:02: windows 9:59 and 10:00 close
+               [("a", "10:01:30"), ("a", "10:04:10")]]       # 10:01:30 joins 10:01 only (10:00 closed)
+    expected, mark = {}, None
+    for events in batches:
+        for k, clock in events:
+            producer.produce(topic, json.dumps({"k": k, "ts": f"2026-11-01T{clock}Z"}).encode())
+        assert producer.flush(10) == 0
+        jobs.run("hops", until_caught_up=True, spark=spark, rt=rt)
+        for k, clock in events:
+            ts = _ms(f"2026-11-01T{clock}Z")
+            for start in (ts // 60000 * 60000, ts // 60000 * 60000 - 60000):
+                if mark is None or start + 120000 > mark:
+                    row = expected.setdefault(json.dumps([k, start]), {"k": k, "window_start": start, "n": 0})
+                    row["n"] += 1
+        mark = max([mark or 0] + [_ms(f"2026-11-01T{c}Z") for _, c in events])
+    assert _rows(rt, "hops") == expected
+    assert expected[json.dumps(["a", _ms("2026-11-01T10:00:00Z")])]["n"] == 1
+    emitted = [json.loads(m.value()) for m in read_topic(rt.bootstrap, out)]
+    closed = {r["window_start"]: r["n"] for r in expected.values() if r["window_start"] + 120000 <= mark}
+    assert sorted((e["window_start"], e["n"]) for e in emitted) == sorted(closed.items())
+    folded, _ = fold_change_topic(rt.bootstrap, out)
+    assert len(folded) == len(emitted)                    # each closed window published once
+    result = batch.verify("hops", spark=spark, rt=rt)
+    assert result.ok, result.summary()
