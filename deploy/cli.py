@@ -114,7 +114,7 @@ def _query(args) -> int:
 
     row = lookup(args.table, tuple(args.key))
     if row is None:
-        print(f"{args.table}: no row for key {args.key}", file=sys.stderr)
+        print(f"statetable query {args.table}: no row for key {args.key} in its committed state", file=sys.stderr)
         return 4
     print(json.dumps(present(args.table, row), indent=1, default=str))
     return 0

@@ -143,7 +143,45 @@ def test_the_leaderboard_equals_the_as_of_batch_join_in_every_order_a_user_runs_
 
     # 5. A lost disk: restore, then verify recomputes from bronze with each batch's pinned joins.
     failures.inject("leaderboard", "wipe_local_store", rt)
+    done = _cli(rt, "query", "leaderboard", "1")          # as a user would, before restoring
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    assert [line for line in done.stderr.splitlines() if line.startswith("statetable query leaderboard: ")] \
+        and "statetable restore leaderboard" in done.stderr, done.stderr[-2000:]
     jobs.restore("leaderboard", rt=rt)
     assert board() == expected
     result = batch.verify("leaderboard", spark=spark, rt=rt)
     assert result.ok, result.summary()
+
+
+def _cli(rt, *args: str, extra_env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, **rt.as_env(), **(extra_env or {})}
+    env.pop("STATETABLE_DEBUG", None)
+    return subprocess.run([str(Path(sys.executable).parent / "statetable"), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_failures_a_newcomer_meets_are_one_line_without_a_traceback(env):
+    """Ordinary conditions on a fresh data folder, through the CLI as a user types it: each exits
+    non-zero with one line that names the command, the table, the cause and what to do."""
+    rt, suffix = env
+    (rt.tables_dir / "broken.sql").write_text(
+        "-- topic: b\n-- schema: k STRING, v BIGINT\nCREATE TABLE broken AS SELECT k, MEDIAN(v) AS m FROM s GROUP BY k")
+    cases = [
+        (("query", "leaderboard", "1"), "statetable query leaderboard: ", "no row"),      # nothing committed yet
+        (("run", "broken"), "statetable run broken: ", "broken.sql:3:"),                 # refused definition
+        (("run", "nosuch"), "statetable run nosuch: ", "nosuch"),                         # no such table
+        (("restore", "nosuch"), "statetable restore nosuch: ", "nosuch"),
+        (("accept-offsets", "players"), "statetable accept-offsets players: ", "no committed batch"),
+    ]
+    for args, prefix, detail in cases:
+        done = _cli(rt, *args)
+        output = done.stdout + done.stderr
+        assert "Traceback" not in output, (args, output[-3000:])
+        assert done.returncode != 0, (args, output[-2000:])
+        errors = [line for line in done.stderr.splitlines() if line.startswith("statetable ")]
+        assert len(errors) == 1 and errors[0].startswith(prefix) and detail in errors[0], (args, done.stderr[-2000:])
