@@ -13,6 +13,7 @@ construct, and what is supported.
 """
 from __future__ import annotations
 
+import contextvars
 import difflib
 import hashlib
 import json
@@ -185,12 +186,44 @@ def _position(node: exp.Expression | None) -> str:
     return "?:?"
 
 
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("definition_source", default=None)
+
+
+def _user_text(node: exp.Expression) -> str | None:
+    """The text the user wrote for `node`, from the definition being parsed: sqlglot rewrites some
+    calls (COLLECT_LIST(v) becomes ARRAY_AGG(v) FILTER(...)), and a message must quote the user."""
+    source = _SOURCE.get()
+    spans = [(m["start"], m["end"]) for child in node.walk() if "start" in (m := getattr(child, "meta", None) or {})]
+    if not source or not spans:
+        return None
+    low, high = min(s for s, _ in spans), max(e for _, e in spans) + 1
+    if re.match(r"\s*\(", source[high:]) and not source.count("(", low, high):
+        high = source.index("(", high)              # a call whose arguments carry no position (RAND())
+    depth = source.count("(", low, high) - source.count(")", low, high)
+    while (depth > 0 or source[high - 1] == "(") and high < len(source):   # close the call
+        depth += (source[high] == "(") - (source[high] == ")")
+        high += 1
+    text = " ".join(source[low:high].split())
+    return text if re.fullmatch(r"\w+\s*\(.*\)", text) and text.count("(") == text.count(")") else None
+
+
+def _quoted(node: exp.Expression | None, message: str) -> str:
+    """`message` with sqlglot's rendering of `node` replaced by the user's own text."""
+    if node is None:
+        return message
+    user = _user_text(node) if isinstance(node, exp.Func) else None   # sqlglot renames calls, not operators
+    for rendering in {node.sql(), node.sql(dialect="spark")}:
+        if user and rendering != user and rendering in message:
+            message = message.replace(rendering, user)
+    return message
+
+
 def _fail(path: Path, node: exp.Expression | None, construct: str, hint: str = SUPPORTED) -> DefinitionError:
-    return DefinitionError(f"{path}:{_position(node)}: {construct} is not supported. Supported: {hint}")
+    return DefinitionError(f"{path}:{_position(node)}: {_quoted(node, construct)} is not supported. Supported: {hint}")
 
 
 def _invalid(path: Path, node: exp.Expression | None, problem: str) -> DefinitionError:
-    return DefinitionError(f"{path}:{_position(node)}: {problem}")
+    return DefinitionError(f"{path}:{_position(node)}: {_quoted(node, problem)}")
 
 
 class _Header(dict):
@@ -521,6 +554,14 @@ def _unparsed(path: Path, text: str) -> DefinitionError:
 def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     path = Path(path)
     text = path.read_text() if text is None else text
+    token = _SOURCE.set(text)
+    try:
+        return _parse(path, text)
+    finally:
+        _SOURCE.reset(token)
+
+
+def _parse(path: Path, text: str) -> TableDefinition:
     header = _parse_header(path, text)
     _check_nesting(path, text)
     try:

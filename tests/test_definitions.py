@@ -50,6 +50,9 @@ def test_windows_and_where(tmp_path):
     ("CREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s\nRIGHT JOIN x ON s.a = x.b GROUP BY k", "RIGHT", 3),
     ("CREATE TABLE t AS SELECT k, v, COUNT(*) AS n FROM s GROUP BY k", "column v outside GROUP BY", 2),
     ("CREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k, TUMBLE(ts, 5)", "window length", 2),
+    # sqlglot reads COLLECT_LIST(v) as ARRAY_AGG(v) FILTER(...): the message quotes what the user wrote
+    ("CREATE TABLE t AS SELECT k,\n  COLLECT_LIST(v) AS m FROM s GROUP BY k", "aggregate COLLECT_LIST(v) is", 3),
+    ("CREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s WHERE RAND() > 0.5 GROUP BY k", "RAND() in WHERE", 2),
 ])
 def test_unsupported_constructs_name_file_line_column_and_the_alternative(tmp_path, sql, construct, line):
     path = tmp_path / "bad.sql"
