@@ -444,6 +444,7 @@ class _Scope:
         self.aliases: dict[str, str] = {stream_alias: ""}
         self.joined_refs: list[tuple[str, str, str]] = []    # (qualified name, joined table, "line:col")
         self.derived: dict[str, str] = {}                     # "_x0" -> an aggregate argument's expression
+        self.hidden: dict[str, str] = {}                      # an aggregate's SQL -> its hidden column "_h0"
 
     def argument(self, node: exp.Expression) -> str:
         """An aggregate's input: a column, or an expression computed per event before the
@@ -741,7 +742,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     if not aggregates:
         raise _fail(path, select, "a GROUP BY without aggregates")
     having = select.args.get("having")
-    having_sql = _having(path, having.this, key_names | set(computed), seen) if having is not None else None
+    having_sql = _having(path, having.this, key_names | set(computed), seen, scope, aggregates) \
+        if having is not None else None
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
@@ -781,7 +783,8 @@ WHERE_FUNCTIONS = {
                                                                        exp.Minute, exp.DayOfWeek, exp.TsOrDsToDate,
                                                                        exp.TimestampTrunc, exp.DateTrunc),
 }
-_WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.Var, exp.Star)
+_WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.DataTypeParam, exp.Var,
+                exp.Star)
 _ALLOWED = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
 
 
@@ -850,11 +853,7 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
     def to_columns(child: exp.Expression) -> exp.Expression:
         if _is_aggregate_call(child):
             text = child.sql(dialect="spark")
-            if text not in by_sql:
-                hidden = f"_h{sum(a.hidden for a in aggregates)}"
-                aggregates.append(replace(_aggregate(scope, hidden, child), hidden=True))
-                by_sql[text] = hidden
-            return exp.column(by_sql[text])
+            return exp.column(by_sql[text] if text in by_sql else _hidden_aggregate(scope, child, aggregates))
         if isinstance(child, exp.Column) and child.name == SESSION_LAST and window is not None \
                 and not window.session and child.name not in scope.stream_fields:
             # A TUMBLE or HOP window ends size after it starts (rows keep only the start).
@@ -871,7 +870,18 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
     return expression.sql(dialect="spark")
 
 
-def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict) -> str:
+def _hidden_aggregate(scope: "_Scope", node: exp.Expression, aggregates: list) -> str:
+    """The column of an aggregate SELECT does not name (`SUM(v)` in `SUM(v) / COUNT(*) AS mean`, or
+    in HAVING): kept in the state, hidden from rows, once however often it is used."""
+    text = node.sql(dialect="spark")
+    if text not in scope.hidden:
+        scope.hidden[text] = f"_h{sum(a.hidden for a in aggregates)}"
+        aggregates.append(replace(_aggregate(scope, scope.hidden[text], node), hidden=True))
+    return scope.hidden[text]
+
+
+def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict,
+            scope: "_Scope", columns: list) -> str:
     """HAVING over the rows' columns: an aggregate SELECT names becomes its alias, so the predicate
     reads the row as the API shows it. Returns it as Spark SQL text."""
     from catalog.expressions import SUPPORTED as HAVING_SUPPORTED, Unsupported, compile_predicate
@@ -879,6 +889,8 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
     named = {projection.this.sql(dialect="spark"): alias for alias, projection in aggregates.items()}
 
     def to_columns(child: exp.Expression) -> exp.Expression:
+        if _is_aggregate_call(child):       # one SELECT does not name is kept hidden, as ksqlDB allows
+            return exp.column(named.get(child.sql(dialect="spark")) or _hidden_aggregate(scope, child, columns))
         if isinstance(child, (exp.AggFunc, exp.Anonymous)):
             alias = named.get(child.sql(dialect="spark"))
             if alias is None:
@@ -891,7 +903,7 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
 
     predicate = node.copy().transform(to_columns)
     try:
-        compile_predicate(predicate, set(key_names) | set(aggregates))
+        compile_predicate(predicate, set(key_names) | set(aggregates) | {a.name for a in columns})
     except Unsupported as exc:
         raise _fail(path, _located(node, exc.node), f"HAVING: {exc}", HAVING_SUPPORTED) from None
     return predicate.sql(dialect="spark")

@@ -56,9 +56,8 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
         row.update((aggregator or state_spec(table).aggregator).result(value))
         if table.computed:
             row = _with_computed(table, row)
-        for aggregate in table.aggregates:
-            if aggregate.hidden:        # kept for a computed column or the TTL, not shown
-                row.pop(aggregate.name, None)
+        if table.having is None:        # else `shown` hides them, after HAVING has read them
+            _hide(table, row)
     for name, item in row.items():
         if type(item) is float or isinstance(item, (tuple, list, decimal.Decimal)):
             row[name] = finite_value(item)
@@ -104,4 +103,12 @@ def shown(table: TableDefinition, row: dict | None) -> dict | None:
     if row is None or table.having is None:
         return row
     passes = _compiled("compile_predicate", table.having, _row_columns(table) | set(table.computed))
-    return row if passes(row) else None
+    return _hide(table, row) if passes(row) else None
+
+
+def _hide(table: TableDefinition, row: dict) -> dict:
+    """The row without the aggregates kept only for computed columns, HAVING or the TTL."""
+    for aggregate in table.aggregates:
+        if aggregate.hidden:
+            row.pop(aggregate.name, None)
+    return row
