@@ -35,6 +35,13 @@ def _rows(rt, table: str) -> dict:
 _KEYS = {"times": {"k"}, "notlike": {"k"}, "minutes": {"k", "window_start"}, "computed": {"p", "ab"}}
 
 
+def _table(rt, suffix: str, name: str, schema: str, select: str, options: str = ""):
+    """(topic, producer) of a new table `name` over its own topic (2 partitions)."""
+    topic = name + suffix
+    return topic, new_table(rt, name, f"-- topic: {topic}\n-- schema: {schema}\n-- partitions: 2\n{options}"
+                                      f"CREATE TABLE {name} AS {select}", topic)
+
+
 def _run_in_two(rt, spark, producer, topic: str, table: str, records: list[dict]) -> None:
     half = len(records) // 2
     for part in (records[:half], records[half:]):
@@ -69,13 +76,11 @@ def _top(series: pd.Series, n: int) -> list:
 
 def test_times_dates_and_strings_in_min_max_latest_and_topk_match_pandas(env, spark):
     rt, suffix = env
-    topic = "times" + suffix
-    producer = new_table(rt, "times", (
-        f"-- topic: {topic}\n-- schema: k STRING, v STRING, ts TIMESTAMP, d DATE\n-- partitions: 2\n"
-        "CREATE TABLE times AS SELECT k, COUNT(*) AS n, MIN(ts) AS first_ts, MAX(ts) AS last_ts,\n"
+    topic, producer = _table(rt, suffix, "times", "k STRING, v STRING, ts TIMESTAMP, d DATE", (
+        "SELECT k, COUNT(*) AS n, MIN(ts) AS first_ts, MAX(ts) AS last_ts,\n"
         "  LATEST_BY_OFFSET(ts) AS latest_ts, MIN(d) AS first_d, MAX(d) AS last_d, LATEST_BY_OFFSET(d) AS latest_d,\n"
         "  LATEST_BY_OFFSET(v) AS latest_v, TOPK(2, v) AS top_v, TOPK(2, ts) AS top_ts, TOPK(2, d) AS top_d\n"
-        "FROM events WHERE v NOT LIKE 'p%' OR v IS NULL GROUP BY k"), topic)
+        "FROM events WHERE v NOT LIKE 'p%' OR v IS NULL GROUP BY k"))
     records = [
         {"k": "a", "v": "kiwi", "ts": "2026-11-01T10:00:00Z", "d": "2026-11-01"},
         {"k": "a", "v": "plum", "ts": "2026-11-01T09:00:00Z", "d": "2026-10-01"},      # NOT LIKE drops it
@@ -106,11 +111,9 @@ def test_times_dates_and_strings_in_min_max_latest_and_topk_match_pandas(env, sp
 
 def test_not_like_and_latest_skipping_nulls_on_the_arrow_pass_match_pandas(env, spark):
     rt, suffix = env
-    topic = "notlike" + suffix
-    producer = new_table(rt, "notlike", (
-        f"-- topic: {topic}\n-- schema: k STRING, v STRING, x BIGINT\n-- partitions: 2\n"
-        "CREATE TABLE notlike AS SELECT k, COUNT(*) AS n, LATEST_BY_OFFSET(x) AS lx, TOPK(2, x) AS tx\n"
-        "FROM events WHERE v NOT LIKE 'p%' GROUP BY k"), topic)
+    topic, producer = _table(rt, suffix, "notlike", "k STRING, v STRING, x BIGINT", (
+        "SELECT k, COUNT(*) AS n, LATEST_BY_OFFSET(x) AS lx, TOPK(2, x) AS tx\n"
+        "FROM events WHERE v NOT LIKE 'p%' GROUP BY k"))
     table, _ = load_table("notlike", rt)
     assert engine_of(table) == "arrow"
     records = [{"k": "a", "v": "apple", "x": 1}, {"k": "a", "v": "pear", "x": 2}, {"k": "b", "v": "bean", "x": 5},
@@ -128,12 +131,10 @@ def test_not_like_and_latest_skipping_nulls_on_the_arrow_pass_match_pandas(env, 
 
 def test_zero_grace_window_bounds_in_select_and_computed_keys_match_pandas(env, spark):
     rt, suffix = env
-    topic = "minutes" + suffix
-    producer = new_table(rt, "minutes", (
-        f"-- topic: {topic}\n-- schema: k STRING, ts TIMESTAMP\n-- partitions: 2\n"
-        "CREATE TABLE minutes AS SELECT k, COUNT(*) AS n, (window_end - window_start) / 60000 AS minutes,\n"
+    topic, producer = _table(rt, suffix, "minutes", "k STRING, ts TIMESTAMP", (
+        "SELECT k, COUNT(*) AS n, (window_end - window_start) / 60000 AS minutes,\n"
         "  window_start AS wstart, window_end\n"
-        "FROM events GROUP BY k, TUMBLE(ts, INTERVAL '2' MINUTE, INTERVAL '0' SECOND)"), topic)
+        "FROM events GROUP BY k, TUMBLE(ts, INTERVAL '2' MINUTE, INTERVAL '0' SECOND)"))
     records = [{"k": "a", "ts": "2026-11-01T10:00:10Z"}, {"k": "a", "ts": "2026-11-01T10:01:59Z"},
                {"k": "b", "ts": "2026-11-01T10:03:00Z"}, {"k": "a", "ts": "2026-11-01T10:02:00Z"},
                {"k": "a", "ts": "2026-11-01T10:01:00Z"},     # its window closed at 10:02 with zero grace: late
@@ -148,11 +149,9 @@ def test_zero_grace_window_bounds_in_select_and_computed_keys_match_pandas(env, 
         row["n"] += 1
     assert _rows(rt, "minutes") == _plain(expected)
 
-    topic = "computed" + suffix
-    producer = new_table(rt, "computed", (
-        f"-- topic: {topic}\n-- schema: s STRING, a INT, b INT\n-- partitions: 2\n"
-        "CREATE TABLE computed AS SELECT SUBSTRING(s, 1, 2) AS p, a + b AS ab, COUNT(*) AS n\n"
-        "FROM events GROUP BY SUBSTRING(s, 1, 2), (a + b)"), topic)
+    topic, producer = _table(rt, suffix, "computed", "s STRING, a INT, b INT", (
+        "SELECT SUBSTRING(s, 1, 2) AS p, a + b AS ab, COUNT(*) AS n\n"
+        "FROM events GROUP BY SUBSTRING(s, 1, 2), (a + b)"))
     records = [{"s": "alpha", "a": 1, "b": 2}, {"s": "alps", "a": 2, "b": 1}, {"s": "beta", "a": 0, "b": 0},
                {"s": "alpha", "a": 3, "b": 0}, {"s": "alpha", "a": None, "b": 1}]
     _run_in_two(rt, spark, producer, topic, "computed", records)
@@ -169,11 +168,9 @@ def test_decimal_with_precision_and_scale_is_declared_and_aggregated_exactly(env
     import decimal
 
     rt, suffix = env
-    topic = "money" + suffix
-    producer = new_table(rt, "money", (
-        f"-- topic: {topic}\n-- schema: k STRING, amount DECIMAL(4,1), whole DECIMAL\n-- partitions: 2\n"
-        "CREATE TABLE money AS SELECT k, SUM(amount) AS total, MIN(amount) AS lo, MAX(amount) AS hi,\n"
-        "  AVG(amount) AS mean, SUM(whole) AS wholes FROM events GROUP BY k"), topic)
+    topic, producer = _table(rt, suffix, "money", "k STRING, amount DECIMAL(4,1), whole DECIMAL", (
+        "SELECT k, SUM(amount) AS total, MIN(amount) AS lo, MAX(amount) AS hi,\n"
+        "  AVG(amount) AS mean, SUM(whole) AS wholes FROM events GROUP BY k"))
     records = [{"k": "a", "amount": 0.1, "whole": 3}, {"k": "a", "amount": 0.2, "whole": 4},
                {"k": "b", "amount": 999.9, "whole": 1}, {"k": "a", "amount": -12.5, "whole": None},
                {"k": "b", "amount": 999.9, "whole": 2}, {"k": "a", "amount": 0.3, "whole": 5}]
@@ -198,12 +195,10 @@ def test_a_hop_event_skips_only_its_closed_windows_and_emit_final_publishes_each
     from tests.table_env import fold_change_topic, read_topic
 
     rt, suffix = env
-    topic, out = "hops" + suffix, "hops-final" + suffix
-    producer = new_table(rt, "hops", (
-        f"-- topic: {topic}\n-- schema: k STRING, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 100\n"
-        f"-- output_topic: {out}\n-- emit: final\n"
-        "CREATE TABLE hops AS SELECT k, COUNT(*) AS n FROM events\n"
-        "GROUP BY k, HOP(ts, INTERVAL '2' MINUTE, INTERVAL '1' MINUTE)"), topic)
+    out = "hops-final" + suffix
+    topic, producer = _table(rt, suffix, "hops", "k STRING, ts TIMESTAMP", (
+        "SELECT k, COUNT(*) AS n FROM events GROUP BY k, HOP(ts, INTERVAL '2' MINUTE, INTERVAL '1' MINUTE)"),
+        f"-- snapshot_every: 100\n-- output_topic: {out}\n-- emit: final\n")
     _KEYS["hops"] = {"k", "window_start"}
     batches = [[("a", "10:00:30"), ("a", "10:02:00")],       # watermark 10:02: windows 9:59 and 10:00 close
                [("a", "10:01:30"), ("a", "10:04:10")]]       # 10:01:30 joins 10:01 only (10:00 closed)
