@@ -185,3 +185,42 @@ def test_cli_failures_a_newcomer_meets_are_one_line_without_a_traceback(env):
         assert done.returncode != 0, (args, output[-2000:])
         errors = [line for line in done.stderr.splitlines() if line.startswith("statetable ")]
         assert len(errors) == 1 and errors[0].startswith(prefix) and detail in errors[0], (args, done.stderr[-2000:])
+
+
+def test_the_issue_order_through_the_cli_on_the_stacks_engine(kafka, engine, tmp_path):
+    """The order that broke for a new user, typed at the CLI against the stack's Spark Connect
+    server: the leaderboard before its reference tables ever ran, then players in two batches of
+    four, products, and the leaderboard again; every command exits 0 without a traceback and the
+    board equals pandas' join of the scores with the reference tables."""
+    rt, suffix = isolated_runtime(kafka, tmp_path)
+    remote = {"STATETABLE_SPARK_REMOTE": engine}
+    for base in ("players", "products", "score-events"):
+        ensure_topic(rt.bootstrap, base + suffix, 2)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    players = _Reference(producer, "players" + suffix)
+    products = _Reference(producer, "products" + suffix)
+    scores = [(1, 1, 10.0), (2, 1, 30.0), (5, 1, 20.0), (6, 2, 50.0), (7, 1, 5.0)]
+
+    def cli(*args: str) -> str:
+        assert producer.flush(10) == 0
+        done = _cli(rt, *args, extra_env=remote)
+        assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, (args, done.stderr[-3000:])
+        return done.stdout
+
+    for player, product, value in scores[:2]:
+        producer.produce("score-events" + suffix,
+                         json.dumps({"score": value, "product_id": product, "player_id": player}).encode())
+    assert json.loads(cli("run", "leaderboard", "--until-caught-up").splitlines()[0])["join_unmatched"] == 2
+    for group in ((1, 2, 3, 4), (5, 6, 7, 8)):
+        for key in group:
+            players.put(key, f"P{key}")
+        cli("run", "players")
+    products.put(1, "Pong")
+    products.put(2, "Tetris")
+    cli("run", "products")
+    for player, product, value in scores[2:]:
+        producer.produce("score-events" + suffix,
+                         json.dumps({"score": value, "product_id": product, "player_id": player}).encode())
+    cli("run", "leaderboard", "--until-caught-up")
+    board = json.loads(cli("query", "leaderboard", "1"))
+    assert [(e["playerName"], e["gameName"], e["score"]) for e in board] == [("P5", "Pong", 20.0), ("P7", "Pong", 5.0)]
