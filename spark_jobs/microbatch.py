@@ -742,10 +742,11 @@ class MicroBatchRunner:
         for i, agg, args in topks:
             score, rest = args[0], args[1:]
             rank = Window.partitionBy(*key_aliases).orderBy(score.desc(), F.col("_order").asc())
+            ranked_by = _topk_score(score, stored.types.get(_q(table, agg.args[0])))
             top = (frame.where(score.isNotNull()).withColumn("_rn", F.row_number().over(rank))
                    .where(F.col("_rn") <= agg.n)
                    .groupBy(*key_aliases)
-                   .agg(F.collect_list(F.struct(_topk_score(score, stored.types.get(_q(table, agg.args[0]))).alias("score"), F.col("_order").alias("o"),
+                   .agg(F.collect_list(F.struct(ranked_by.alias("score"), F.col("_order").alias("o"),
                                                 F.struct(*rest).alias("typed"))).alias(f"_a{i}")))
             grouped = grouped.join(top, key_aliases, "left")
         return grouped
