@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state import codec
+from state.aggregates import OFFSET_BITS
 from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
 from spark_jobs.parse import MAX_VALUE_BYTES
@@ -626,7 +627,8 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
         if not any(a[:2] == aggregation[:2] for a in aggs):    # one output column per (input, function)
             aggs.append(aggregation)
 
-    events = events.append_column("_one", _constant(1, pa.int8(), events.num_rows))
+    events = events.append_column("_one", _constant(1, pa.int8(), events.num_rows)) \
+        .append_column("_order", pc.add(events.column("source_offset"), spec.batch_id << OFFSET_BITS))
     fields = spec.fields
     for i, agg in enumerate(table.aggregates):
         args = [a.split(".")[-1] for a in agg.args]
@@ -654,7 +656,7 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
             offset = f"_o_{args[0]}"
             if offset not in events.column_names:
                 events = events.append_column(offset, pc.if_else(pc.is_valid(events.column(args[0])),
-                                                                 events.column("source_offset"), None))
+                                                                 events.column("_order"), None))
             add(offset, "max")
             add(args[0], "last", pc.ScalarAggregateOptions(skip_nulls=True))
             post.append(("latest", i))
@@ -691,15 +693,15 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
 
 
 def _topk(events: pa.Table, grouped: pa.Table, keys: list[str], args: list[str], n: int) -> pa.Array:
-    """Each group's best `n` entries (score desc, offset asc; null scores never rank), in the
+    """Each group's best `n` entries (score desc, event order asc; null scores never rank), in the
     grouped table's order. Arrow has no per-group top-n, so the sorted rows are walked once."""
     score, rest = args[0], args[1:]
     ranked = events.filter(pc.is_valid(events.column(score))) \
-        .sort_by([(score, "descending"), ("source_offset", "ascending")])
+        .sort_by([(score, "descending"), ("_order", "ascending")])
     best: dict[tuple, list] = {}
     columns = [ranked.column(k).to_pylist() for k in keys]
     scores = pc.cast(ranked.column(score), pa.float64()).to_pylist()
-    offsets = ranked.column("source_offset").to_pylist()
+    offsets = ranked.column("_order").to_pylist()
     typed = [ranked.column(c).to_pylist() for c in rest]
     for row, key in enumerate(zip(*columns)):
         entries = best.setdefault(key, [])

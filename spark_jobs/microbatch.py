@@ -280,6 +280,7 @@ class MicroBatchRunner:
         self._describe(plan.batch_id, "aggregate_merge")
         join_counts: dict = {}
         self.window_floor = plan.watermark_ms
+        events = events.withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))    # as bronze has it
         partials = self._batch_partials(events, classified, join_counts)
         summaries = self._merge_arrow(partials.withColumn("_kind", F.lit("partial")), plan.batch_id, watermark,
                                       plan.watermark_ms)
@@ -602,7 +603,7 @@ class MicroBatchRunner:
             events = events.where(F.col("_enriched").isNotNull()).unionByName(self._enrich(legacy, None))
         alias = self.table.stream_alias or self.table.name
         frame = events.select(*[F.col(n).alias(f"{alias}__{n}") for n, _ in self.table.schema],
-                              F.col("source_offset").alias("_order"), "source_partition",
+                              _event_order(events), "source_partition", "source_offset",
                               *(["batch_id"] if "batch_id" in events.columns else []),   # bronze has it
                               *joined_cols)
         matched = F.lit(True)
@@ -704,8 +705,8 @@ class MicroBatchRunner:
 
         keyed, key_aliases = self._keyed(self._selected(self._joined(events)))
         reasons = self.spark.createDataFrame([tuple(k) + (r,) for k, r in refused.items()], key_aliases + ["reason"])
-        return (keyed.join(reasons, key_aliases, "inner")          # _order is the source offset (see _joined)
-                .groupBy("source_partition", F.col("_order").alias("source_offset"))
+        return (keyed.join(reasons, key_aliases, "inner")
+                .groupBy("source_partition", "source_offset")
                 .agg(F.first("reason").alias("reason")))
 
     def _partials(self, frame, exclude: list[tuple[int, tuple]] | None = None):
@@ -870,6 +871,15 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
     if sorted(summaries) != list(range(partitions)):
         raise RuntimeError(f"{what} tasks reported partitions {sorted(summaries)}")
     return summaries
+
+
+def _event_order(events):
+    """`_order`: state.aggregates.event_order of each event (batch, then source offset)."""
+    from pyspark.sql import functions as F
+
+    from state.aggregates import OFFSET_BITS
+
+    return (F.shiftleft(F.col("batch_id").cast("bigint"), OFFSET_BITS) + F.col("source_offset")).alias("_order")
 
 
 def _state_columns(frame):

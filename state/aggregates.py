@@ -11,13 +11,24 @@ import operator
 from dataclasses import dataclass
 
 
+OFFSET_BITS = 40       # source offsets below 2**40; batch ids below 2**23
+
+
+def event_order(batch_id: int, offset: int) -> int:
+    """An event's place in its table's history, for LATEST_BY_OFFSET and TOPK's ties: by batch,
+    then by source offset. Offsets alone do not order one key's events when they came through
+    different partitions (an unkeyed topic grouped by a column), and every event of a later batch
+    arrived after the earlier batch was planned, so the batch comes first."""
+    return (batch_id << OFFSET_BITS) | offset
+
+
 class Aggregate:
     """One aggregate column. Subclasses define the state and how it folds."""
 
     name = "aggregate"
 
     def lift(self, value, order=0):
-        """The partial state of a single event (`order` ranks events, e.g. its offset)."""
+        """The partial state of a single event (`order` ranks events: `event_order`)."""
         raise NotImplementedError
 
     def merge(self, stored, partial):

@@ -42,11 +42,12 @@ def _table(rt, suffix: str, name: str, schema: str, select: str, options: str = 
                                       f"CREATE TABLE {name} AS {select}", topic)
 
 
-def _run_in_two(rt, spark, producer, topic: str, table: str, records: list[dict]) -> None:
+def _run_in_two(rt, spark, producer, topic: str, table: str, records: list[dict], partitions=(None, None)) -> None:
+    """`partitions`: the topic partition of each half (None: the producer's choice)."""
     half = len(records) // 2
-    for part in (records[:half], records[half:]):
+    for part, partition in zip((records[:half], records[half:]), partitions):
         for record in part:
-            producer.produce(topic, json.dumps(record).encode())
+            producer.produce(topic, json.dumps(record).encode(), **({} if partition is None else {"partition": partition}))
         assert producer.flush(10) == 0
         jobs.run(table, until_caught_up=True, spark=spark, rt=rt)
 
@@ -91,7 +92,9 @@ def test_times_dates_and_strings_in_min_max_latest_and_topk_match_pandas(env, sp
         {"k": "b", "v": "date", "ts": "2026-11-02T08:29:59Z", "d": "2025-02-01"},
         {"k": "b", "v": None, "ts": None, "d": None},                                  # nulls: latest keeps date
     ]
-    _run_in_two(rt, spark, producer, topic, "times", records)
+    # The second batch's events sit at lower offsets (of another partition) than the first's: the
+    # later batch still holds the latest value.
+    _run_in_two(rt, spark, producer, topic, "times", records, partitions=(1, 0))
 
     frame = pd.DataFrame(records)
     frame = frame[~frame["v"].fillna("").str.startswith("p") | frame["v"].isna()]
@@ -117,16 +120,16 @@ def test_not_like_and_latest_skipping_nulls_on_the_arrow_pass_match_pandas(env, 
     table, _ = load_table("notlike", rt)
     assert engine_of(table) == "arrow"
     records = [{"k": "a", "v": "apple", "x": 1}, {"k": "a", "v": "pear", "x": 2}, {"k": "b", "v": "bean", "x": 5},
-               {"k": "a", "v": "kale", "x": None}, {"k": "b", "v": "plum", "x": 9}, {"k": "a", "v": "fig", "x": None},
-               {"k": "b", "v": "corn", "x": None}, {"k": "c", "v": "pea", "x": 3}]
-    _run_in_two(rt, spark, producer, topic, "notlike", records)
+               {"k": "a", "v": "kale", "x": None}, {"k": "b", "v": "corn", "x": 7}, {"k": "b", "v": "plum", "x": 9},
+               {"k": "a", "v": "fig", "x": None}, {"k": "c", "v": "pea", "x": 3}]
+    _run_in_two(rt, spark, producer, topic, "notlike", records, partitions=(1, 0))   # corn: a later batch, a lower offset
     frame = pd.DataFrame(records).astype({"x": "Int64"})
     frame = frame[~frame["v"].str.startswith("p")]
     expected = {json.dumps([k]): {"k": k, "n": len(g), "lx": _latest(g["x"]),
                                   "tx": [[float(v)] for (v,) in _top(g["x"], 2)]}
                 for k, g in frame.groupby("k")}
     assert _rows(rt, "notlike") == _plain(expected)
-    assert expected['["a"]']["lx"] == 1 and expected['["b"]']["lx"] == 5
+    assert expected['["a"]']["lx"] == 1 and expected['["b"]']["lx"] == 7
 
 
 def test_zero_grace_window_bounds_in_select_and_computed_keys_match_pandas(env, spark):
