@@ -594,7 +594,9 @@ def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
     parts = []
     for j in range(-(-window.size_ms // window.advance)):
         start = pc.subtract(last_start, j * window.advance)
-        inside = pc.greater(pc.add(start, window.size_ms), ts)
+        # Kafka Streams starts no window before the epoch; an event before it keeps all of its own.
+        inside = pc.and_(pc.greater(pc.add(start, window.size_ms), ts),
+                         pc.or_(pc.greater_equal(start, 0), pc.less(ts, 0)))
         if spec.watermark_ms is not None:     # a window closed before the batch: not this event's any more
             inside = pc.and_(inside, pc.greater(pc.add(start, window.size_ms + window.grace_ms), spec.watermark_ms))
         parts.append(events.append_column("_wstart", start).filter(inside))

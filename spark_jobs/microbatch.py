@@ -653,6 +653,8 @@ class MicroBatchRunner:
             ts_col = _q(table, table.event_time)
             w = F.window(F.col(ts_col), f"{window.size_ms} milliseconds", f"{window.advance} milliseconds")
             frame = frame.withColumn("_w", w).withColumn("_wstart", F.unix_millis(F.col("_w.start")))
+            # Kafka Streams starts no window before the epoch; an event before it keeps all of its own.
+            frame = frame.where((F.col("_wstart") >= 0) | (F.unix_millis(F.col(ts_col)) < 0))
             frame = self._open_windows(frame)
             group_cols.append(F.col("_wstart").alias(f"_k{len(table.key_columns)}"))
         key_aliases = [f"_k{i}" for i in range(len(group_cols))]

@@ -37,9 +37,10 @@ class WindowSpec:
         return self.advance_ms or self.size_ms
 
     def starts_for(self, ts: int) -> list[int]:
-        """Starts of every window that contains event time `ts` (ms)."""
+        """Starts of every window that contains event time `ts` (ms). As in Kafka Streams, no
+        window starts before the epoch, unless the event itself is before it."""
         starts, start = [], ts - ts % self.advance
-        while start > ts - self.size_ms:
+        while start > ts - self.size_ms and (start >= 0 or ts < 0):
             starts.append(start)
             start -= self.advance
         return starts[::-1]

@@ -147,16 +147,17 @@ def test_windows_tumbling_hopping_late_and_purge():
     hopping = WindowSpec(size_ms=10, advance_ms=5, grace_ms=2, retention_ms=5)
     assert hopping.starts_for(12) == [5, 10]
     assert WindowSpec(10).starts_for(-3) == [-10]
+    assert hopping.starts_for(3) == [0] and hopping.starts_for(-3) == [-10, -5]   # none before the epoch
     assert not hopping.is_late(12, watermark=16) and hopping.is_late(12, watermark=22)
     part = _memory_partition()
     with part.begin(0) as tx:
         for ts in (1, 6, 12, 31):
             for start in hopping.starts_for(ts):
                 tx.merge(("k", start), (1, ts))
-    assert [s for s, _ in fetch(part, ("k",))] == [-5, 0, 5, 10, 25, 30]
+    assert [s for s, _ in fetch(part, ("k",))] == [0, 5, 10, 25, 30]
     assert [s for s, _ in fetch(part, ("k",), 0, 10)] == [0, 5, 10]
     with part.begin(1) as tx:
-        assert purge(part, tx, hopping, watermark=30) == 4   # starts -5..10: start + 10 + 2 + 5 <= 30
+        assert purge(part, tx, hopping, watermark=30) == 3   # starts 0..10: start + 10 + 2 + 5 <= 30
     assert [s for s, _ in fetch(part, ("k",))] == [25, 30]
 
 
