@@ -110,9 +110,15 @@ def _produce_sample(args) -> int:
 
 
 def _query(args) -> int:
-    from serving.query import lookup
+    from serving.query import BadQuery, NoSuchTable, StateUnavailable, lookup
 
-    row = lookup(args.table, tuple(args.key))
+    def progress(table: str, partition: int, text: str) -> None:
+        print(f"statetable query {table}: replica partition {partition} {text}", file=sys.stderr, flush=True)
+
+    try:
+        row = lookup(args.table, tuple(args.key), progress=progress)
+    except (StateUnavailable, NoSuchTable, BadQuery) as exc:
+        raise SystemExit(f"statetable query {args.table}: {exc}") from None
     if row is None:
         print(f"statetable query {args.table}: no row for key {args.key} in its committed state", file=sys.stderr)
         return 4

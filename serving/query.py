@@ -107,9 +107,15 @@ class _Generation:
 class TableReader:
     """One table's consistent read path (see the module docstring)."""
 
-    def __init__(self, table: TableDefinition, rt: Runtime, secondary_root: Path) -> None:
+    def __init__(self, table: TableDefinition, rt: Runtime, secondary_root: Path, replica=None,
+                 follow: bool = True, progress=None) -> None:
+        """`replica`: a serving.replica.TableReplica to read instead of this host's writer folders;
+        `follow`: whether this process may be the one that keeps it following the changelog."""
         self.table = table
         self.rt = rt
+        self.replica = replica
+        self.follow = follow
+        self.progress = progress
         self.root = secondary_root / table.name
         self.aggregator = state_spec(table).aggregator
         self.cond = threading.Condition()
@@ -122,6 +128,8 @@ class TableReader:
 
     # -- where the primary is ----------------------------------------------------
     def _partition_dirs(self) -> list[Path]:
+        if self.replica is not None:
+            return self.replica.partition_dirs()
         base = self.rt.state_dir / self.table.name
         return [base / f"p{p:04d}" for p in range(self.table.partitions)]
 
@@ -172,9 +180,18 @@ class TableReader:
             return None
         return str(DefinitionChanged(self.table.name, recorded.get("meaning"), self.table.meaning()))
 
+    def _replica_problem(self) -> str | None:
+        """Bring the replica to the changelog's end if this process follows it, else read what
+        its follower published; the cause when it cannot follow."""
+        from serving.replica import follow_once, read_status
+
+        if self.follow and self.replica.follower():
+            return follow_once(self.replica, self.progress)
+        return read_status(self.replica.folder).get("error")
+
     def refresh(self) -> None:
         with self.refresh_lock:
-            changed = self._definition_changed()
+            changed = self._replica_problem() if self.replica is not None else self._definition_changed()
             if changed:
                 self.unavailable = changed
                 self._close_generations()
@@ -185,6 +202,9 @@ class TableReader:
                 has_history = BatchLog(self.rt.batch_dir(self.table.name)).last_commit() is not None
                 if identity is None and not has_history and not self._restoring():
                     self.unavailable = None     # never run: an empty table, not a broken one
+                elif self.replica is not None:
+                    self.unavailable = (f"table {self.table.name!r}: its query replica is being restored from the "
+                                        f"snapshot store and the changelog; retry shortly")
                 else:
                     self.unavailable = (f"table {self.table.name!r}: local state is being restored or is missing; "
                                         f"`statetable restore {self.table.name}` rebuilds it")
@@ -194,7 +214,8 @@ class TableReader:
             if identity != self.identity:
                 self._close_generations()
                 run = self.root / uuid.uuid4().hex[:8]
-                self.generations = [_Generation(self.table, self.rt.state_dir, run / name) for name in ("a", "b")]
+                base = self.replica.folder.parent if self.replica is not None else self.rt.state_dir
+                self.generations = [_Generation(self.table, base, run / name) for name in ("a", "b")]
                 self.identity = identity
             standby = next(g for g in self.generations if g is not self.current)
             with self.cond:
@@ -252,10 +273,18 @@ class QueryService:
     """Every table of a deployment, read-only."""
 
     def __init__(self, rt: Runtime | None = None, refresh_interval: float | None = None,
-                 background: bool = True) -> None:
+                 background: bool = True, follow: bool = True, progress=None) -> None:
         """`refresh_interval`: seconds between catch-ups with the writer, i.e. the most an answer
-        trails the last commit (default 0.1, or STATETABLE_QUERY_REFRESH_SECONDS)."""
+        trails the last commit (default 0.1, or STATETABLE_QUERY_REFRESH_SECONDS). `follow`:
+        whether this process may keep the data dir's replicas following (serving.replica);
+        `progress(table, partition, text)` hears of replica restores."""
+        from serving.replica import LastCommits, source
+
         self.rt = rt or Runtime.from_env()
+        self.source = source(self.rt)
+        self.follow = follow
+        self.progress = progress
+        self.commits = LastCommits(self.rt)
         self.broken: dict[str, str] = {}        # a bad .sql file costs only its own table: 503 with the reason
         self.definitions = load_all(self.rt.tables_dir, broken=self.broken)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
@@ -265,6 +294,10 @@ class QueryService:
             float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
         self.stopped = threading.Event()
         self.thread = None
+        if background and self.source == "replica":
+            for name in self.definitions:      # follow every table from the start, not from its first request
+                if name not in self.broken:
+                    self.reader(name)
         if background:
             self.thread = threading.Thread(target=self._refresh_loop, name="statetable-query-refresh", daemon=True)
             self.thread.start()
@@ -296,8 +329,20 @@ class QueryService:
         table = self.table(name)
         with self.guard:
             if name not in self.readers:
-                self.readers[name] = TableReader(table, self.rt, self.secondary_root)
+                replica = None
+                if self.source == "replica":
+                    from serving.replica import TableReplica
+
+                    replica = TableReplica(table, self.rt, self.commits)
+                progress = None if self.progress is None else \
+                    (lambda partition, text, name=name: self.progress(name, partition, text))
+                self.readers[name] = TableReader(table, self.rt, self.secondary_root, replica, self.follow, progress)
             return self.readers[name]
+
+    def log_batch(self, name: str) -> int | None:
+        """The newest batch the table's batch log has committed (cached for a moment)."""
+        self.table(name)
+        return self.commits.batch(name)
 
     # -- key parsing ---------------------------------------------------------------
     def parse_key(self, table: TableDefinition, raw: str, *, full: bool = True) -> tuple:
@@ -399,6 +444,10 @@ class QueryService:
                     readable = {"readable_batch": batch, "available": True}
             except StateUnavailable as exc:
                 readable = {"readable_batch": None, "available": False, "reason": str(exc)}
+            logged = (info.get("last_batch") or {}).get("batch_id")
+            served = readable["readable_batch"]
+            readable["served_from"] = self.source
+            readable["lag_batches"] = None if logged is None else max(0, logged - (-1 if served is None else served))
             columns = shown_columns(table)
             out.append({**info, "columns": columns, "key": key_names(table), "windowed": table.window is not None,
                         **readable})
@@ -414,6 +463,8 @@ class QueryService:
             self.thread.join(timeout=5)
         for reader in self.readers.values():
             reader.close()
+            if reader.replica is not None:
+                reader.replica.close()
         shutil.rmtree(self.secondary_root, ignore_errors=True)
 
 
@@ -443,17 +494,18 @@ def _decode_cursor(cursor: str) -> tuple:
     return key
 
 
-def query_once(name: str, raw_key: str, rt: Runtime | None = None) -> tuple[int | None, dict | None]:
-    """One point lookup without a long-lived service (the CLI)."""
-    service = QueryService(rt, background=False)
+def query_once(name: str, raw_key: str, rt: Runtime | None = None, progress=None) -> tuple[int | None, dict | None]:
+    """One point lookup without a long-lived service (the CLI). Where queries read replicas, the
+    data dir's replica is brought up to date first (restored on first use: `progress` hears of it)."""
+    service = QueryService(rt, background=False, progress=progress)
     try:
         return service.get(name, raw_key)
     finally:
         service.close()
 
 
-def lookup(name: str, key: tuple, rt: Runtime | None = None) -> dict | None:
+def lookup(name: str, key: tuple, rt: Runtime | None = None, progress=None) -> dict | None:
     """One row of committed state by its key columns' values, through the query API's read path
     (never the writer's lock)."""
     raw = str(key[0]) if len(key) == 1 else json.dumps(list(key))
-    return query_once(name, raw, rt)[1]
+    return query_once(name, raw, rt, progress)[1]

@@ -31,7 +31,9 @@ import os
 import time
 from pathlib import Path
 
+from serving import replica
 from serving.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
+from catalog.definitions import load_all
 from catalog.runtime import Runtime
 
 log = logging.getLogger("statetable.query")
@@ -86,7 +88,7 @@ def _idle_priority(work):
 def _reader_main(env: dict, conn) -> None:
     """A reader process: answer calls from the pipe until it closes."""
     os.environ.update(env)
-    service = QueryService(Runtime.from_env(), background=False)
+    service = QueryService(Runtime.from_env(), background=False, follow=False)   # the server process follows
     try:
         while True:
             try:
@@ -177,6 +179,12 @@ class ProcessQueryService:
         self.refresh_interval = refresh_interval if refresh_interval is not None else \
             float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
         env = {**{k: v for k, v in os.environ.items() if k.startswith("STATETABLE_")}, **self.rt.as_env()}
+        self.follower = None
+        self.watched = self.rt.state_dir      # the folders whose changes call for a catch-up
+        if replica.source(self.rt) == "replica":
+            # This process keeps the replicas following; the readers open secondaries of them.
+            self.watched = replica.replica_root(self.rt)
+            self.follower = replica.Follower(self.rt, load_all(self.rt.tables_dir), self.refresh_interval).start()
         self.readers = [_Reader(i, env) for i in range(readers)]
         self._open_every_table()
         self.floor: dict[str, int] = {}
@@ -309,7 +317,7 @@ class ProcessQueryService:
         tables = sorted({t for r in self.readers for t in r.batches})
         # A scandir and a stat per file: off the loop, which is answering meanwhile.
         signature = await asyncio.get_running_loop().run_in_executor(
-            None, state_signature, self.rt.state_dir, tables)
+            None, state_signature, self.watched, tables)
         if self._up_to_date(reader, tables, signature):
             return False
         if self._sole_newest(reader) and skipped[index] < MAX_SKIPS:
@@ -355,8 +363,13 @@ class ProcessQueryService:
     async def broken_tables(self) -> dict[str, str]:
         return await self._call(None, "broken_tables")
 
+    async def log_batch(self, name: str) -> int | None:
+        return await self._call(None, "log_batch", name)
+
     def close(self) -> None:
         if self.refresher is not None:
             self.refresher.cancel()
+        if self.follower is not None:
+            self.follower.close()
         for reader in self.readers:
             reader.close()

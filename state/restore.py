@@ -99,6 +99,15 @@ def restore_partition(table: str, partition: int, target_dir: Path, *, aggregato
 
 def _replay(part: StatePartition, bootstrap: str | None, topic: str, target_batch: int | None,
             report: RestoreReport) -> None:
+    report.replayed_records = replay_tail(part, bootstrap, topic, target_batch)
+
+
+def replay_tail(part: StatePartition, bootstrap: str | None, topic: str, target_batch: int | None = None,
+                *, skip_if_current: bool = False) -> int:
+    """Apply what the changelog holds past the partition's own offset (up to `target_batch`);
+    the records read. Anything it no longer holds is a ChangelogGap naming the range, never a
+    silently older state. `skip_if_current`: return at once when only the last transaction's
+    commit marker lies past the offset (a follower's idle poll costs no consumer)."""
     meta = part.meta
     start = meta.changelog_offset
     wanted = "the latest batch" if target_batch is None else f"batch {target_batch}"
@@ -122,11 +131,13 @@ def _replay(part: StatePartition, bootstrap: str | None, topic: str, target_batc
             f"{topic}[{part.partition}] ends at offset {high}, before the snapshot's offset {start}: "
             f"the topic was truncated or recreated"
         )
+    if skip_if_current and high - start <= 1:
+        return 0
     stats = part.apply_changelog(changelog.replay(bootstrap, topic, part.partition, start, high), target_batch)
-    report.replayed_records = stats.records
     applied = part.meta.applied_batch
     if target_batch is not None and applied < target_batch:
         raise ChangelogGap(
             f"{topic}[{part.partition}] has no batch {target_batch}: offsets {start}..{high - 1} end at "
             f"batch {applied}; batches {applied + 1}..{target_batch} are missing"
         )
+    return stats.records

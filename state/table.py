@@ -31,7 +31,7 @@ from state.aggregates import RowAggregator
 from state.backends import MemoryBackend, RocksBackend
 from state.changelog import ChangelogWriter
 from state.partition import StatePartition
-from state.restore import RestoreReport, restore_partition
+from state.restore import RestoreReport, replay_tail, restore_partition
 from state.snapshots import Manifest, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,20 @@ class StateTable:
         self.close(partition)
         return StatePartition(self.spec.name, partition, RocksBackend(self.partition_dir(partition), read_only=True),
                               self.spec.aggregator)
+
+    def follow(self, partition: int) -> tuple[StatePartition, int]:
+        """A copy of partition p that follows the changelog and never writes it (a query replica,
+        Kafka Streams' standby): restored when absent, then brought to the changelog's end; the
+        records applied. It has no changelog writer, so opening it fences no writer. A gap in
+        what the changelog still holds raises ChangelogGap; the caller may restore afresh."""
+        part = self._open.get(partition)
+        if part is None:
+            if not self.has_local_state(partition):
+                self.restore(partition)
+            part = StatePartition(self.spec.name, partition, RocksBackend(self.partition_dir(partition)),
+                                  self.spec.aggregator)
+            self._open[partition] = part
+        return part, replay_tail(part, self.bootstrap, self.spec.changelog_topic, skip_if_current=True)
 
     def _catch_up(self, part: StatePartition) -> None:
         """Apply batches the changelog has and the local store lacks (a crash after

@@ -114,7 +114,9 @@ class _Service:
         call = getattr(service, method)
         if inspect.iscoroutinefunction(call):
             return await call(*args)
-        return await run_in_threadpool(call, *args) if blocking else call(*args)
+        if blocking or getattr(service, "source", None) == "replica":    # a replica's catch-up talks to Kafka
+            return await run_in_threadpool(call, *args)
+        return call(*args)
 
     def close(self) -> None:
         with self.lock:
@@ -222,6 +224,19 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     def _shutdown() -> None:
         holder.close()
 
+    async def fresh_enough(table: str, batch: int | None, bound: int | None) -> None:
+        """Kafka Streams' PositionBound, ksqlDB's max.allowed.offset.lag: refuse an answer that
+        trails the batch log by more than the client accepts."""
+        if bound is None:
+            return
+        logged = await holder.ask("log_batch", table, blocking=True)
+        behind = 0 if logged is None else logged - (-1 if batch is None else batch)
+        if behind > bound:
+            raise StateUnavailable(f"table {table!r}: this server answers from batch {batch}, {behind} behind the "
+                                   f"last commit (batch {logged}), more than max_lag_batches={bound}; retry, or "
+                                   f"ask another server", retry_after=1)
+
+    lag_query = Query(None, ge=0, description="answer 503 if the served batch trails the last commit by more")
     table_path = Path(..., description="table name", max_length=200)
     key_path = Path(..., description="the key: a single value, or a JSON array for composite keys", max_length=4096)
 
@@ -233,9 +248,11 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
                            if await auth.may_read(request.state.principal, name)}}
 
     @app.get("/tables/{table}/rows/{key}", summary="one row")
-    async def row(request: Request, table: str = table_path, key: str = key_path):
+    async def row(request: Request, table: str = table_path, key: str = key_path,
+                  max_lag_batches: int | None = lag_query):
         await authorize(request, table)
         batch, found = await holder.ask("get", table, key)
+        await fresh_enough(table, batch, max_lag_batches)
         if found is None:
             return _answer({"detail": f"table {table!r} has no row for key {key!r}", "table": table,
                             "batch": batch}, batch, 404)
@@ -247,9 +264,11 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
              from_: str | None = Query(None, alias="from", max_length=4096, description="first key (inclusive)"),
              to: str | None = Query(None, max_length=4096, description="last key (exclusive)"),
              limit: int | None = Query(None, description="page size; capped at 1000"),
-             cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page")):
+             cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page"),
+             max_lag_batches: int | None = lag_query):
         await authorize(request, table)
         page = await holder.ask("scan", table, prefix, from_, to, limit, cursor)
+        await fresh_enough(table, page.batch, max_lag_batches)
         return _answer({"table": table, "batch": page.batch, "rows": page.rows, "next_cursor": page.next_cursor},
                        page.batch)
 
@@ -257,11 +276,13 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     async def windows(request: Request, table: str = table_path, key: str = key_path,
                 from_: int | None = Query(None, alias="from", description="first window start, epoch ms"),
                 to: int | None = Query(None, description="window starts before this, epoch ms"),
-                limit: int | None = Query(None, description="at most this many windows; capped at 1000")):
+                limit: int | None = Query(None, description="at most this many windows; capped at 1000"),
+                max_lag_batches: int | None = lag_query):
         await authorize(request, table)
         if limit is not None and limit < 1:
             raise BadQuery(f"limit must be at least 1, not {limit}")
         page = await holder.ask("windows", table, key, from_, to, limit)
+        await fresh_enough(table, page.batch, max_lag_batches)
         return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
 
     followers = _Followers()
@@ -349,9 +370,14 @@ def status_page(tables: list[dict]) -> str:
                                              f"{last['keys_changed']} keys changed, {last['seconds']:.1f}s, "
                                              f"{_age(now - last['committed_at'])}")
         name = html.escape(t["table"])
+        if t.get("available", True):
+            served = (f"batch {t.get('readable_batch')} from its {t.get('served_from', 'writer')}, "
+                      f"{t.get('lag_batches') or 0} behind")
+        else:
+            served = f"unavailable: {t.get('reason')}"
         rows.append(
             f"<tr><td><b>{name}</b><br><small>{html.escape(t['kind'])}, key {html.escape(', '.join(t['key']))}, "
-            f"{t['partitions']} partitions</small></td><td>{html.escape(batch)}</td>"
+            f"{t['partitions']} partitions</small></td><td>{html.escape(batch)}</td><td>{html.escape(served)}</td>"
             f"<td>{html.escape(str(t['lag']))}</td><td>{_age(t['snapshot_age_seconds'])}</td>"
             f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{t['dead_letters']}</td>"
             f"<td><a href='/dags/{name}__incremental' target='_top'>incremental</a> · "
@@ -366,7 +392,7 @@ th {{ background: #f0f3f6; }} td.ok {{ color: #1a7f37; }} td.bad {{ color: #cf22
 td.none {{ color: #6e7781; }} small {{ color: #57606a; }}
 </style></head><body>
 <h2>statetable: state tables</h2>
-<table><tr><th>table</th><th>last batch</th><th>lag</th><th>newest snapshot</th><th>last restore-verify</th>
+<table><tr><th>table</th><th>last batch</th><th>served</th><th>lag</th><th>newest snapshot</th><th>last restore-verify</th>
 <th>dead letters</th><th>DAGs</th></tr>
 {''.join(rows)}
 </table></body></html>"""
