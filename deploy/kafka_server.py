@@ -16,6 +16,7 @@ from pathlib import Path
 from deploy import jars
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 from catalog.settings import PROJECT_ROOT, StackSettings
+from state.kafka_config import client_config
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
 JVM_HEAP = os.environ.get("STATETABLE_KAFKA_HEAP", "-Xms256m -Xmx1g").split()
@@ -105,7 +106,7 @@ def is_healthy(settings: StackSettings, timeout: float = 3.0) -> bool:
         socket.create_connection((settings.host, settings.kafka_port), timeout=timeout).close()
     except OSError:
         return False
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
+    admin = AdminClient(client_config(settings.kafka_bootstrap, log_level=0))
     metadata = admin.list_topics(timeout=timeout)
     return bool(metadata.brokers)
 

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from confluent_kafka import Producer
 
 from state.kafka_admin import ensure_topic
+from state.kafka_config import client_config
 
 TITLES = ["Die Hard", "Toy Story", "The Matrix", "Alien", "Up", "Heat", "Fargo", "Vertigo", "Jaws", "Psycho"]
 PLAYERS = {1: "Elyse", 2: "Mitch", 3: "Isabelle", 4: "Sammy"}
@@ -24,8 +25,8 @@ SEED_SCORES = [  # (player, product, score)
 
 
 def _producer(bootstrap: str) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                     "queue.buffering.max.messages": 1000000})
+    return Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 20,
+                                                 "queue.buffering.max.messages": 1000000}))
 
 
 def _send(producer: Producer, topic: str, records) -> int:

@@ -10,6 +10,7 @@ from confluent_kafka import Producer
 from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
 from state.kafka_admin import ensure_topic
+from state.kafka_config import client_config
 
 SMOKE_TOPIC = "smoke_events"
 SMOKE_DAG = "statetable_smoke"
@@ -19,7 +20,7 @@ def produce(bootstrap: str, topic: str, count: int, partitions: int = 4, seed: i
     """Produce `count` JSON events spread over partitions; returns the amount sum per partition."""
     ensure_topic(bootstrap, topic, partitions)
     rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    producer = Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 20}))
     sums = {p: 0 for p in range(partitions)}
     for i in range(count):
         amount = rng.randint(1, 1000)

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 
-from state import faults
+from state import faults, kafka_config
 from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged
@@ -438,7 +438,7 @@ class MicroBatchRunner:
         counts = {r["reason"]: r["count"] for r in dead.groupBy("reason").count().collect()}
         if counts:
             (dead.select("key", "value", "headers").write.format("kafka")
-             .option("kafka.bootstrap.servers", self.rt.bootstrap).option("topic", self.dead_letter_topic).save())
+             .options(**kafka_config.spark_options(self.rt.bootstrap)).option("topic", self.dead_letter_topic).save())
             (dead.select("reason", "source_partition", "source_offset",
                          F.col("value").cast("string").alias("value"), F.lit(plan.batch_id).alias("batch_id"))
              .write.format("delta").mode("append")
@@ -459,7 +459,7 @@ class MicroBatchRunner:
             dead.unpersist()
             return 0
         (dead.select("key", "value", "headers").write.format("kafka")
-         .option("kafka.bootstrap.servers", self.rt.bootstrap)
+         .options(**kafka_config.spark_options(self.rt.bootstrap))
          .option("topic", self.dead_letter_topic).save())
         (dead.select("reason", "source_partition", "source_offset",
                      F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
+from state import kafka_config
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ def spark_reader(spark, bootstrap: str, offsets: OffsetRange, group: str | None 
     `group`: a fixed consumer group id, so the executors' pooled consumers (keyed by group and
     partition) serve the next batch too; without it every query makes its own consumers. The
     source assigns partitions itself and never commits, so the group only names the pool."""
-    reader = spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", offsets.topic)
-    options = {**READ_OPTIONS, **offsets.spark_options(), **({"kafka.group.id": group} if group else {})}
+    reader = spark.read.format("kafka").option("subscribe", offsets.topic)
+    options = {**kafka_config.spark_options(bootstrap), **READ_OPTIONS, **offsets.spark_options(), **({"kafka.group.id": group} if group else {})}
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()

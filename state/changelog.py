@@ -23,6 +23,7 @@ from state import codec, faults
 from state.digest import from_signed, to_signed
 from state.errors import StateFenced
 from state.kafka_admin import ensure_topic, metadata_consumer
+from state.kafka_config import client_config
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,7 @@ class ChangelogWriter:
     def __init__(self, bootstrap: str, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap,
+        self.producer = Producer(client_config(bootstrap, **{
             "transactional.id": f"statetable.{topic}.{partition}",
             "enable.idempotence": True,
             "linger.ms": 5,
@@ -105,7 +105,7 @@ class ChangelogWriter:
             # Records for other topics (a table's change topic) go by their key's hash, as a Java
             # producer would place them: a consumer keyed the same way finds them.
             "partitioner": "murmur2_random",
-        })
+        }))
         self.producer.init_transactions(30)
 
     def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
@@ -203,11 +203,11 @@ def replay(bootstrap: str, topic: str, partition: int, start: int, end: int,
     """
     if start >= end:
         return
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "statetable-restore", "enable.auto.commit": False,
+    consumer = Consumer(client_config(bootstrap, **{
+        "group.id": "statetable-restore", "enable.auto.commit": False,
         "isolation.level": "read_committed", "fetch.max.bytes": 52428800, "fetch.wait.max.ms": 20,
         "max.partition.fetch.bytes": 16777216, "enable.partition.eof": True,
-    })
+    }))
     consumer.assign([TopicPartition(topic, partition, start)])
     position, idle_since = start, time.monotonic()
     try:

@@ -2,12 +2,17 @@
 plans and partition opens share."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from state.kafka_config import REPLICATION_ENV, client_config, min_insync_replicas, replication_factor
+
+log = logging.getLogger(__name__)
 
 _clients: dict[tuple, object] = {}
 _guard = threading.Lock()
@@ -23,7 +28,7 @@ def _cached(kind, bootstrap: str, make):
     with _guard:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = make({"bootstrap.servers": bootstrap, "log_level": 2})
+            client = _clients[key] = make(client_config(bootstrap, log_level=2))
         return client
 
 
@@ -48,13 +53,23 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     client = admin(bootstrap)
     existing = client.list_topics(name, timeout=10).topics.get(name)
     if existing is not None and existing.error is None:
+        wanted, replicas = replication_factor(), min(len(p.replicas) for p in existing.partitions.values())
+        if wanted > replicas:
+            log.warning("topic %s has replication factor %d, below the %d asked (%s): its data lives on fewer "
+                        "brokers than configured; raise it with kafka-reassign-partitions", name, replicas, wanted,
+                        REPLICATION_ENV)
         if len(existing.partitions) != partitions:
             raise ValueError(
                 f"topic {name!r} has {len(existing.partitions)} partitions but {partitions} are required; "
                 f"delete the topic or use {len(existing.partitions)} partitions"
             )
         return
-    _wait(client.create_topics([NewTopic(name, partitions, 1, config=config or {})]), "TOPIC_ALREADY_EXISTS")
+    config = dict(config or {})
+    if min_insync_replicas() is not None:
+        config.setdefault("min.insync.replicas", str(min_insync_replicas()))
+    # -1: the broker's default.replication.factor, as Kafka Streams' replication.factor defaults to
+    _wait(client.create_topics([NewTopic(name, partitions, replication_factor(), config=config)]),
+          "TOPIC_ALREADY_EXISTS")
     _wait_visible(bootstrap, name, partitions)
 
 
