@@ -341,3 +341,135 @@ def test_after_the_drills_the_cluster_table_restores_to_an_independent_recomputa
         os.environ.update(cluster[2])
         state = {k[0]: v[0] for k, v in _restored_on_a_new_host(rt, MOVIES, tmp_path / "reader").items()}
     assert state == _expected_movies(kafka)
+
+
+# ------------------------------------------------------------------ query replicas on the cluster
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, path: str, token: str) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except OSError:
+        return 0, {}
+
+
+def _served_movies(port: int, token: str) -> tuple[set, dict] | None:
+    """Every row a server answers, page by page, and the batches the pages named; None if refused."""
+    rows, batches, cursor = {}, set(), None
+    while True:
+        status, body = _get(port, f"/tables/{MOVIES}/rows?limit=1000" + (f"&cursor={cursor}" if cursor else ""),
+                            token)
+        if status != 200:
+            return None
+        batches.add(body["batch"])
+        rows.update({r["title"]: r["tickets_sold"] for r in body["rows"]})
+        if (cursor := body["next_cursor"]) is None:
+            return batches, rows
+
+
+def _start_server(cluster, rt, data_dir: Path, port: int, token_file: Path, *readers: str) -> subprocess.Popen:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([STATETABLE, "serve", "--port", str(port), "--token-file", str(token_file), *readers],
+                            env=_env(cluster, rt, data_dir), stdout=subprocess.DEVNULL,
+                            stderr=open(data_dir / "serve.log", "ab"))
+
+
+def test_two_query_servers_on_their_own_data_dirs_follow_the_cluster_table(cluster, cluster_airflow, kafka,
+                                                                           tmp_path):
+    """`stack up --workers 2`: the writers are the workers, so each server keeps a replica of its
+    own. Both answer exactly; a new batch reaches both within 10 s; one SIGKILLed, the other
+    keeps answering, never going back a batch; the killed one restarted is exact again."""
+    _, api, rt = cluster_airflow
+    token = uuid.uuid4().hex
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    ports = [_free_port(), _free_port()]
+    dirs = [tmp_path / "host-a", tmp_path / "host-b"]
+    servers = [_start_server(cluster, rt, dirs[0], ports[0], token_file),
+               _start_server(cluster, rt, dirs[1], ports[1], token_file, "--readers", "2")]
+    log = BatchLog(rt.batch_dir(MOVIES))
+
+    def exact_at(port: int, batch: int, timeout: float) -> None:
+        seen = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = _served_movies(port, token)
+            if seen is not None and seen[0] == {batch}:
+                assert seen[1] == _expected_movies(kafka)
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"server on {port}: not at batch {batch} within {timeout} s: {seen and seen[0]}; "
+                             f"{(dirs[ports.index(port)] / 'serve.log').read_text()[-2000:]}")
+
+    try:
+        first = log.last_commit().batch_id
+        for port in ports:
+            exact_at(port, first, 120)       # restored from the store, then following
+            status, listing = _get(port, "/tables", token)
+            table = next(t for t in listing["tables"] if t["table"] == MOVIES)
+            assert (table["served_from"], table["lag_batches"]) == ("replica", 0), table
+        for host in dirs:
+            assert (host / "replicas" / MOVIES / "p0000" / "CURRENT").exists()
+            assert not (host / "state" / MOVIES).exists()       # nothing of a writer's on a serving host
+
+        samples.produce(MOVIES, kafka, 2000)
+        _, run, states = _dag_run(api, f"{MOVIES}__incremental")
+        assert run["state"] == "success", states
+        second = log.last_commit().batch_id
+        assert second > first
+        for port in ports:
+            exact_at(port, second, 10)
+
+        # One server killed while the other answers; the survivor never goes back a batch.
+        servers[0].kill()
+        servers[0].wait(timeout=30)
+        samples.produce(MOVIES, kafka, 2000)
+        seen_batches = []
+
+        def survivor_answers(_run) -> None:
+            served = _served_movies(ports[1], token)
+            assert served is not None and len(served[0]) == 1, served
+            seen_batches.append(served[0].pop())
+
+        run = api.wait_run(f"{MOVIES}__incremental", api.trigger(f"{MOVIES}__incremental"), timeout=900,
+                           on_poll=survivor_answers)
+        assert run["state"] == "success"
+        assert seen_batches and seen_batches == sorted(seen_batches) and seen_batches[0] >= second
+        third = log.last_commit().batch_id
+        assert third > second
+        exact_at(ports[1], third, 10)
+        servers[0] = _start_server(cluster, rt, dirs[0], ports[0], token_file)
+        exact_at(ports[0], third, 30)        # from its own copy plus the changelog it missed
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait(timeout=30)
+
+
+def test_statetable_query_on_the_cluster_from_a_fresh_data_dir(cluster, cluster_airflow, kafka, tmp_path):
+    _, _, rt = cluster_airflow
+    title, count = sorted(_expected_movies(kafka).items())[0]
+    done = _run(cluster, rt, "query", MOVIES, title, data_dir=tmp_path / "laptop")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["tickets_sold"] == count
+    assert "replica partition 0 restored to batch" in done.stderr and "Traceback" not in done.stderr
+    unreachable = _run(cluster, rt, "query", MOVIES, title, data_dir=tmp_path / "offline",
+                       AWS_ENDPOINT_URL="http://127.0.0.1:9", AWS_ENDPOINT_URL_S3="http://127.0.0.1:9")
+    assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
+    lines = [line for line in unreachable.stderr.splitlines() if line.strip()]
+    assert lines and MOVIES in lines[-1] and ("store" in lines[-1] or "batch log" in lines[-1]), lines[-5:]

@@ -24,6 +24,7 @@ from spark_jobs import jobs
 from deploy import samples
 from catalog.batch_log import BatchLog
 from state import faults
+from deploy.processes import wait_until
 from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
 
 EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "1000000"))
@@ -58,8 +59,10 @@ def _wait_session_gone(sid: int, timeout: float = 60) -> None:
 
 
 @pytest.mark.timeout(3000)
-def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings_):
+def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings_, monkeypatch):
     from deploy import connect_server
+    from serving.query import QueryService
+    from serving.replica import Follower
 
     rt, suffix = isolated_runtime(kafka, tmp_path, overrides={"snapshot_every": "3"})
     sql = rt.tables_dir / f"{TABLE}.sql"          # the mirror folds after every odd batch: a 2-batch run reaches
@@ -67,6 +70,8 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
     sql.write_text(f"-- mirror_every: 2\n-- output_topic: {out}\n" + sql.read_text())     # mirror.after_merge
     samples.produce(TABLE, rt.bootstrap, EVENTS, suffix=suffix)
     log = BatchLog(rt.batch_dir(TABLE))
+    # A query replica follows the changelog through every kill below, as a serving host would.
+    follower = Follower(rt, {TABLE: jobs.load_table(TABLE, rt)[0]}, 0.2).start()
 
     for point in sorted(faults.BATCH_POINTS):
         job = _start(rt, point, max_batches=2)
@@ -142,6 +147,28 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
             assert (report.applied_batch, format(report.digest, "016x")) == (last.batch_id, last.digests[p])
     finally:
         st.close()
+
+    # The replica that followed through the kills stands at the last commit with the same rows.
+    try:
+        wait_until(lambda: set(follower.replicas[TABLE].applied.values()) == {last.batch_id}, 60,
+                   what="the replica reaching the last commit")
+        monkeypatch.setenv("STATETABLE_QUERY_FROM", "replica")
+        service = QueryService(rt, background=False, follow=False)
+        try:
+            page = service.scan(TABLE, limit=1000)
+            rows = list(page.rows)
+            while page.next_cursor:
+                page = service.scan(TABLE, limit=1000, cursor=page.next_cursor)
+                rows += page.rows
+        finally:
+            service.close()
+    finally:
+        follower.close()
+    assert page.batch == last.batch_id and {r["customer_id"] for r in rows} == set(expected.index)
+    for row in rows:
+        want = expected.loc[row["customer_id"]]
+        assert row["payments"] == want["count"] and row["largest"] == want["max"], row
+        assert math.isclose(row["total"], want["sum"], rel_tol=1e-9), row
 
     # The Delta mirror (the folded table overlaid with newer changes), after kills between its
     # change commits and folds, equals it too.
