@@ -199,7 +199,9 @@ class TableReader:
                 return
             identity = self._identity()
             if self._restoring() or identity is None:
-                has_history = BatchLog(self.rt.batch_dir(self.table.name)).last_commit() is not None
+                commits = self.replica.commits if self.replica is not None else None   # a replica's cached view
+                has_history = (commits.get(self.table.name) if commits else
+                               BatchLog(self.rt.batch_dir(self.table.name)).last_commit()) is not None
                 if identity is None and not has_history and not self._restoring():
                     self.unavailable = None     # never run: an empty table, not a broken one
                 elif self.replica is not None:
@@ -435,6 +437,7 @@ class QueryService:
 
     def tables(self) -> list[dict]:
         from ops import status
+        from serving.replica import batches_behind
 
         out = []
         for name, table in sorted(self.definitions.items()):
@@ -445,9 +448,8 @@ class QueryService:
             except StateUnavailable as exc:
                 readable = {"readable_batch": None, "available": False, "reason": str(exc)}
             logged = (info.get("last_batch") or {}).get("batch_id")
-            served = readable["readable_batch"]
             readable["served_from"] = self.source
-            readable["lag_batches"] = None if logged is None else max(0, logged - (-1 if served is None else served))
+            readable["lag_batches"] = None if logged is None else batches_behind(logged, readable["readable_batch"])
             columns = shown_columns(table)
             out.append({**info, "columns": columns, "key": key_names(table), "windowed": table.window is not None,
                         **readable})

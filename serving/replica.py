@@ -90,7 +90,6 @@ class TableReplica:
         self.lock_fd: int | None = None
         self.error: str | None = None
         self.applied: dict[int, int] = {}
-        self.synced_at: float | None = None
         self.published: dict | None = None      # the status last written for other readers
 
     # -- who follows ------------------------------------------------------------------
@@ -134,7 +133,6 @@ class TableReplica:
             raise ReplicaUnavailable(f"table {self.table.name!r}: the query replica cannot follow: "
                                      f"{type(exc).__name__}: {exc}; check the broker {self.rt.bootstrap} and the "
                                      f"snapshot store {self.rt.snapshot_uri}") from None
-        self.synced_at = time.monotonic()
         batches = set(self.applied.values())
         return max(batches) if batches else None
 
@@ -149,17 +147,16 @@ class TableReplica:
         fresh = not state.has_local_state(partition)
         started = time.monotonic()
         try:
-            part, records = state.follow(partition)
+            part, _ = state.follow(partition)
         except ChangelogGap:
             if fresh:
                 raise
             # A copy stopped past the changelog's retention: once, from the newest snapshot instead.
             log.warning("%s[%d]: the replica's changelog tail is gone; restoring it afresh", self.table.name,
                         partition)
-            state.close(partition)
-            shutil.rmtree(state.partition_dir(partition), ignore_errors=True)
+            state.wipe_local(partition)
             fresh, started = True, time.monotonic()
-            part, records = state.follow(partition)
+            part, _ = state.follow(partition)
         self.applied[partition] = part.meta.applied_batch
         if fresh and progress is not None:
             progress(partition, f"restored to batch {part.meta.applied_batch} ({part.meta.key_count} keys) in "
@@ -168,22 +165,21 @@ class TableReplica:
     def _state(self) -> StateTable:
         if self.state is None:
             spec = spec_of(self.table, self.rt)
-            try:
-                self.state = StateTable(spec, replica_root(self.rt), bootstrap=self.rt.bootstrap,
-                                        snapshot_uri=self.rt.snapshot_uri, create_topics=False)
-            except DefinitionChanged:
-                # A copy of an older definition that a rebuild has since replaced: start over.
-                log.info("%s: the replica is of an older definition; restoring it afresh", self.table.name)
-                shutil.rmtree(self.folder, ignore_errors=True)
-                self.state = StateTable(spec, replica_root(self.rt), bootstrap=self.rt.bootstrap,
-                                        snapshot_uri=self.rt.snapshot_uri, create_topics=False)
+            for attempt in range(2):
+                try:
+                    self.state = StateTable(spec, replica_root(self.rt), bootstrap=self.rt.bootstrap,
+                                            snapshot_uri=self.rt.snapshot_uri, create_topics=False)
+                    break
+                except DefinitionChanged:
+                    if attempt:
+                        raise
+                    # A copy of an older definition that a rebuild has since replaced: start over.
+                    log.info("%s: the replica is of an older definition; restoring it afresh", self.table.name)
+                    shutil.rmtree(self.folder, ignore_errors=True)
         return self.state
 
     def partition_dirs(self) -> list[Path]:
         return [self.folder / f"p{p:04d}" for p in range(self.table.partitions)]
-
-    def describe(self) -> dict:
-        return {"folder": str(self.folder), "follower": self.lock_fd is not None, "error": self.error}
 
     def close(self) -> None:
         if self.state is not None:
@@ -192,6 +188,12 @@ class TableReplica:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
+
+
+def batches_behind(logged: int | None, served: int | None) -> int:
+    """How many committed batches an answer from `served` trails the batch log's `logged` by
+    (None: nothing committed / nothing served yet)."""
+    return 0 if logged is None else max(0, logged - (-1 if served is None else served))
 
 
 class ReplicaUnavailable(RuntimeError):

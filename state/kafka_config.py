@@ -75,26 +75,21 @@ def describe(conf: dict) -> dict:
 
 
 def replication_factor() -> int:
-    return _int_env(REPLICATION_ENV, -1, minimum=-1)
+    return _replicas(REPLICATION_ENV, allowed="a positive number, -1 for the broker's default,") or -1
 
 
 def min_insync_replicas() -> int | None:
-    value = _int_env(MIN_ISR_ENV, 0, minimum=0)
-    return value or None
+    return _replicas(MIN_ISR_ENV, allowed="a positive number")
 
 
-def _int_env(name: str, default: int, minimum: int) -> int:
+def _replicas(name: str, allowed: str) -> int | None:
+    """A replica count from the environment (None: unset); anything else fails naming the fix."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum or value == 0 and name == REPLICATION_ENV:
-        raise ValueError(f"{name}={raw!r}: give a whole number of replicas ({'-1 for the broker default, ' if minimum < 0 else ''}"
-                         f"or unset)")
-    return value
+        return None
+    if raw.lstrip("-").isdigit() and (int(raw) > 0 or raw == "-1" and name == REPLICATION_ENV):
+        return int(raw)
+    raise ValueError(f"{name}={raw!r}: give {allowed} or unset it")
 
 
 @lru_cache(maxsize=8)

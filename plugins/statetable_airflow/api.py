@@ -229,8 +229,10 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
         trails the batch log by more than the client accepts."""
         if bound is None:
             return
+        from serving.replica import batches_behind
+
         logged = await holder.ask("log_batch", table, blocking=True)
-        behind = 0 if logged is None else logged - (-1 if batch is None else batch)
+        behind = batches_behind(logged, batch)
         if behind > bound:
             raise StateUnavailable(f"table {table!r}: this server answers from batch {batch}, {behind} behind the "
                                    f"last commit (batch {logged}), more than max_lag_batches={bound}; retry, or "
