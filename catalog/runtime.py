@@ -25,6 +25,7 @@ class Runtime:
     def from_env(cls) -> "Runtime":
         stack = stack_settings.load()
         stack_settings.adopt_cluster_env(stack)
+        stack_settings.adopt_kafka_env(stack)
         data_dir = Path(os.environ.get("STATETABLE_DATA_DIR", stack.data_dir)).resolve()
         store = os.environ.get("STATETABLE_STORE_URI", "").rstrip("/")
         if store and not store.startswith("s3://"):

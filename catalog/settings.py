@@ -100,7 +100,18 @@ class StackSettings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        """Every broker of the stack (`stack up --brokers N` records how many)."""
+        return ",".join(f"{self.host}:{port}" for port in self.broker_ports(kafka_layout(self)["brokers"]))
+
+    def broker_ports(self, brokers: int) -> list[int]:
+        """Client ports of brokers 1..N: the configured port, then every tenth above it (each
+        broker's controller and internal listeners sit in between, see deploy.kafka_server)."""
+        return [self.kafka_port + 10 * index for index in range(brokers)]
+
+    @property
+    def kafka_client_properties(self) -> Path:
+        """The client config `stack up --secure` writes (mode 600) for the stack's own processes."""
+        return self.kafka_dir / "client.properties"
 
     @property
     def airflow_url(self) -> str:
@@ -141,6 +152,31 @@ def connect_token(settings: StackSettings) -> str | None:
         return (settings.connect_dir / ".token").read_text().strip() or None
     except FileNotFoundError:
         return None
+
+
+def kafka_layout(settings: StackSettings) -> dict:
+    """How many brokers the stack runs and whether they speak SASL_SSL, as `stack up` recorded
+    it (a stack never brought up with --brokers/--secure: one plaintext broker)."""
+    import json
+
+    try:
+        recorded = json.loads((settings.kafka_dir / "layout.json").read_text())
+    except (FileNotFoundError, ValueError):
+        recorded = {}
+    return {"brokers": int(recorded.get("brokers", 1)), "secure": bool(recorded.get("secure", False))}
+
+
+def adopt_kafka_env(settings: StackSettings | None = None) -> bool:
+    """A client of a stack brought up with `--secure` uses the stack's client config (its
+    processes get it from `stack up`; the CLI and other clients here), unless the environment
+    already names one. True if adopted."""
+    settings = settings or load()
+    if os.environ.get("STATETABLE_KAFKA_CONFIG") or not kafka_layout(settings)["secure"]:
+        return False
+    if not settings.kafka_client_properties.exists():
+        return False
+    os.environ["STATETABLE_KAFKA_CONFIG"] = str(settings.kafka_client_properties)
+    return True
 
 
 def cluster_env_file(settings: StackSettings) -> Path:

@@ -13,11 +13,11 @@ def _stack(args) -> int:
 
     cfg = stack_settings.load()
     if args.action == "up":
-        stack.up(cfg, workers=args.workers)
+        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure)
     elif args.action == "down":
         stack.down(cfg)
     elif args.action == "restart-broker":
-        stack.restart_broker(cfg)
+        stack.restart_broker(cfg, args.broker)
     elif args.action == "restart-engine":
         stack.restart_engine(cfg)
     elif args.action == "restart-workers":
@@ -35,7 +35,7 @@ def _stack(args) -> int:
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
-        return 0 if all(line.endswith(" up") for line in lines) else 3
+        return 3 if any(line.endswith(" down") for line in lines) else 0
     return 0
 
 
@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kill-engine and wipe-workers are failure drills' deployment commands; "
                         "supervise-workers is the process `up --workers` starts to restart dead workers")
     p.add_argument("--table", help="wipe-workers: the table whose local state every worker loses")
+    p.add_argument("--brokers", type=int, default=None,
+                   help="up: run N KRaft brokers on loopback, with replication factor min(N, 3) and "
+                        "min.insync.replicas one less (default: as the stack was made, else 1)")
+    p.add_argument("--secure", action="store_true",
+                   help="up: brokers speak SASL_SSL (SCRAM-SHA-512) to clients and mutual TLS among themselves, "
+                        "with ACLs; the client config goes to .stack/kafka/client.properties (mode 600)")
+    p.add_argument("--broker", type=int, default=1, help="restart-broker: which broker (1..N)")
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
                         "and point the Spark Connect server at them (default 0: local[*] on one disk)")

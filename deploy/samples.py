@@ -25,7 +25,7 @@ SEED_SCORES = [  # (player, product, score)
 
 
 def _producer(bootstrap: str) -> Producer:
-    return Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 20,
+    return Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 20, "log_level": 2,
                                                  "queue.buffering.max.messages": 1000000}))
 
 

@@ -11,11 +11,12 @@ import os
 import time
 
 from deploy import airflow_server, connect_server, kafka_server, object_store, spark_cluster
-from catalog.settings import StackSettings, cluster_env_file
+from catalog.settings import StackSettings, cluster_env_file, kafka_layout
+from state.kafka_config import CONFIG_ENV
 from deploy.processes import write_private
 
 
-def up(settings: StackSettings, workers: int = 0) -> None:
+def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, secure: bool = False) -> None:
     started = time.monotonic()
     if workers < 0:
         raise SystemExit(f"stack up --workers {workers}: give 0 (no cluster, jobs run local[*]) or more workers")
@@ -24,6 +25,10 @@ def up(settings: StackSettings, workers: int = 0) -> None:
                                   + spark_cluster.processes(settings)):
         raise SystemExit(f"the stack runs with {running} Spark workers; `statetable stack down` first to bring "
                          f"it up with {workers}")
+    kafka_server.configure(settings, brokers, secure)
+    if kafka_layout(settings)["secure"]:
+        # The stack's processes (Connect server, its executors, Airflow) use the stack's client config.
+        os.environ[CONFIG_ENV] = str(settings.kafka_client_properties)
     kafka_server.start(settings)
     if workers:
         _start_cluster(settings, workers, started)
@@ -35,7 +40,8 @@ def up(settings: StackSettings, workers: int = 0) -> None:
     connect_server.start(settings)
     airflow_server.start(settings)
     kafka_server.wait_healthy(settings)
-    print(f"kafka   {settings.kafka_bootstrap} up ({time.monotonic() - started:.1f}s)", flush=True)
+    for line in _kafka_lines(settings):
+        print(f"{line} ({time.monotonic() - started:.1f}s)", flush=True)
     connect_server.wait_healthy(settings)
     print(f"spark-connect {settings.connect_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
@@ -70,23 +76,26 @@ def down(settings: StackSettings) -> None:
     spark_cluster.stop(settings)
     object_store.stop(settings)
     cluster_env_file(settings).unlink(missing_ok=True)
-    kafka_server.process(settings).stop(timeout=25)
+    kafka_server.stop(settings)
     print(f"stack stopped in {time.monotonic() - started:.1f}s")
 
 
-def restart_broker(settings: StackSettings) -> float:
-    """Stop the stack's broker by its pid and start it again on the same data (the failure drill
-    `broker_restart` asks for this); seconds it was down."""
-    proc = kafka_server.process(settings)
+def restart_broker(settings: StackSettings, broker: int = 1) -> float:
+    """Stop one of the stack's brokers by its pid and start it again on the same data (the
+    failure drill `broker_restart` asks for this); seconds it was down."""
+    brokers = kafka_layout(settings)["brokers"]
+    if not 1 <= broker <= brokers:
+        raise SystemExit(f"stack restart-broker {broker}: the stack runs brokers 1..{brokers}")
+    proc = kafka_server.process(settings, broker)
     if not proc.is_running():
-        raise SystemExit(f"the local stack's broker is not running (pid file {proc.pid_file}): there is no broker "
-                         f"here to restart; start the stack with `statetable stack up`")
+        raise SystemExit(f"the local stack's broker {broker} is not running (pid file {proc.pid_file}): there is "
+                         f"no broker here to restart; start the stack with `statetable stack up`")
     started = time.monotonic()
     proc.stop(timeout=30)
-    kafka_server.start(settings)
+    kafka_server.start(settings, broker)
     kafka_server.wait_healthy(settings)
     down_seconds = time.monotonic() - started
-    print(f"kafka {settings.kafka_bootstrap} restarted in {down_seconds:.1f}s", flush=True)
+    print(f"kafka {kafka_server.address(settings, broker)} restarted in {down_seconds:.1f}s", flush=True)
     return down_seconds
 
 
@@ -145,14 +154,31 @@ def restart_workers(settings: StackSettings) -> float:
     return seconds
 
 
+def _kafka_lines(settings: StackSettings) -> list[str]:
+    """`kafka ADDRESS up` for the one-broker stack; `kafka-N ADDRESS up` per broker and the
+    client config's path for a cluster or a secure stack."""
+    layout = kafka_layout(settings)
+    if layout["brokers"] == 1 and not layout["secure"]:
+        up_ = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
+        return [f"kafka {settings.kafka_bootstrap} {'up' if up_ else 'down'}"]
+    lines = []
+    for b in range(1, layout["brokers"] + 1):
+        up_ = kafka_server.process(settings, b).is_running() and \
+            _safe(lambda s: kafka_server.is_healthy(s, broker=b), settings)
+        lines.append(f"kafka-{b} {kafka_server.address(settings, b)} {'up' if up_ else 'down'}")
+    if layout["secure"]:
+        lines.append(f"kafka-client-config {settings.kafka_client_properties}")
+    return lines
+
+
 def status_lines(settings: StackSettings) -> list[str]:
-    kafka_up = kafka_server.process(settings).is_running() and _safe(kafka_server.is_healthy, settings)
     airflow_up = airflow_server.is_healthy(settings)
     cluster = spark_cluster.status_lines(settings)
     if cluster:
         cluster.append(f"s3 {settings.s3_url} {'up' if object_store.is_healthy(settings) else 'down'}")
     return [
-        f"kafka {settings.kafka_bootstrap} {'up' if kafka_up else 'down'}",
+        *_kafka_lines(settings),
+        *_safe_list(kafka_server.durability_warnings, settings),
         *cluster,
         f"spark-connect {settings.connect_url} {'up' if connect_server.is_healthy(settings) else 'down'}",
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
@@ -166,9 +192,16 @@ def _safe(check, settings: StackSettings) -> bool:
         return False
 
 
+def _safe_list(lines, settings: StackSettings) -> list[str]:
+    try:
+        return list(lines(settings))
+    except Exception:
+        return []
+
+
 def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
-    procs = [kafka_server.process(settings), connect_server.process(settings), object_store.process(settings),
+    procs = [*kafka_server.processes(settings), connect_server.process(settings), object_store.process(settings),
              *spark_cluster.all_processes(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
     ]

@@ -69,12 +69,11 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
     """Low and high watermark of every partition of `topic`."""
     from confluent_kafka import TopicPartition
 
-    from state.kafka_admin import metadata_consumer
+    from state.kafka_admin import metadata_consumer, topic_metadata
 
     consumer = metadata_consumer(bootstrap)
-    metadata = consumer.list_topics(topic, timeout=timeout)
-    topic_meta = metadata.topics.get(topic)
-    if topic_meta is None or topic_meta.error is not None:
+    topic_meta = topic_metadata(consumer, bootstrap, topic, "read", timeout)
+    if topic_meta is None:
         raise LookupError(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
     return {p: _watermark(consumer, TopicPartition(topic, p), timeout) for p in sorted(topic_meta.partitions)}
 

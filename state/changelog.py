@@ -19,10 +19,10 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from state import codec, faults
+from state import codec, faults, kafka_errors
 from state.digest import from_signed, to_signed
 from state.errors import StateFenced
-from state.kafka_admin import ensure_topic, metadata_consumer
+from state.kafka_admin import ensure_topic, metadata_consumer, topic_metadata
 from state.kafka_config import client_config
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,18 @@ class ChangelogWriter:
             # Records for other topics (a table's change topic) go by their key's hash, as a Java
             # producer would place them: a consumer keyed the same way finds them.
             "partitioner": "murmur2_random",
+            "error_cb": kafka_errors.recorder(bootstrap),
         }))
-        self.producer.init_transactions(30)
+        try:
+            self.producer.init_transactions(30)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.name() in kafka_errors.AUTHORIZATION_ERRORS:
+                raise kafka_errors.denied(bootstrap, error.name(), "write", f"statetable.{topic}.{partition}") \
+                    from None
+            if kafka_errors.is_connection_failure(error):
+                raise kafka_errors.connection_error(bootstrap, self.producer, f"publishing to {topic!r}") from None
+            raise
 
     def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
                 extra: list[tuple[str, bytes, bytes | None]] = ()) -> int:
@@ -187,8 +197,8 @@ class ChangelogRecord:
 def partition_bounds(bootstrap: str, topic: str, partition: int) -> tuple[int, int] | None:
     """(log start, end) offsets of a changelog partition; None if the topic is gone."""
     consumer = metadata_consumer(bootstrap, read_committed=True)
-    meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-    if meta is None or meta.error is not None or partition not in meta.partitions:
+    meta = topic_metadata(consumer, bootstrap, topic, "read")
+    if meta is None or partition not in meta.partitions:
         return None
     return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
 

@@ -10,6 +10,7 @@ import time
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from state import kafka_errors
 from state.kafka_config import REPLICATION_ENV, client_config, min_insync_replicas, replication_factor
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,24 @@ def _cached(kind, bootstrap: str, make):
     with _guard:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = make(client_config(bootstrap, log_level=2))
+            client = _clients[key] = make(client_config(bootstrap, log_level=2,
+                                                         error_cb=kafka_errors.recorder(bootstrap)))
         return client
+
+
+def topic_metadata(client, bootstrap: str, topic: str, operation: str = "describe", timeout: float = 10):
+    """`topic`'s metadata, or None when it does not exist. A broker that does not answer, or
+    refuses the login or the topic, raises KafkaAccessError naming the broker, the principal
+    and the fix (`operation`: what the caller needs the topic for)."""
+    try:
+        meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        if kafka_errors.is_connection_failure(exc.args[0]):
+            raise kafka_errors.connection_error(bootstrap, client, f"reading topic {topic!r}") from None
+        raise
+    if meta is not None and meta.error is not None and meta.error.name() in kafka_errors.AUTHORIZATION_ERRORS:
+        raise kafka_errors.denied(bootstrap, meta.error.name(), operation, topic)
+    return None if meta is None or meta.error is not None else meta
 
 
 def admin(bootstrap: str) -> AdminClient:
@@ -51,8 +68,8 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     error, not a warning.
     """
     client = admin(bootstrap)
-    existing = client.list_topics(name, timeout=10).topics.get(name)
-    if existing is not None and existing.error is None:
+    existing = topic_metadata(client, bootstrap, name)
+    if existing is not None:
         wanted, replicas = replication_factor(), min(len(p.replicas) for p in existing.partitions.values())
         if wanted > replicas:
             log.warning("topic %s has replication factor %d, below the %d asked (%s): its data lives on fewer "
@@ -68,8 +85,13 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     if min_insync_replicas() is not None:
         config.setdefault("min.insync.replicas", str(min_insync_replicas()))
     # -1: the broker's default.replication.factor, as Kafka Streams' replication.factor defaults to
-    _wait(client.create_topics([NewTopic(name, partitions, replication_factor(), config=config)]),
-          "TOPIC_ALREADY_EXISTS")
+    try:
+        _wait(client.create_topics([NewTopic(name, partitions, replication_factor(), config=config)]),
+              "TOPIC_ALREADY_EXISTS")
+    except KafkaException as exc:
+        if exc.args[0].name() in kafka_errors.AUTHORIZATION_ERRORS:
+            raise kafka_errors.denied(bootstrap, exc.args[0].name(), "create", name) from None
+        raise
     _wait_visible(bootstrap, name, partitions)
 
 
@@ -78,7 +100,7 @@ def _wait_visible(bootstrap: str, name: str, partitions: int, timeout: float = 3
     straight after creating would find no topic. Wait until every partition has a leader."""
     deadline = time.monotonic() + timeout
     while True:
-        topic = metadata_consumer(bootstrap).list_topics(name, timeout=10).topics.get(name)
+        topic = topic_metadata(metadata_consumer(bootstrap), bootstrap, name)
         if (topic is not None and topic.error is None and len(topic.partitions) == partitions
                 and all(p.leader >= 0 for p in topic.partitions.values())):
             return

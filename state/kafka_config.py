@@ -32,7 +32,7 @@ SECRET_WORDS = ("password", "secret", "jaas", "key.pem", "token", "ssl.key.locat
 def client_config(bootstrap: str | None, **overrides) -> dict:
     """librdkafka settings for one client: the shared file's, the broker address, then the
     caller's own (group ids, isolation, batching)."""
-    conf = dict(_file_config(os.environ.get(CONFIG_ENV, "")))
+    conf = dict(file_config(os.environ.get(CONFIG_ENV, "")))
     if bootstrap:
         conf["bootstrap.servers"] = bootstrap
     conf.update(overrides)
@@ -106,7 +106,8 @@ def _cached(path: str, mtime: int) -> tuple:
     return tuple(entries)
 
 
-def _file_config(path: str) -> tuple:
+def file_config(path: str) -> tuple:
+    """The settings of a client.properties, refused when others may read it."""
     if not path:
         return ()
     try:

@@ -34,11 +34,12 @@ def read_topic(bootstrap: str, topic: str) -> list:
     from confluent_kafka import Consumer, TopicPartition
 
     from spark_jobs.offsets import watermarks
+    from state.kafka_config import client_config
 
     ends = watermarks(bootstrap, topic)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "verifier", "enable.auto.commit": False,
-                         "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "fetch.message.max.bytes": 8388608})
+    consumer = Consumer(client_config(bootstrap, **{
+        "group.id": "statetable-verifier", "enable.auto.commit": False, "isolation.level": "read_committed",
+        "enable.partition.eof": True, "fetch.message.max.bytes": 8388608}))
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
     records, done = [], {p for p, (low, high) in ends.items() if low >= high}
     while len(done) < len(ends):
