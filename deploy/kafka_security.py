@@ -143,6 +143,6 @@ def ensure_users_and_acls(admin, password: str, user: str = CLIENT_USER) -> None
     bindings += allow(ResourceType.TRANSACTIONAL_ID, TRANSACTION_PREFIX, ResourcePatternType.PREFIXED,
                       AclOperation.WRITE, AclOperation.DESCRIBE)
     bindings += allow(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, AclOperation.IDEMPOTENT_WRITE,
-                      AclOperation.DESCRIBE)
+                      AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)
     for future in admin.create_acls(bindings).values():
         future.result(30)

@@ -227,24 +227,16 @@ def is_healthy(settings: StackSettings, timeout: float = 3.0, broker: int | None
 
 
 def durability_warnings(settings: StackSettings) -> list[str]:
-    """`kafka-warning ...` for each topic whose replication factor is below what statetable asks
-    for its topics (STATETABLE_TOPIC_REPLICATION_FACTOR, else the brokers' default): its data
-    lives on fewer brokers than the rest."""
+    """`kafka-warning ...` for each topic of the stack whose replication factor is below what
+    statetable asks for its topics (read as the brokers' own principal when secure)."""
     from confluent_kafka.admin import AdminClient
 
-    from state.kafka_config import replication_factor
+    from state.kafka_admin import replication_warnings
 
-    layout = kafka_layout(settings)
-    wanted = replication_factor() if replication_factor() > 0 else min(layout["brokers"], 3)
-    if wanted <= 1:
-        return []
-    conf = kafka_security.admin_config(settings, internal_bootstrap(settings)) if layout["secure"] else \
+    secure = kafka_layout(settings)["secure"]
+    conf = kafka_security.admin_config(settings, internal_bootstrap(settings)) if secure else \
         client_config(settings.kafka_bootstrap, log_level=0)
-    topics = AdminClient(conf).list_topics(timeout=5).topics
-    return [f"kafka-warning topic {name} has replication factor {rf}, below {wanted}: its data lives on fewer "
-            f"brokers than the others; raise it with kafka-reassign-partitions"
-            for name, meta in sorted(topics.items()) if not name.startswith("__")
-            and (rf := min((len(p.replicas) for p in meta.partitions.values()), default=wanted)) < wanted]
+    return [f"kafka-warning {line}" for line in replication_warnings(AdminClient(conf), settings.kafka_bootstrap)]
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 90.0) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from catalog.batch_log import BatchLog
 from catalog.definitions import TableDefinition
+from catalog.registry import spec_of
 from catalog.runtime import Runtime
 from spark_jobs.offsets import OffsetDiscontinuity, lag
 
@@ -102,6 +103,7 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
     except Exception as exc:        # the page must render even with the broker down
         current_lag = f"unknown ({type(exc).__name__})"
     history = verify_history(rt, table.name, limit=1)
+    changelog = spec_of(table, rt).changelog
     return {
         "table": table.name,
         "kind": table.kind,
@@ -118,4 +120,17 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
         "snapshot_age_seconds": snapshot_age_seconds(table, rt),
         "dead_letters": sum(c.counts.get("dead_lettered", 0) for c in commits),
         "last_verify": history[0] if history else None,
+        "durability_warnings": durability_warnings(rt, [changelog, rt.dead_letter_topic(table.name)]
+                                                   + ([table.output_topic] if table.output_topic else [])),
     }
+
+
+def durability_warnings(rt: Runtime, topics: list[str]) -> list[str]:
+    """The table's topics that live on fewer brokers than statetable asks for (one line each);
+    the check itself failing is a warning too, never a silently clean bill."""
+    from state.kafka_admin import admin, replication_warnings
+
+    try:
+        return replication_warnings(admin(rt.bootstrap), rt.bootstrap, topics)
+    except Exception as exc:        # noqa: BLE001 - the page must render even with the broker down
+        return [f"replication of {', '.join(topics)} unknown: {exc}"]

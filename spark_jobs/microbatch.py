@@ -104,7 +104,9 @@ class MicroBatchRunner:
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
         self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
         self.engine = engine_of(table)
-        self.reader_group = f"{runtime.namespace}statetable.{table.name}.reader"
+        # Every group and transactional id statetable uses starts "statetable.", then the namespace:
+        # one prefixed ACL grants a deployment its own (README, "Running against a managed Kafka").
+        self.reader_group = f"statetable.{runtime.namespace}{table.name}.reader"
         self.window_floor: int | None = None     # the running batch's starting watermark (_open_windows)
         if writer:
             drop_stale_cache(self.spec, runtime)
@@ -203,13 +205,33 @@ class MicroBatchRunner:
         self._finish_last_commit()
         done: list[BatchCommit] = []
         while max_batches is None or len(done) < max_batches:
-            commit = self.run_one()
+            commit = self._run_one_through_broker_loss()
             if commit is None:
                 break
             done.append(commit)
             if not until_caught_up and max_batches is None:
                 break
         return done
+
+    def _run_one_through_broker_loss(self, attempts: int = 4) -> BatchCommit | None:
+        """A batch that met a broker dying (a partition leader or a transaction coordinator lost
+        mid-batch) runs again from its recorded plan, as a new run would after a crash: the
+        commit protocol makes that exact. Any other error, or the last attempt's, is raised."""
+        from state.kafka_errors import broker_lost
+
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.run_one()
+            except Exception as exc:        # noqa: BLE001 - only a lost broker's errors are retried
+                name = broker_lost(exc)
+                if name is None or attempt == attempts:
+                    raise
+                log.warning("%s: a batch met Kafka error %s (a broker lost or leadership moving); running it again "
+                            "from its plan in %d s (attempt %d of %d)", self.table.name, name, 2 * attempt,
+                            attempt + 1, attempts)
+                time.sleep(2 * attempt)
+                self._finish_last_commit()
+        return None
 
     def _describe(self, batch_id: int, step: str) -> None:
         """Name the Spark jobs of each step, so the Spark UI and event log say which step a stage served."""
@@ -822,12 +844,23 @@ class MicroBatchRunner:
                  time.monotonic() - started)
 
     def _commit_group_offsets(self, commit: BatchCommit) -> None:
-        from confluent_kafka import TopicPartition
+        """The batch's end offsets in a consumer group, for the lag tools users already run. The
+        batch log holds the offsets that count, so a refusal here warns (naming the group and the
+        ACL that fixes it) and never fails a committed batch."""
+        from confluent_kafka import KafkaException, TopicPartition
 
         from state.kafka_admin import group_committer
 
-        group_committer(self.rt.bootstrap, f"{self.rt.namespace}statetable.{self.table.name}").commit(
-            offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()], asynchronous=False)
+        group = f"statetable.{self.rt.namespace}{self.table.name}"
+        try:
+            group_committer(self.rt.bootstrap, group).commit(
+                offsets=[TopicPartition(commit.topic, p, end) for p, (_, end) in commit.ranges.items()],
+                asynchronous=False)
+        except KafkaException as exc:
+            log.warning("%s batch %d is committed, but its offsets were not committed to consumer group %s, so lag "
+                        "tools show the group behind (%s); if the broker's ACLs refuse it, grant READ on groups "
+                        "prefixed 'statetable.' to statetable's principal", self.table.name, commit.batch_id, group,
+                        exc.args[0].str())
 
 
 def task_faults(spark) -> tuple[str | None, str | None]:

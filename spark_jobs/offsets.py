@@ -69,31 +69,14 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
     """Low and high watermark of every partition of `topic`."""
     from confluent_kafka import TopicPartition
 
-    from state.kafka_admin import metadata_consumer, topic_metadata
+    from state.kafka_admin import metadata_consumer, partition_watermarks, topic_metadata
 
     consumer = metadata_consumer(bootstrap)
     topic_meta = topic_metadata(consumer, bootstrap, topic, "read", timeout)
     if topic_meta is None:
         raise LookupError(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
-    return {p: _watermark(consumer, TopicPartition(topic, p), timeout) for p in sorted(topic_meta.partitions)}
-
-
-def _watermark(consumer, partition, timeout: float) -> tuple[int, int]:
-    """One partition's watermarks; a partition without a leader yet (a broker that just
-    restarted answers metadata before it leads its partitions) is asked again until `timeout`."""
-    import time
-
-    from confluent_kafka import KafkaError, KafkaException
-
-    leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT}
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=timeout)
-        except KafkaException as exc:
-            if exc.args[0].code() not in leaderless or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return {p: partition_watermarks(consumer, bootstrap, TopicPartition(topic, p), timeout)
+            for p in sorted(topic_meta.partitions)}
 
 
 def full_range(bootstrap: str, topic: str) -> OffsetRange:

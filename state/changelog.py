@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from state import codec, faults, kafka_errors
 from state.digest import from_signed, to_signed
 from state.errors import StateFenced
-from state.kafka_admin import ensure_topic, metadata_consumer, topic_metadata
+from state.kafka_admin import ensure_topic, metadata_consumer, partition_watermarks, topic_metadata
 from state.kafka_config import client_config
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,26 @@ class ChangelogWriter:
             raise
 
     def publish(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
-                extra: list[tuple[str, bytes, bytes | None]] = ()) -> int:
+                extra: list[tuple[str, bytes, bytes | None]] = (), attempts: int = 3) -> int:
         """Publish `changes`, the `extra` records ((topic, key, value) for other topics, partitioned
         by key) and the marker in one transaction; returns the offset after the marker. A
-        read_committed reader of any of these topics sees all of the batch or none of it."""
+        read_committed reader of any of these topics sees all of the batch or none of it.
+
+        A transaction Kafka aborts because a broker was lost mid-way (librdkafka's abortable
+        errors: a leader or the coordinator gone) is published again whole, up to `attempts`
+        times; readers never saw the aborted one."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._transaction(batch_id, changes, marker, extra)
+            except _Aborted as aborted:
+                if attempt == attempts:
+                    raise aborted.cause from None
+                log.warning("changelog %s[%d] batch %d: transaction aborted (%s); publishing it again (attempt %d "
+                            "of %d)", self.topic, self.partition, batch_id, aborted.cause, attempt + 1, attempts)
+        raise AssertionError("unreachable")
+
+    def _transaction(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
+                     extra: list[tuple[str, bytes, bytes | None]]) -> int:
         headers = [(BATCH_HEADER, str(batch_id).encode())]
         extra_headers = [(OUTPUT_BATCH_HEADER, str(batch_id).encode())]
         marker_offset: list[int] = []
@@ -149,7 +165,7 @@ class ChangelogWriter:
             for topic, key, value in extra:
                 self._produce(key, value, extra_headers, on_delivery, topic=topic)
             self._produce(marker_key(batch_id), marker.encode(), headers, on_marker)
-            self.producer.commit_transaction(60)
+            self._commit()
         except (KafkaException, SystemError) as exc:
             error = _kafka_error(exc)
             if error is None:
@@ -158,10 +174,24 @@ class ChangelogWriter:
                 raise StateFenced(f"{self.topic}[{self.partition}]: another writer owns this partition") from exc
             if error.txn_requires_abort():
                 self.producer.abort_transaction(30)
+                raise _Aborted(exc) from None
             raise
         if errors or not marker_offset:
             raise RuntimeError(f"changelog {self.topic}[{self.partition}] batch {batch_id} not delivered: {errors}")
         return marker_offset[0] + 1
+
+    def _commit(self, patience: float = 60.0) -> None:
+        """commit_transaction, asked again while its error is retriable (a coordinator moving):
+        librdkafka's contract for a commit whose outcome is not yet known."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                self.producer.commit_transaction(min(patience, 30))
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _produce(self, key: bytes, value: bytes | None, headers, callback, topic: str | None = None) -> None:
         placed = {} if topic else {"partition": self.partition}
@@ -175,6 +205,14 @@ class ChangelogWriter:
 
     def close(self) -> None:
         self.producer.flush(10)
+
+
+class _Aborted(Exception):
+    """A transaction the producer aborted after an abortable error; it may be published again."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _kafka_error(exc: Exception) -> KafkaError | None:
@@ -200,7 +238,7 @@ def partition_bounds(bootstrap: str, topic: str, partition: int) -> tuple[int, i
     meta = topic_metadata(consumer, bootstrap, topic, "read")
     if meta is None or partition not in meta.partitions:
         return None
-    return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    return partition_watermarks(consumer, bootstrap, TopicPartition(topic, partition))
 
 
 def replay(bootstrap: str, topic: str, partition: int, start: int, end: int,

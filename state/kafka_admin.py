@@ -49,6 +49,21 @@ def topic_metadata(client, bootstrap: str, topic: str, operation: str = "describ
     return None if meta is None or meta.error is not None else meta
 
 
+def partition_watermarks(consumer, bootstrap: str, partition, timeout: float = 10.0, patience: float = 30.0) -> tuple[int, int]:
+    """A partition's (low, high) watermarks. While its leader dies and another takes over (a
+    broker lost, restarting, or electing) the question goes again for `patience` seconds, as
+    Kafka's own clients retry a NOT_LEADER answer; a refused login is not retried."""
+    deadline = time.monotonic() + max(timeout, patience)
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=min(timeout, 5.0))
+        except KafkaException as exc:
+            name = exc.args[0].name()
+            if name not in kafka_errors.LEADER_MOVING or kafka_errors.refused(bootstrap) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def admin(bootstrap: str) -> AdminClient:
     return _cached("admin", bootstrap, AdminClient)
 
@@ -70,11 +85,8 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     client = admin(bootstrap)
     existing = topic_metadata(client, bootstrap, name)
     if existing is not None:
-        wanted, replicas = replication_factor(), min(len(p.replicas) for p in existing.partitions.values())
-        if wanted > replicas:
-            log.warning("topic %s has replication factor %d, below the %d asked (%s): its data lives on fewer "
-                        "brokers than configured; raise it with kafka-reassign-partitions", name, replicas, wanted,
-                        REPLICATION_ENV)
+        for warning in replication_warnings(client, bootstrap, [name]):
+            log.warning("%s", warning)
         if len(existing.partitions) != partitions:
             raise ValueError(
                 f"topic {name!r} has {len(existing.partitions)} partitions but {partitions} are required; "
@@ -93,6 +105,44 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
             raise kafka_errors.denied(bootstrap, exc.args[0].name(), "create", name) from None
         raise
     _wait_visible(bootstrap, name, partitions)
+
+
+def wanted_replication(client, timeout: float = 5) -> int:
+    """The replication factor statetable asks for its topics: STATETABLE_TOPIC_REPLICATION_FACTOR,
+    else the brokers' default.replication.factor (what a topic created with -1 gets); a client
+    that may not read broker configs assumes min(brokers, 3), the production convention."""
+    if replication_factor() > 0:
+        return replication_factor()
+    from confluent_kafka.admin import ConfigResource
+
+    brokers = client.list_topics(timeout=timeout).brokers
+    try:
+        resource = ConfigResource("broker", str(min(brokers)))
+        configs = next(iter(client.describe_configs([resource]).values())).result(timeout)
+        return int(configs["default.replication.factor"].value)
+    except (KafkaException, KeyError, ValueError):
+        return min(len(brokers), 3)
+
+
+def replication_warnings(client, bootstrap: str, topics: list[str] | None = None) -> list[str]:
+    """One line per topic (`topics`, or every topic but Kafka's own) whose replication factor is
+    below what statetable asks for its topics: its data lives on fewer brokers than the rest, and
+    one broker's disk is all that stands between it and loss. Missing topics are not reported."""
+    wanted = wanted_replication(client)
+    if wanted <= 1:
+        return []
+    if topics is None:
+        found = client.list_topics(timeout=10).topics
+        topics = sorted(t for t in found if not t.startswith("__"))
+    lines = []
+    for name in topics:
+        meta = topic_metadata(client, bootstrap, name)
+        replicas = min((len(p.replicas) for p in meta.partitions.values()), default=wanted) if meta else wanted
+        if replicas < wanted:
+            lines.append(f"topic {name} has replication factor {replicas}, below {wanted} ({REPLICATION_ENV} or the "
+                         f"brokers' default): its data lives on fewer brokers than the rest; raise it with "
+                         f"kafka-reassign-partitions.sh")
+    return lines
 
 
 def _wait_visible(bootstrap: str, name: str, partitions: int, timeout: float = 30.0) -> None:

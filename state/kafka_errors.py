@@ -18,6 +18,14 @@ CONNECTION_ERRORS = ("_AUTHENTICATION", "_SSL", "_ALL_BROKERS_DOWN", "_TRANSPORT
 AUTHORIZATION_ERRORS = {"TOPIC_AUTHORIZATION_FAILED": "topic", "GROUP_AUTHORIZATION_FAILED": "group",
                         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional-id",
                         "CLUSTER_AUTHORIZATION_FAILED": "cluster"}
+# A partition whose leader just died or moved: asked again, the new leader answers.
+LEADER_MOVING = {"NOT_LEADER_OR_FOLLOWER", "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT",
+                 "_DESTROY_BROKER", "_TIMED_OUT", "REQUEST_TIMED_OUT", "_ALL_BROKERS_DOWN"}
+# What a broker lost while a batch commits can raise anywhere in it; the batch, run again from its
+# recorded plan, succeeds once the cluster has moved leadership and coordinators.
+BROKER_LOST = LEADER_MOVING | {"_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR",
+                               "COORDINATOR_LOAD_IN_PROGRESS", "NOT_ENOUGH_REPLICAS",
+                               "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "_MSG_TIMED_OUT", "_TIMED_OUT_QUEUE"}
 _seen: dict[str, tuple[str, str]] = {}
 
 
@@ -31,6 +39,22 @@ def recorder(bootstrap: str):
         if error.name() in CONNECTION_ERRORS and (error.name() != "_TRANSPORT" or bootstrap not in _seen):
             _seen[bootstrap] = (error.name(), error.str())
     return record
+
+
+def broker_lost(exc: BaseException) -> str | None:
+    """The name of the Kafka error behind `exc` (raised here, or in a Spark task and reported as
+    text) when it is one a lost broker causes; None otherwise."""
+    found = re.search(r"KafkaError\{code=(\w+)", str(exc))
+    if found is None and exc.args and hasattr(exc.args[0], "name"):
+        name = exc.args[0].name()
+    else:
+        name = found.group(1) if found else None
+    return name if name in BROKER_LOST else None
+
+
+def refused(bootstrap: str) -> bool:
+    """The brokers at `bootstrap` refused a login or a TLS handshake: retrying will not help."""
+    return _seen.get(bootstrap, ("", ""))[0] in ("_AUTHENTICATION", "_SSL")
 
 
 def _principal(conf: dict) -> str:
