@@ -43,7 +43,7 @@ def connections(settings: StackSettings) -> dict[str, str]:
     }
     kafka = {
         "conn_type": "kafka",
-        "extra": {"bootstrap.servers": settings.kafka_bootstrap},
+        "extra": {"bootstrap.servers": settings.kafka_bootstrap, **_public_kafka_settings()},
     }
     from deploy import connect_server
 
@@ -60,6 +60,16 @@ def connections(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
     }
+
+
+def _public_kafka_settings() -> dict[str, str]:
+    """The shared client config's settings that are no secret (protocol, mechanism, user, CA
+    path), for the kafka_default connection: the provider's own hooks then reach the same
+    brokers the same way, while the password stays in the mode-600 file, not the environment."""
+    from state.kafka_config import CONFIG_ENV, SECRET_WORDS, file_config
+
+    return {name: value for name, value in file_config(os.environ.get(CONFIG_ENV, ""))
+            if name != "bootstrap.servers" and not any(word in name for word in SECRET_WORDS)}
 
 
 def airflow_env(settings: StackSettings) -> dict[str, str]:

@@ -15,6 +15,12 @@ Topics statetable creates (changelogs, dead letters, change topics) take
 `STATETABLE_TOPIC_REPLICATION_FACTOR` (default -1: the broker's `default.replication.factor`,
 as Kafka Streams' `replication.factor` does) and `STATETABLE_TOPIC_MIN_INSYNC_REPLICAS`
 (default: the broker's).
+
+Inside Airflow, the Kafka provider's `kafka_default` connection names the brokers. The file
+wins for security settings, because it reaches every process, the Spark Connect server's
+executors included, and a connection does not; a connection whose extra holds a security
+setting the file lacks or contradicts fails the task at once (`connection_mismatch`), rather
+than leaving one client secured and another not.
 """
 from __future__ import annotations
 
@@ -118,6 +124,23 @@ def file_config(path: str) -> tuple:
         raise ValueError(f"{CONFIG_ENV}={path}: it holds secrets but group or others may read it "
                          f"(mode {stat.S_IMODE(info.st_mode):o}); `chmod 600 {path}`")
     return _cached(path, info.st_mtime_ns)
+
+
+def connection_mismatch(conn_id: str, extra: dict) -> str | None:
+    """Why an Airflow Kafka connection's `extra` disagrees with the shared client config (one
+    line naming the connection, the setting and the fix), or None when it agrees. Only what the
+    connection sets is compared, and `bootstrap.servers` is the connection's to give."""
+    conf = dict(file_config(os.environ.get(CONFIG_ENV, "")))
+    for name, value in sorted(extra.items()):
+        if name == "bootstrap.servers" or name.startswith("group.") or str(conf.get(name, "")) == str(value):
+            continue
+        shown = "<secret>" if any(word in name for word in SECRET_WORDS) else value
+        where = f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else f"{CONFIG_ENV} (unset)"
+        return (f"Airflow connection {conn_id!r} sets {name}={shown}, but statetable's clients, Spark's executors "
+                f"included, take their Kafka settings from {where}, which "
+                f"{'has no ' + name if name not in conf else 'sets it otherwise'}; put {name} in that file "
+                f"(mode 600) and keep only bootstrap.servers (and matching settings) in the connection")
+    return None
 
 
 def _jaas(value: str) -> str:

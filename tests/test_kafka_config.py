@@ -48,6 +48,22 @@ def test_a_file_others_may_read_or_a_missing_one_fails_naming_the_fix(tmp_path, 
         kafka_config.client_config("b:1")
 
 
+def test_an_airflow_connection_whose_security_settings_the_file_lacks_or_contradicts_fails_in_one_line(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv(kafka_config.CONFIG_ENV, raising=False)
+    assert kafka_config.connection_mismatch("kafka_default", {"bootstrap.servers": "b:1"}) is None
+    line = kafka_config.connection_mismatch("kafka_default", {"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL"})
+    assert line.startswith("Airflow connection 'kafka_default' sets security.protocol=SASL_SSL") and "\n" not in line
+    assert f"{kafka_config.CONFIG_ENV} (unset), which has no security.protocol; put security.protocol in" in line
+
+    path = _write(tmp_path, "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.password=right\n")
+    monkeypatch.setenv(kafka_config.CONFIG_ENV, str(path))
+    agreeing = {"bootstrap.servers": "b:1", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}
+    assert kafka_config.connection_mismatch("kafka_default", agreeing) is None
+    line = kafka_config.connection_mismatch("kafka_default", {**agreeing, "sasl.password": "wrong"})
+    assert "sets sasl.password=<secret>" in line and "sets it otherwise" in line and "wrong" not in line
+
+
 def test_replication_settings_default_to_the_brokers_and_refuse_nonsense(monkeypatch):
     assert kafka_config.replication_factor() == -1 and kafka_config.min_insync_replicas() is None
     monkeypatch.setenv(kafka_config.REPLICATION_ENV, "3")

@@ -24,12 +24,19 @@ class KafkaConnectionHook(BaseHook):
         self.kafka_config_id = kafka_config_id
 
     def client_config(self) -> dict[str, str]:
+        """The connection's settings; its security settings must agree with the shared client
+        config (STATETABLE_KAFKA_CONFIG), which wins: see state.kafka_config."""
+        from state.kafka_config import connection_mismatch
+
         extra = self.get_connection(self.kafka_config_id).extra_dejson
         if "bootstrap.servers" not in extra:
             raise ValueError(
                 f"Airflow connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its extra; "
                 'set it, e.g. {"bootstrap.servers": "127.0.0.1:19092"}'
             )
+        mismatch = connection_mismatch(self.kafka_config_id, extra)
+        if mismatch:
+            raise ValueError(mismatch)
         return {str(k): str(v) for k, v in extra.items()}
 
     def bootstrap_servers(self) -> str:
