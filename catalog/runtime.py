@@ -79,6 +79,30 @@ def task_state_dir(driver_state_dir: str) -> str:
     return os.environ.get(WORKER_STATE_ENV) or driver_state_dir
 
 
+LOCAL_REPLICAS_ENV = "STATETABLE_LOCAL_REPLICAS"
+
+
+def _named_replica_roots() -> list[Path]:
+    return [Path(d) / "replicas" for d in os.environ.get(LOCAL_REPLICAS_ENV, "").split(os.pathsep) if d]
+
+
+def local_replica_roots(rt: "Runtime") -> tuple[str, ...]:
+    """Where query replicas on the driver's host keep their copies, which a writer missing a
+    partition copies from before it reads snapshots (standby replicas cutting recovery, as in
+    Kafka Streams): the deployment's own data dir's, and every data dir named in
+    STATETABLE_LOCAL_REPLICAS (os.pathsep-separated)."""
+    return tuple(str(p) for p in [rt.data_dir / "replicas", *_named_replica_roots()])
+
+
+def task_replica_roots(driver_roots: tuple[str, ...]) -> tuple[Path, ...]:
+    """A task's replica folders: the driver's when it runs beside the driver (a local session);
+    on a cluster worker, those its own environment names (the data dirs of the `serve`
+    processes on that machine), since the driver's folders are on another disk."""
+    if os.environ.get(WORKER_STATE_ENV):
+        return tuple(_named_replica_roots())
+    return tuple(Path(r) for r in driver_roots)
+
+
 def arrow_filesystem(uri: str):
     """(pyarrow filesystem, path inside it) for a local folder, s3:// or Spark's s3a:// name."""
     import pyarrow.fs as pafs

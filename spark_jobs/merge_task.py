@@ -22,7 +22,7 @@ from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
 from catalog.mapping import state_spec
-from catalog.runtime import task_state_dir
+from catalog.runtime import task_replica_roots, task_state_dir
 from catalog.definitions import TableDefinition
 from catalog.priority import yield_cpu_to_queries
 
@@ -39,6 +39,7 @@ class MergeContext:
     changelog: str | None = None    # the state version's changelog topic (see jobs.spec_of)
     closing: tuple | None = None    # emit: final: (previous watermark, this batch's): windows closing between
     expire_before: int | None = None    # ttl: keys whose newest event time is at or before this go
+    replica_roots: tuple = ()       # query replicas' folders on the driver's host (catalog.runtime)
 
 
 def _commit(ctx: MergeContext, partition: int, part, tx, outputs=None, touched=None) -> tuple[dict, dict]:
@@ -207,8 +208,8 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
     lap("combine")
     spec = state_spec(ctx.table, ctx.namespace)
     table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), task_state_dir(ctx.state_dir),
-                       bootstrap=ctx.bootstrap,
-                       snapshot_uri=ctx.snapshot_uri, create_topics=False)
+                       bootstrap=ctx.bootstrap, snapshot_uri=ctx.snapshot_uri, create_topics=False,
+                       seed_dirs=task_replica_roots(ctx.replica_roots))
     lap("table")
     try:
         hydrated = not table.has_local_state(partition)      # this worker has no copy: open restores one
@@ -267,6 +268,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         summary["ms"] = ms
         summary["worker"] = os.environ.get(faults.WORKER_ENV) or socket.gethostname()
         summary["hydrated"] = hydrated
+        summary["seeded"] = bool(table.restored.get(partition) and table.restored[partition].seeded_from)
     finally:
         table.close()
     return pa.table({"summary": [json.dumps(summary, default=str)]})

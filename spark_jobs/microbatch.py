@@ -40,7 +40,7 @@ from spark_jobs import mirror
 from spark_jobs.merge_task import MergeContext
 from spark_jobs.offsets import OffsetRange, next_starts, spark_reader, topic_id, watermarks
 from catalog.registry import ensure_output_topic
-from catalog.runtime import Runtime, spark_path, task_state_dir
+from catalog.runtime import Runtime, local_replica_roots, spark_path, task_state_dir
 
 log = logging.getLogger("statetable.microbatch")
 
@@ -541,7 +541,8 @@ class MicroBatchRunner:
         ctx = MergeContext(table, batch_id, str(self.rt.state_dir), self.rt.bootstrap, self.rt.snapshot_uri,
                            self._purge_at(batch_id, watermark), self.rt.namespace, self.spec.changelog,
                            closing=(previous_watermark, watermark) if table.emit == "final" else None,
-                           expire_before=watermark - table.ttl_ms if table.ttl_ms and watermark is not None else None)
+                           expire_before=watermark - table.ttl_ms if table.ttl_ms and watermark is not None else None,
+                           replica_roots=local_replica_roots(self.rt))
         mirror_dir = mirror.changes_path(self.rt, table.name)
         summaries = per_state_partition(self.spark, partials, table.partitions,
                                         lambda group: merge_arrow(ctx, mirror_dir, group),
@@ -550,11 +551,13 @@ class MicroBatchRunner:
         served: dict[str, list[int]] = {}
         for p, s in sorted(summaries.items()):
             served.setdefault(s.get("worker", "?"), []).append(p)
-        hydrated = [p for p, s in sorted(summaries.items()) if s.get("hydrated")]
+        seeded = [p for p, s in sorted(summaries.items()) if s.get("seeded")]
+        hydrated = [p for p, s in sorted(summaries.items()) if s.get("hydrated") and p not in seeded]
         log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s; partitions served by "
-                 "%s%s", table.name, batch_id, sum(s["delta_keys"] for s in summaries.values()), len(summaries),
+                 "%s%s%s", table.name, batch_id, sum(s["delta_keys"] for s in summaries.values()), len(summaries),
                  slowest["ms"], json.dumps(served, sort_keys=True),
-                 f"; restored from snapshots and the changelog (no local copy): {hydrated}" if hydrated else "")
+                 f"; restored from snapshots and the changelog (no local copy): {hydrated}" if hydrated else "",
+                 f"; copied from a local query replica, then the changelog: {seeded}" if seeded else "")
         return summaries
 
     def _refusal_inputs(self, plan: BatchPlan):

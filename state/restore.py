@@ -42,19 +42,25 @@ class RestoreReport:
     key_count: int = 0
     digest: int = 0
     seconds: float = 0.0
+    seeded_from: str | None = None       # a local query replica's folder the partition was copied from
 
 
 def restore_partition(table: str, partition: int, target_dir: Path, *, aggregator: RowAggregator | None,
                       store: SnapshotStore | None, bootstrap: str | None,
                       target_batch: int | None = None, changelog_topic: str | None = None,
-                      definition: str | None = None) -> RestoreReport:
+                      definition: str | None = None, seed: Path | None = None) -> RestoreReport:
     """`definition`: the fingerprint the restored state must answer for; snapshots of another
-    definition (state from before a rebuild adopted a changed one) are skipped."""
+    definition (state from before a rebuild adopted a changed one) are skipped. `seed`: a local
+    query replica's copy of this partition (same definition), tried before the snapshots."""
     started = time.monotonic()
     report = RestoreReport(table, partition, target_batch)
     work = target_dir.with_name(target_dir.name + ".restoring")
     if work.exists():
         shutil.rmtree(work)
+    if seed is not None and target_batch is None and _seed_from_replica(
+            table, partition, seed, work, aggregator, bootstrap, changelog_topic or changelog.topic_name(table),
+            report):
+        return _finish(report, work, target_dir, started)
 
     for manifest in store.list(table, partition) if store else []:
         if target_batch is not None and manifest.batch_id > target_batch:
@@ -86,15 +92,70 @@ def restore_partition(table: str, partition: int, target_dir: Path, *, aggregato
         report.applied_batch, report.key_count, report.digest = meta.applied_batch, meta.key_count, meta.digest
     finally:
         backend.close()
+    return _finish(report, work, target_dir, started)
 
+
+def _finish(report: RestoreReport, work: Path, target_dir: Path, started: float) -> RestoreReport:
+    """Put the restored folder in place whole (a crash before this leaves no partition)."""
     if target_dir.exists():
         shutil.rmtree(target_dir)
     work.rename(target_dir)
     report.seconds = time.monotonic() - started
-    log.info("%s[%d] restored to batch %d (%d keys): snapshot batch %s + %d changelog records in %.2fs",
-             table, partition, report.applied_batch, report.key_count, report.snapshot_batch,
+    log.info("%s[%d] restored to batch %d (%d keys): %s batch %s + %d changelog records in %.2fs",
+             report.table, report.partition, report.applied_batch, report.key_count,
+             f"local replica {report.seeded_from}" if report.seeded_from else "snapshot", report.snapshot_batch,
              report.replayed_records, report.seconds)
     return report
+
+
+def _seed_from_replica(table: str, partition: int, seed: Path, work: Path, aggregator: RowAggregator | None,
+                       bootstrap: str | None, topic: str, report: RestoreReport) -> bool:
+    """Copy a local query replica (Kafka Streams' standby used to cut recovery), then replay what
+    the changelog holds past it. The replica is another process's live database, so it is read
+    through a RocksDB secondary, whose view is one applied batch (the follower writes whole
+    batches). False, with the folder cleared, when the changelog no longer holds what the replica
+    lacks or the copy fails: the snapshots are the way then."""
+    secondary = work.with_name(work.name + ".secondary")
+    try:
+        copy_live_partition(seed, secondary, work)
+        backend = RocksBackend(work)
+        try:
+            report.snapshot_batch, report.seeded_from = backend.read_meta().applied_batch, str(seed)
+            _replay(StatePartition(table, partition, backend, aggregator), bootstrap, topic, None, report)
+            meta = backend.read_meta()
+            report.applied_batch, report.key_count, report.digest = meta.applied_batch, meta.key_count, meta.digest
+        finally:
+            backend.close()
+        return True
+    except Exception as exc:        # noqa: BLE001 - any failure of the copy falls back to the snapshots, said
+        log.warning("%s[%d]: the local replica %s cannot seed the partition (%s); restoring from snapshots",
+                    table, partition, seed, exc)
+        report.snapshot_batch = report.seeded_from = None
+        report.replayed_records = 0
+        shutil.rmtree(work, ignore_errors=True)
+        return False
+    finally:
+        shutil.rmtree(secondary, ignore_errors=True)
+
+
+def copy_live_partition(primary: Path, secondary: Path, target: Path, chunk: int = 200_000) -> int:
+    """Every key and the metadata of a partition another process has open, as of one committed
+    batch, into a new database at `target`; the keys copied."""
+    source = RocksBackend(secondary, secondary_of=primary)
+    copy = RocksBackend(target)
+    try:
+        meta, rows, copied = source.read_meta(), {}, 0
+        for key, value in source.scan():
+            rows[key] = value
+            if len(rows) >= chunk:
+                copy.write(rows, meta, sync=False)
+                copied += len(rows)
+                rows = {}
+        copy.write(rows, meta)
+        return copied + len(rows)
+    finally:
+        copy.close()
+        source.close()
 
 
 def _replay(part: StatePartition, bootstrap: str | None, topic: str, target_batch: int | None,

@@ -113,8 +113,14 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 class StateTable:
     def __init__(self, spec: TableSpec, state_dir: Path | str | None, *, bootstrap: str | None = None,
-                 snapshot_uri: str | None = None, memory: bool = False, create_topics: bool = True) -> None:
+                 snapshot_uri: str | None = None, memory: bool = False, create_topics: bool = True,
+                 seed_dirs: tuple = ()) -> None:
+        """`seed_dirs`: folders where query replicas on this host keep their copies of tables
+        (`<data dir>/replicas`); a partition missing here is copied from one of them, when it is
+        of this definition, before the snapshots are tried."""
         self.spec = spec
+        self.seed_dirs = tuple(Path(d) for d in seed_dirs)
+        self.restored: dict[int, RestoreReport] = {}
         self.memory = memory
         self.bootstrap = bootstrap
         self.dir = None if memory else Path(state_dir) / spec.name
@@ -252,11 +258,30 @@ class StateTable:
         if self.memory:
             raise ValueError("a memory table has nothing to restore from")
         self.close(partition)
-        return restore_partition(
+        report = restore_partition(
             self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,
             store=self.snapshots, bootstrap=self.bootstrap, target_batch=target_batch,
             changelog_topic=self.spec.changelog_topic, definition=self.spec.fingerprint,
+            seed=self._replica_copy(partition),
         )
+        self.restored[partition] = report
+        return report
+
+    def _replica_copy(self, partition: int) -> Path | None:
+        """A local replica's folder of this partition, if one is of this table's definition."""
+        wanted = self.spec.descriptor()
+        for root in self.seed_dirs:
+            folder = root / self.spec.name
+            try:
+                recorded = json.loads((folder / "table.json").read_text())
+            except (OSError, ValueError):
+                continue
+            same = all(recorded.get(f) == wanted[f] for f in ("fingerprint", "partitions", "aggregator",
+                                                               "format_version"))
+            copy = folder / f"p{partition:04d}"
+            if same and (copy / "CURRENT").exists() and copy.resolve() != self.partition_dir(partition).resolve():
+                return copy
+        return None
 
     def wipe_local(self, partition: int | None = None) -> None:
         """Delete the local cache of one or all partitions (a lost disk)."""

@@ -153,3 +153,42 @@ def test_max_lag_batches_refuses_an_answer_that_trails_the_batch_log(deployment,
         assert client.get(f"/tables/{TABLE}/rows", headers=AUTH, params={"max_lag_batches": -1}).status_code == 422
     finally:
         service.close()
+
+
+def test_a_writer_that_lost_its_copy_starts_from_a_local_replica_and_stays_exact(deployment, spark, monkeypatch,
+                                                                                 caplog):
+    """Kafka Streams' standby replicas cut recovery: a writer missing its partitions copies them
+    from a query replica on its host (a live database of another data dir, one batch behind
+    here), replays the changelog past it, and merges the next batch exactly."""
+    import dataclasses
+    import logging
+
+    from catalog.runtime import LOCAL_REPLICAS_ENV
+    from ops import failures
+    from serving.replica import LastCommits, TableReplica
+
+    rt, suffix = deployment
+    for key, value in rt.as_env().items():
+        monkeypatch.setenv(key, value)
+    for _ in range(3):
+        _run_batch(rt, suffix, spark, 1500)
+    serving = dataclasses.replace(rt, data_dir=rt.data_dir.parent / "serving-host")
+    # Its own data dir, the deployment's batch log and snapshots (a shared store, as on a cluster).
+    replica = TableReplica(jobs.load_table(TABLE, rt)[0], serving, commits=LastCommits(rt))
+    try:
+        assert replica.sync() == 2
+        _run_batch(rt, suffix, spark, 1500)           # the replica now trails by one batch
+        failures.inject(TABLE, "wipe_local_store", rt)
+        monkeypatch.setenv(LOCAL_REPLICAS_ENV, str(serving.data_dir))
+        with caplog.at_level(logging.INFO, logger="statetable"):
+            assert _run_batch(rt, suffix, spark, 1500) == 4
+        assert "copied from a local query replica, then the changelog: [0, 1, 2, 3]" in caplog.text
+        assert "restored from snapshots" not in caplog.text
+    finally:
+        replica.close()
+    state = {k[0]: v for k, v in jobs.state_rows(TABLE, rt).items()}
+    expected = _expected(rt, suffix)
+    assert set(state) == set(expected.index)
+    for customer, (count, total, largest) in state.items():
+        assert (count, largest) == (expected.loc[customer, "count"], expected.loc[customer, "max"]), customer
+        assert math.isclose(total, expected.loc[customer, "sum"], rel_tol=1e-9), customer

@@ -1,7 +1,8 @@
 """Production Kafka, as a user meets it: `statetable stack up --brokers 3 --secure` (three KRaft
 brokers, SASL_SSL/SCRAM for clients, mutual TLS between brokers, ACLs), a table run through the
 stack's Spark Connect server on it, restored, verified and queried through the CLI; the broker
-leading the changelog SIGKILLed while batches commit; and the clients Kafka must refuse.
+leading the changelog SIGKILLed while batches commit; the clients Kafka must refuse; and the
+stack's Airflow, over the same SASL_SSL, running a chained table when its upstream commits.
 
 Every figure is checked against pandas over the records read back from the topic, not against
 statetable's own code. The stack is this module's own (folder and ports), brought up and down
@@ -39,7 +40,9 @@ BAD_RECORDS = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b"{}"]
 def secure(tmp_path_factory):
     """(settings, env) of a running `stack up --brokers 3 --secure`; this process uses its client
     config for the module's duration, as `statetable` commands on the stack's host do."""
-    env = {**os.environ, **PORTS, "STATETABLE_STACK_DIR": str(tmp_path_factory.mktemp("secure-stack"))}
+    # Its scheduler runs the shipped DAGs on their schedules and on their Assets, as a user's does.
+    env = {**os.environ, **PORTS, "STATETABLE_STACK_DIR": str(tmp_path_factory.mktemp("secure-stack")),
+           "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True"}
     env.pop(CONFIG_ENV, None)
     up = subprocess.run([STATETABLE, "stack", "up", "--brokers", "3", "--secure"], env=env, capture_output=True,
                         text=True, timeout=600)
@@ -300,3 +303,35 @@ def test_clients_without_credentials_with_a_wrong_password_or_without_acls_are_r
     line = _refused(env, rt, _private(tmp_path / "nobody.properties", nobody))
     assert "user 'nobody' (SCRAM-SHA-512) lacks DESCRIBE on topic 'payments" in line, line
     assert "TOPIC_AUTHORIZATION_FAILED" in line and "kafka-acls.sh" in line and any(b in line for b in brokers), line
+
+
+def test_a_tables_commit_runs_the_table_on_its_change_topic_without_waiting_for_its_schedule(secure):
+    """movie_ticket_totals reads movie_tickets_sold's change topic: triggering movie_tickets_sold's
+    DAG on the secure stack's Airflow makes movie_ticket_totals' DAG run on the Asset event, with
+    the stack's client config in every task; the chain equals pandas over the sales topic."""
+    from catalog.runtime import Runtime
+    from deploy import samples
+    from deploy.airflow_api import AirflowApi
+    from spark_jobs import jobs
+
+    settings, _ = secure
+    rt = Runtime.from_env()                      # the stack's own deployment: shipped tables, its data folder
+    samples.produce("movie_tickets_sold", rt.bootstrap, 3000)
+    api = AirflowApi(settings)
+    api.wait_for_dag("movie_ticket_totals__incremental")
+    before = {r["dag_run_id"] for r in api.runs("movie_ticket_totals__incremental")}
+    run_id = api.trigger("movie_tickets_sold__incremental")
+    assert api.wait_run("movie_tickets_sold__incremental", run_id, timeout=600)["state"] == "success"
+
+    def downstream() -> list[dict]:
+        return [r for r in api.runs("movie_ticket_totals__incremental")
+                if r["dag_run_id"] not in before and r["run_type"] == "asset_triggered"]
+
+    wait_until(lambda: downstream() and downstream()[0]["state"] in ("success", "failed"), 600, interval=3,
+               what="movie_ticket_totals' DAG to run on movie_tickets_sold's Asset event")
+    assert downstream()[0]["state"] == "success", downstream()
+    frame = pd.DataFrame([json.loads(m.value()) for m in read_topic(rt.bootstrap, "movie_ticket_sales")])
+    expected = {(t,): n for t, n in frame.groupby("title")["ticket_total_value"].count().items()}
+    totals = {k: v["tickets_sold"] if isinstance(v, dict) else v[-1]
+              for k, v in jobs.state_rows("movie_ticket_totals", rt).items()}
+    assert totals == expected

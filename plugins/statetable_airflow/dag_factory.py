@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 
 from catalog.definitions import TableDefinition
 from statetable_airflow.operators import (
@@ -68,23 +68,50 @@ page.
 """
 
 
-def incremental_dag(table: TableDefinition) -> DAG:
+def table_asset(name: str) -> Asset:
+    """The Airflow Asset a table's committed batches update: `run_batches` emits an event when it
+    succeeds (a run with nothing to read is skipped and emits none)."""
+    return Asset(name=f"statetable_{name}", uri=f"statetable://tables/{name}", group="statetable")
+
+
+def upstream_tables(table: TableDefinition, tables: dict[str, TableDefinition]) -> list[str]:
+    """The tables whose change topic (`output_topic`) is `table`'s input."""
+    return sorted(u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic
+                  and u.name != table.name)
+
+
+def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefinition]):
+    """The table's cron, and for a table on other tables, also each commit of theirs: a chain
+    settles in one pass instead of one schedule per link (Airflow's AssetOrTimeSchedule)."""
+    upstream = upstream_tables(table, tables)
+    if not upstream:
+        return table.schedule
+    assets = AssetAny(*[table_asset(u) for u in upstream])
+    if table.schedule is None:
+        return assets
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(table.schedule, timezone="UTC"), assets=assets)
+
+
+def incremental_dag(table: TableDefinition, tables: dict[str, TableDefinition] | None = None) -> DAG:
     t = table.name
+    upstream = upstream_tables(table, tables or {})
     with DAG(
         dag_id=f"{t}__incremental",
-        schedule=table.schedule,
+        schedule=incremental_schedule(table, tables or {}),
         start_date=START,
         catchup=False,
         max_active_runs=1,
         default_args={"retries": 2, "retry_delay": timedelta(seconds=15)},
         tags=["statetable", t, "incremental"],
         doc_md=INCREMENTAL_DOC.format(table=t, schedule=table.schedule, cap=table.max_batches_per_run,
-                                      budget=table.max_records_per_batch, every=table.snapshot_every),
+                                      budget=table.max_records_per_batch, every=table.snapshot_every)
+        + (f"\nAlso runs when {', '.join(upstream)} commits (its change topic is this table's input).\n"
+           if upstream else ""),
     ) as dag:
         wait = OffsetLagSensor(task_id="wait_for_offsets", table=t, timeout=0, poke_interval=5, soft_fail=True,
                                retries=0)
         run = spark_job("run_batches", "run", t, "--until-caught-up", "--max-batches",
-                        str(table.max_batches_per_run), "--no-snapshot")
+                        str(table.max_batches_per_run), "--no-snapshot", outlets=[table_asset(t)])
         snapshot = SnapshotOperator(task_id="snapshot_if_due", table=t)
         stats = BatchStatsOperator(task_id="record_stats", table=t, result_path=result_file(t, "run_batches"))
         wait >> run >> snapshot >> stats
@@ -168,7 +195,9 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
     dags = {}
     for table in tables.values():
         recomputable = table.bronze or table.kind == "source"
-        for build in (incremental_dag, rebuild_dag, restore_verify_dag) if recomputable else (incremental_dag,):
+        dag = incremental_dag(table, tables)
+        dags[dag.dag_id] = dag
+        for build in (rebuild_dag, restore_verify_dag) if recomputable else ():
             dag = build(table)
             dags[dag.dag_id] = dag
     return dags
