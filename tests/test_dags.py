@@ -41,7 +41,13 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert _edges(reb) == {("plan_rebuild", "rebuild")}
         assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
         assert inc.max_active_runs == 1 and inc.catchup is False
-        assert inc.timetable.expression == table.schedule
+        timetable = getattr(inc.timetable, "timetable", inc.timetable)    # AssetOrTimeSchedule wraps the cron
+        assert timetable.expression == table.schedule
+        assert [a.uri for a in inc.get_task("run_batches").outlets] == [f"statetable://tables/{name}"]
+        upstream = [u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic]
+        if upstream:        # a table on another table's change topic also runs when that one commits
+            assert {a.uri for a in inc.timetable.asset_condition.objects} == \
+                {f"statetable://tables/{u}" for u in upstream}
         assert type(inc.get_task("run_batches")).__name__ == "SparkConnectJobOperator"     # the default mode
         assert inc.get_task("run_batches").conn_id == "spark_connect_default"
         assert inc.get_task("wait_for_offsets").soft_fail is True
