@@ -175,7 +175,20 @@ def test_a_table_runs_restores_verifies_and_serves_on_three_secure_brokers(secur
     assert query.returncode == 0, query.stderr
     row = json.loads(query.stdout)
     assert row["payments"] == expected.loc[customer, "count"], row
-    assert "durability_warnings" in _table_status(rt) and _table_status(rt)["durability_warnings"] == []
+    assert _table_status(rt)["durability_warnings"] == []
+
+    # A topic someone made with one replica is named by `stack status` as a durability warning.
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from deploy import kafka_security, kafka_server
+
+    admin = AdminClient(kafka_security.admin_config(settings, kafka_server.internal_bootstrap(settings)))
+    for future in admin.create_topics([NewTopic(f"lonely{suffix}", 1, 1)]).values():
+        future.result(30)
+    status = _cli(env, "stack", "status")
+    assert status.returncode == 0, status.stdout
+    assert any(line.startswith(f"kafka-warning topic lonely{suffix} has replication factor 1, below 3")
+               for line in status.stdout.splitlines()), status.stdout
 
 
 def _folded_changes(rt, suffix: str) -> tuple[dict, list]:
