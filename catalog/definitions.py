@@ -106,6 +106,9 @@ class TableDefinition:
     key_types: dict[str, str] = field(default_factory=dict)  # computed GROUP BY keys (in `derived`) -> type
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
+    input_table: str | None = None             # an aggregate over this source table's rows (FROM a table):
+                                               # a changed row retracts its old contribution (see
+                                               # spark_jobs/table_aggregate.py)
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -130,6 +133,7 @@ class TableDefinition:
                                                         self.window.grace_ms] + (["session"] if self.window.session else []),
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
+            **({"input_table": self.input_table} if self.input_table else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
             **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
         }
@@ -644,10 +648,16 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         raise _fail(path, select, "a SELECT without FROM <stream>")
     stream = source.this
     schema_raw = header.get("schema")
-    if not schema_raw:
-        raise DefinitionError(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
-                              f"with '-- schema: field TYPE, ...'")
-    schema = _parse_schema(header.where(path, "schema"), schema_raw)
+    input_table = _INPUT_TABLES.get().get(stream.name) if not schema_raw else None
+    if input_table is not None:
+        _check_over_table(path, header, name, select, input_table)
+        schema = list(input_table.schema)
+    elif not schema_raw:
+        raise _NeedsSchema(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
+                           f"with '-- schema: field TYPE, ...', or name a source table in FROM to aggregate "
+                           f"its rows", stream.name)
+    else:
+        schema = _parse_schema(header.where(path, "schema"), schema_raw)
     stream_alias = stream.alias or stream.name
     scope = _Scope(path, stream_alias, schema)
     joins = []
@@ -757,8 +767,15 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format is for source tables (CREATE "
                               f"TABLE t (... PRIMARY KEY) WITH (topic=...)); an aggregate table's key comes from "
                               f"its GROUP BY")
+    if input_table is not None:
+        _check_over_table_select(path, name, window, scope, aggregates, where)
+        common["event_time"] = None
+        common["bronze"] = False        # verify recomputes from the input topic, whose compaction keeps each key's last row
     return TableDefinition(
-        name=name, path=path, kind="aggregate", topic=header.get("topic", stream.name), schema=schema,
+        name=name, path=path, kind="aggregate", schema=schema,
+        topic=input_table.topic if input_table is not None else header.get("topic", stream.name),
+        input_table=input_table.name if input_table is not None else None,
+        key_format=input_table.key_format if input_table is not None else "plain",
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
         where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
         derived=scope.derived, computed=computed, key_types=key_types,
@@ -917,6 +934,52 @@ def _located(original: exp.Expression, copied: exp.Expression) -> exp.Expression
     return original
 
 
+_INPUT_TABLES: contextvars.ContextVar[dict] = contextvars.ContextVar("input_tables", default={})
+
+
+class _NeedsSchema(DefinitionError):
+    """A stream without '-- schema:' that may yet be a source table (load_all knows them all)."""
+
+    def __init__(self, message: str, stream: str) -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
+OVER_TABLE = ("an aggregate over a source table's rows: SELECT keys, COUNT/SUM/AVG/MIN/MAX/COUNT(DISTINCT)/"
+              "TOPK ... FROM table [WHERE ...] GROUP BY columns [HAVING ...]")
+
+
+def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, input_table: TableDefinition) -> None:
+    """What an aggregate over a table's rows cannot have, each refused in one line: it reads the
+    table's own topic with its schema, and its rows have no event time or arrival order."""
+    for option in ("topic", "event_time", "ttl", "emit", "key_format"):
+        if option in header:
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r} aggregates the rows of table "
+                                  f"{input_table.name!r}, so option {option!r} does not apply (it reads "
+                                  f"{input_table.name}'s topic {input_table.topic!r} with its schema); remove it")
+    if select.args.get("joins"):
+        raise _fail(path, select.args["joins"][0], f"table {name!r}: a JOIN in an aggregate over table "
+                                                    f"{input_table.name!r}", OVER_TABLE)
+
+
+def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", aggregates: list, where) -> None:
+    from catalog.expressions import Unsupported, compile_predicate, compile_value
+
+    if window is not None:
+        raise DefinitionError(f"{path}: table {name!r}: a window in an aggregate over a table's rows is not "
+                              f"supported (rows have no event time); GROUP BY columns. Supported: {OVER_TABLE}")
+    for column in aggregates:
+        if column.function == "latest_by_offset":
+            raise DefinitionError(f"{path}: table {name!r}: LATEST_BY_OFFSET({', '.join(column.args)}) over a "
+                                  f"table's rows: rows have no arrival order; use MAX or TOPK. Supported: {OVER_TABLE}")
+    for derived, sql in scope.derived.items():      # computed per row in Python (table_aggregate.RowStage)
+        try:
+            compile_value(sqlglot.parse_one(sql, dialect="spark"), set(scope.stream_fields))
+        except Unsupported as exc:
+            raise DefinitionError(f"{path}: table {name!r}: {sql!r}: {exc}; an aggregate over a table's rows "
+                                  f"computes expressions with catalog.expressions") from None
+
+
 def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
     for join in table.joins:
         other = tables.get(join.table)
@@ -939,9 +1002,38 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
 
     Without `broken`, the first bad definition raises. With it, a bad definition costs only
     its own table (and the tables that join it): each goes into `broken` as name -> reason,
-    named by its file's stem when it does not parse far enough to have a name."""
+    named by its file's stem when it does not parse far enough to have a name.
+
+    A table FROM a source table (an aggregate over its rows) takes that table's schema, so it
+    is parsed once the source tables are known."""
     tables: dict[str, TableDefinition] = {}
-    for path in sorted(Path(folder).glob("*.sql")):
+    paths = sorted(Path(folder).glob("*.sql"))
+    sources = {}
+    for path in paths:
+        try:
+            table = parse(path)
+        except DefinitionError:
+            continue
+        if table.kind == "source":
+            sources.setdefault(table.name, table)
+    token = _INPUT_TABLES.set(sources)
+    try:
+        _load_each(paths, tables, broken)
+    finally:
+        _INPUT_TABLES.reset(token)
+    for table in list(tables.values()):
+        try:
+            _check_joins(table, tables)
+        except DefinitionError as exc:
+            if broken is None:
+                raise
+            broken[table.name] = str(exc)
+            del tables[table.name]
+    return tables
+
+
+def _load_each(paths: list[Path], tables: dict, broken: dict | None) -> None:
+    for path in paths:
         try:
             table = parse(path)
             if table.name in tables:
@@ -952,12 +1044,3 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
             broken[path.stem] = str(exc)
             continue
         tables[table.name] = table
-    for table in list(tables.values()):
-        try:
-            _check_joins(table, tables)
-        except DefinitionError as exc:
-            if broken is None:
-                raise
-            broken[table.name] = str(exc)
-            del tables[table.name]
-    return tables

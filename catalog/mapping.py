@@ -4,7 +4,8 @@ from __future__ import annotations
 import decimal
 import math
 
-from state.aggregates import (Avg, Count, CountDistinct, LatestByOffset, Max, Min, RowAggregator, Sum, TopN)
+from state.aggregates import (RETRACTING, Avg, Count, CountDistinct, LatestByOffset, Max, Min, RetractingAggregator,
+                              RetractingTopN, RowAggregator, Sum, TopN)
 from state.table import TableSpec, freeze_meaning
 from catalog.definitions import AggregateColumn, TableDefinition
 
@@ -16,9 +17,28 @@ def aggregate_of(column: AggregateColumn):
             "count_distinct": CountDistinct, "latest_by_offset": LatestByOffset}[column.function]()
 
 
+def retracting_of(column: AggregateColumn):
+    return RetractingTopN(column.n) if column.function == "topk" else RETRACTING[column.function]()
+
+
+ROWS_STAGE = ".rows"     # an aggregate over a table keeps its input's rows under `<table>.rows` (no table
+                         # name has a dot): its first state stage, see spark_jobs/table_aggregate.py
+
+
+def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
+    """The first state stage of an aggregate over a table: each input row by the input's key, so
+    that a changed row's old contribution is known and taken out of its old group."""
+    name = table.name + ROWS_STAGE
+    return TableSpec(name, table.partitions, None, snapshot_keep=table.snapshot_keep,
+                     changelog=f"{namespace}{name}-changelog",
+                     meaning=freeze_meaning({**table.meaning(), "stage": "rows"}))
+
+
 def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     aggregator = None
-    if table.kind == "aggregate":
+    if table.kind == "aggregate" and table.input_table:
+        aggregator = RetractingAggregator({c.name: retracting_of(c) for c in table.aggregates})
+    elif table.kind == "aggregate":
         aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
     return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
                      changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()),

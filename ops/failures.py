@@ -240,11 +240,16 @@ class _OneBatch:
 
 def _wipe(name: str, table, rt: Runtime) -> str:
     with jobs.table_lock(name, rt):
-        st = jobs.state_table(table, rt)
-        try:
-            st.wipe_local()
-        finally:
-            st.close()
+        tables = [jobs.state_table(table, rt)]
+        if table.input_table:             # an aggregate over a table: its rows stage is local state too
+            from spark_jobs.table_aggregate import rows_table
+
+            tables.append(rows_table(table, rt))
+        for st in tables:
+            try:
+                st.wipe_local()
+            finally:
+                st.close()
     return f"local store of {table.partitions} partitions deleted" + _wipe_workers(name)
 
 

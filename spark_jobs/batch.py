@@ -80,6 +80,10 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
     runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
+    if table.input_table:
+        from spark_jobs.table_aggregate import recomputed_groups
+
+        return (None if last is None else recomputed_groups(spark, runner, table, rt, last)), None
     if table.kind == "source":
         if last is None:
             return None, None

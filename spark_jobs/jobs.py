@@ -90,12 +90,17 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None, miss
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
     with table_lock(name, rt):
-        st = state_table(table, rt)
+        tables = [state_table(table, rt)]
+        if table.input_table:         # an aggregate over a table: its rows stage too, to the same batch
+            from spark_jobs.table_aggregate import rows_table
+
+            tables.append(rows_table(table, rt))
         try:
-            return [st.restore(p, batch) for p in range(table.partitions)
+            return [st.restore(p, batch) for st in tables for p in range(table.partitions)
                     if not (missing_only and st.has_local_state(p))]
         finally:
-            st.close()
+            for st in tables:
+                st.close()
 
 
 def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict:
@@ -151,13 +156,20 @@ def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
             return {"batch": None, "partitions": [], "seconds": 0.0}
         due = due_snapshots(table, rt, last.batch_id)
         started = time.monotonic()
-        st = state_table(table, rt)
+        tables = [state_table(table, rt)]
+        if table.input_table:         # the rows stage is snapshotted with its groups
+            from spark_jobs.table_aggregate import rows_table
+
+            tables.append(rows_table(table, rt))
         try:
-            for p in due:
-                manifest = st.snapshot(p)
-                log.info("%s[%d]: snapshot at batch %d, %d files", name, p, manifest.batch_id, len(manifest.files))
+            for st in tables:
+                for p in due:
+                    manifest = st.snapshot(p)
+                    log.info("%s[%d]: snapshot at batch %d, %d files", st.spec.name, p, manifest.batch_id,
+                             len(manifest.files))
         finally:
-            st.close()
+            for st in tables:
+                st.close()
         return {"batch": last.batch_id, "partitions": due, "seconds": round(time.monotonic() - started, 3)}
 
 

@@ -107,6 +107,8 @@ def partial_rows(table: TableDefinition, partials) -> tuple[list[tuple], list]:
     if not partials.num_rows:
         return [], []
     keys = list(zip(*[partials.column(c).to_pylist() for c in key_columns(partials)]))
+    if "_state" in partials.column_names:       # whole states (an aggregate over a table, recomputed)
+        return keys, [codec.decode_value(v) for v in partials.column("_state").to_pylist()]
     return keys, partial_values(table, partials)
 
 

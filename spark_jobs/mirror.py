@@ -145,7 +145,9 @@ def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[li
         return names, [[None if v is None else v[i] for v in values] for i in range(len(names))]
     aggregator = aggregator or state_spec(table).aggregator
     names, columns = [], []
-    for i, (column, agg) in enumerate(zip(table.aggregates, aggregator.columns.values())):
+    aggs = list(aggregator.columns.values())
+    skip = len(aggs) - len(table.aggregates)        # a RetractingAggregator's row count comes first
+    for i, (column, agg) in enumerate(zip(table.aggregates, aggs[skip:]), start=skip):
         if column.hidden:
             continue
         states = [None if v is None else v[i] for v in values]

@@ -255,3 +255,163 @@ class RowAggregator:
 
     def spec(self) -> tuple:
         return tuple((name, agg.spec()) for name, agg in self.columns.items())
+
+
+# --------------------------------------------------------------- retracting
+# An aggregate over a table (`FROM some_table GROUP BY ...`): a changed input row takes its old
+# contribution out of its old group and puts its new one into its new group, as Kafka Streams'
+# KTable.groupBy(...).aggregate(adder, subtractor) does. A partial is a signed contribution, and
+# merging stays associative and commutative, so one group's deltas of a batch fold in any order.
+
+
+class RetractingCount(Aggregate):
+    """COUNT(col) or COUNT(*) (`col` None) over a table's rows: +1 when a row joins the group, -1 when it leaves."""
+
+    name = "count"
+
+    def lift(self, value, order=0):
+        return 0 if value is None else order        # `order` is the sign (+1 or -1) here
+
+    def merge(self, stored, partial):
+        return (stored or 0) + (partial or 0)
+
+
+class RetractingSum(Aggregate):
+    """SUM as (sum, values counted), so a group whose every value left shows NULL again, as SQL's
+    SUM of no values is. A DOUBLE sum that had values taken out may differ from one summed afresh
+    in its last bits (floating point); integers and DECIMALs stay exact."""
+
+    name = "sum"
+
+    def lift(self, value, order=0):
+        return (0, 0) if value is None else (value if order > 0 else -value, order)
+
+    def merge(self, stored, partial):
+        if not stored:
+            return partial
+        if not partial:
+            return stored
+        return (stored[0] + partial[0], stored[1] + partial[1])
+
+    def result(self, state):
+        return None if not state or state[1] == 0 else state[0]
+
+
+class RetractingAvg(RetractingSum):
+    name = "avg"
+
+    def result(self, state):
+        return None if not state or state[1] == 0 else state[0] / state[1]
+
+
+class _Multiset(Aggregate):
+    """The group's values with their counts, sorted: what MIN, MAX, COUNT(DISTINCT) and TOPK must
+    keep, since taking out the extreme value needs the next one. Bounded by the size of one
+    state value (state.changelog.VALUE_LIMIT): a group past it fails its batch, naming it."""
+
+    def entry(self, value):
+        return value
+
+    def lift(self, value, order=0):
+        entry = self.entry(value)
+        return () if entry is None else ((entry, order),)
+
+    def merge(self, stored, partial):
+        if not stored:
+            return tuple(e for e in partial or () if e[1])
+        if not partial:
+            return stored
+        counts = dict(stored)
+        for entry, n in partial:
+            counts[entry] = counts.get(entry, 0) + n
+        return tuple(sorted(((e, n) for e, n in counts.items() if n), key=lambda en: _total_key(en[0])))
+
+
+class RetractingMin(_Multiset):
+    name = "min"
+
+    def result(self, state):
+        return state[0][0] if state else None
+
+
+class RetractingMax(_Multiset):
+    name = "max"
+
+    def result(self, state):
+        return state[-1][0] if state else None
+
+
+class RetractingCountDistinct(_Multiset):
+    name = "count_distinct"
+
+    def result(self, state):
+        return len(state or ())
+
+
+@dataclass(frozen=True)
+class RetractingTopN(_Multiset):
+    """TOPK(n, score, cols...) over a table's rows: every (score, row) of the group is kept, and the
+    n best are listed, score descending; a table's rows have no arrival order, so ties go to the
+    smaller row (its columns compared in order)."""
+
+    n: int
+    name = "topn"
+
+    def entry(self, value):
+        score, row = value
+        return None if score is None else (score, tuple(row))
+
+    def merge(self, stored, partial):
+        return _Multiset.merge(self, stored, partial)
+
+    def result(self, state):
+        entries = [entry for entry, n in state or () for _ in range(n)]
+        entries.sort(key=lambda e: _total_key(e[1]))
+        entries.sort(key=lambda e: e[0], reverse=True)
+        return [(score, *row) for score, row in entries[: self.n]]
+
+    def spec(self) -> tuple:
+        return (self.name, self.n, "retracting")
+
+
+RETRACTING = {
+    "count": RetractingCount, "sum": RetractingSum, "avg": RetractingAvg, "min": RetractingMin,
+    "max": RetractingMax, "count_distinct": RetractingCountDistinct,
+}
+
+
+class RetractingAggregator(RowAggregator):
+    """The value of an aggregate over a table: the group's row count first (hidden: at zero the
+    group is deleted, not shown as zeros), then one state per column. `lift(values, sign)` is a
+    row's contribution (+1) or its retraction (-1)."""
+
+    def __init__(self, columns: dict[str, Aggregate]) -> None:
+        super().__init__({ROWS: RetractingCount(), **columns})
+        self.additive = False        # a merge may empty a group: never add on the stored bytes
+
+    def lift(self, values: tuple, order=0) -> tuple:
+        return (order,) + tuple(agg.lift(v, order) for agg, v in zip(self._aggs[1:], values))
+
+    def merge_or_delete(self, stored, partial):
+        """The merged state, or None when the group has no rows left."""
+        merged = self.merge(stored, partial)
+        return None if merged is None or merged[0] <= 0 else merged
+
+    def result(self, state: tuple | None) -> dict | None:
+        row = super().result(state)
+        if row is not None:
+            row.pop(ROWS)
+        return row
+
+    def spec(self) -> tuple:
+        return ("retracting",) + super().spec()
+
+
+ROWS = "_rows"       # RetractingAggregator's hidden row count
+
+
+def _total_key(value):
+    """An order over any stored value, NULLs first (a row may hold them; None < str fails)."""
+    if isinstance(value, tuple):
+        return (1, "tuple", tuple(_total_key(v) for v in value))
+    return (0,) if value is None else (1, type(value).__name__, value)

@@ -59,7 +59,11 @@ REBUILD_POINTS = {
     "rebuild.before_cutover": "a changed definition's state built beside the old one, not committed",
     "rebuild.after_cutover": "the adopting rebuild committed, local folders not yet swapped",
 }
-POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS}
+TABLE_AGGREGATE_POINTS = {      # an aggregate over a table's rows (two state stages a batch)
+    "rows.after_commit": "partition 0's rows stage committed (its retractions written), other partitions maybe not",
+    "batch.after_rows": "every rows-stage partition committed, no group merged",
+}
+POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS, **TABLE_AGGREGATE_POINTS}
 
 _armed: str | None = None
 _armed_scope: str | None = None

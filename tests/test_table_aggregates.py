@@ -1,0 +1,156 @@
+"""Aggregates over a table's rows (`FROM some_table GROUP BY ...`, issue #33): random upserts,
+group moves and deletes over a keyed input table, many batches; after every batch the aggregate
+table equals pandas over the input's current rows (the topic read back with confluent-kafka and
+folded by key), groups that empty out are deleted, and MIN/MAX/TOPK whose extreme row leaves fall
+back to the next one. Then the local store is wiped, restored and verified."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pandas as pd
+import pytest
+
+from catalog.mapping import row_of
+from spark_jobs import jobs
+from tests.table_env import (assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, new_table,
+                             read_topic)
+
+ITEMS = ("-- partitions: 2\n"
+         "CREATE TABLE items (id BIGINT PRIMARY KEY, grp STRING, v BIGINT, score DOUBLE) WITH (topic='{topic}');")
+BY_GROUP = ("-- partitions: 3\n-- output_topic: {out}\n"
+            "CREATE TABLE items_by_grp AS\n"
+            "SELECT grp, COUNT(*) AS n, COUNT(v) AS nv, SUM(v) AS total, AVG(v) AS mean, MIN(v) AS low,\n"
+            "       MAX(v) AS high, COUNT(DISTINCT v) AS kinds, TOPK(2, score, id) AS top\n"
+            "FROM items GROUP BY grp;")
+GROUPS = ["a", "b", "c", "d", "e"]
+
+
+def current_rows(bootstrap: str, topic: str) -> pd.DataFrame:
+    """The input table now: its topic folded by key (last value wins, a tombstone deletes)."""
+    rows = {}
+    for msg in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
+        if msg.value() is None:
+            rows.pop(msg.key(), None)
+        else:
+            rows[msg.key()] = json.loads(msg.value())
+    return pd.DataFrame(list(rows.values()), columns=["id", "grp", "v", "score"])
+
+
+def expected_groups(frame: pd.DataFrame) -> dict:
+    out = {}
+    for grp, g in frame.groupby("grp"):
+        v = g["v"].dropna()
+        top = g.dropna(subset=["score"]).sort_values(["score", "id"], ascending=[False, True]).head(2)
+        out[grp] = {
+            "grp": grp, "n": len(g), "nv": len(v), "total": int(v.sum()) if len(v) else None,
+            "mean": float(v.mean()) if len(v) else None, "low": int(v.min()) if len(v) else None,
+            "high": int(v.max()) if len(v) else None, "kinds": int(v.nunique()),
+            "top": [[float(s), int(i)] for s, i in zip(top["score"], top["id"])],
+        }
+    return out
+
+
+def shown(rt, name: str) -> dict:
+    table, _ = jobs.load_table(name, rt)
+    rows = {}
+    for key, value in jobs.state_rows(name, rt).items():
+        row = row_of(table, key, value)
+        row["top"] = [list(entry) for entry in row["top"]]
+        rows[key[0]] = row
+    return rows
+
+
+def same(have: dict, want: dict) -> bool:
+    if set(have) != set(want):
+        return False
+    for grp, row in want.items():
+        for column, value in row.items():
+            got = have[grp][column]
+            if isinstance(value, float) or isinstance(got, float):
+                if value is None or got is None or not math.isclose(got, value, rel_tol=1e-9):
+                    return False
+            elif got != value:
+                return False
+    return True
+
+
+@pytest.fixture
+def env(kafka, tmp_path):
+    return isolated_runtime(kafka, tmp_path)
+
+
+def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every_batch(env, spark):
+    from ops import failures
+    from spark_jobs import batch
+
+    rt, suffix = env
+    topic, out = "items" + suffix, "items-by-grp" + suffix
+    producer = new_table(rt, "items", ITEMS.format(topic=topic), topic)
+    (rt.tables_dir / "items_by_grp.sql").write_text(BY_GROUP.format(out=out))
+    rng = random.Random(33)
+    live: dict[int, dict] = {}
+    next_id = 0
+
+    def put(row: dict) -> None:
+        live[row["id"]] = row
+        producer.produce(topic, json.dumps(row).encode(), key=str(row["id"]).encode())
+
+    def delete(item: int) -> None:
+        live.pop(item, None)
+        producer.produce(topic, None, key=str(item).encode())
+
+    checked = 0
+    for batch_no in range(7):
+        for _ in range(rng.randint(20, 60)):
+            roll = rng.random()
+            if roll < 0.45 or not live:
+                put({"id": next_id, "grp": rng.choice(GROUPS), "v": rng.choice([None, *range(10)]),
+                     "score": rng.choice([None, float(rng.randint(0, 20))])})
+                next_id += 1
+            elif roll < 0.75:             # a row changes: value, score, and often its group
+                item = rng.choice(sorted(live))
+                put({**live[item], "grp": rng.choice(GROUPS) if rng.random() < 0.5 else live[item]["grp"],
+                     "v": rng.choice([None, *range(10)]), "score": float(rng.randint(0, 20))})
+            else:
+                delete(rng.choice(sorted(live)))
+        if batch_no == 3:                 # the extremes of a group leave, then the whole group
+            target = max((r for r in live.values() if r["v"] is not None), key=lambda r: r["v"])
+            delete(target["id"])
+            for item in [i for i, r in live.items() if r["grp"] == "e"]:
+                delete(item)
+        if batch_no == 5:
+            delete(10 ** 6)               # a delete of a row that never was: changes nothing
+        producer.flush()
+        commits = jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
+        assert commits, f"batch {batch_no}: nothing ran"
+        want = expected_groups(current_rows(rt.bootstrap, topic))
+        have = shown(rt, "items_by_grp")
+        assert same(have, want), f"after batch {batch_no}:\nstate {have}\npandas {want}"
+        if batch_no == 3:
+            assert "e" not in have        # an emptied group is deleted, not shown as zeros
+        checked += 1
+    assert checked == 7
+
+    # The change topic folds to the table, each batch's change of a group once.
+    folded, seen = fold_change_topic(rt.bootstrap, out)
+    assert_each_batch_once_and_in_order(seen)
+    final = shown(rt, "items_by_grp")
+    assert {json.loads(k)["grp"]: v for k, v in folded.items()} == \
+        {g: {**row, "top": [list(e) for e in row["top"]]} for g, row in final.items()}
+
+    # A lost disk: both state stages come back from snapshots and changelogs, and verify agrees.
+    failures.inject("items_by_grp", "wipe_local_store", rt)
+    reports = jobs.restore("items_by_grp", rt=rt)
+    assert len(reports) == 2 * 3          # the groups and the rows stage, 3 partitions each
+    assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
+    result = batch.verify("items_by_grp", spark=spark, rt=rt)
+    assert result.ok and result.keys_compared == len(final), result.summary()
+
+    # After the restore the retractions still find the rows they take out.
+    for item in sorted(live)[:10]:
+        delete(item)
+    producer.flush()
+    jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
+    assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
