@@ -14,7 +14,7 @@ from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
 
 ORDER = [("players", None), ("products", None), ("leaderboard", "leaderboard"),
-         ("movie_tickets_sold", "movie_tickets_sold"), ("movie_ticket_totals", None),
+         ("movie_tickets_sold", "movie_tickets_sold"), ("movie_ticket_totals", None), ("titles_by_tickets_sold", None),
          ("payments_per_customer", "payments_per_customer")]
 
 

@@ -231,7 +231,7 @@ def run_batch(runner, plan, started: float) -> dict:
 
     from catalog.runtime import local_replica_roots
     from spark_jobs import mirror, parse
-    from spark_jobs.microbatch import per_state_partition
+    from spark_jobs.partition_tasks import per_state_partition
     from spark_jobs.offsets import OffsetRange, spark_reader
 
     table, rt, spark = runner.table, runner.rt, runner.spark

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
+from catalog.mapping import row_of
 from spark_jobs import jobs
 from deploy import samples
 from serving.query import lookup
@@ -115,6 +116,10 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     samples.produce("movie_tickets_sold", rt.bootstrap, 2000, suffix=suffix)     # more, in later batches
     jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)
     jobs.run("movie_ticket_totals", until_caught_up=True, spark=spark, rt=rt)
+    # The shipped aggregate over movie_ticket_totals' rows, run first here once the chain moved on:
+    # titles whose counts grew moved between its groups.
+    histogram = "titles_by_tickets_sold"
+    jobs.run(histogram, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=7)
 
     frame = pd.DataFrame([json.loads(m.value()) for m in read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)])
     expected = {(t,): n for t, n in frame.groupby("title")["ticket_total_value"].count().items()}
@@ -131,6 +136,23 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     assert result.ok, result.summary()
     assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
     assert result.keys_compared == result.upstream[0].keys_compared == len(expected)
+
+    def per_count() -> dict:
+        table, _ = jobs.load_table(histogram, rt)
+        return {k[0]: row_of(table, k, v) for k, v in jobs.state_rows(histogram, rt).items()}
+
+    want = {}
+    for (title,), n in sorted(expected.items()):
+        row = want.setdefault(n, {"tickets_sold": n, "titles": 0, "first_title": title, "last_titles": []})
+        row["titles"] += 1
+        row["last_titles"] = sorted(row["last_titles"] + [(title, title)], reverse=True)[:3]
+    assert per_count() == want
+    failures.inject(histogram, "wipe_local_store", rt)
+    jobs.restore(histogram, rt=rt)
+    assert per_count() == want
+    result = batch.verify(histogram, spark=spark, rt=rt)
+    assert result.ok and result.keys_compared == len(want), result.summary()
+    assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
 
 
 def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(env, spark):

@@ -154,3 +154,86 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     producer.flush()
     jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
     assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
+
+
+def test_retracting_aggregates_fold_in_any_grouping_and_delete_an_emptied_group():
+    """Pure logic: random additions and retractions, folded one by one or in random chunks, equal
+    the aggregates of the rows that remain; a group with no rows left is None (deleted)."""
+    from catalog.mapping import retracting_of
+    from catalog.definitions import AggregateColumn
+    from state.aggregates import RetractingAggregator
+
+    columns = {name: retracting_of(AggregateColumn(name, function, ("v",), n=2))
+               for name, function in [("n", "count"), ("s", "sum"), ("a", "avg"), ("lo", "min"), ("hi", "max"),
+                                      ("d", "count_distinct"), ("t", "topk")]}
+    agg = RetractingAggregator(columns)
+    rng = random.Random(7)
+    for _ in range(200):
+        rows, deltas = [], []
+        for _ in range(rng.randint(1, 12)):
+            if rows and rng.random() < 0.4:
+                row = rows.pop(rng.randrange(len(rows)))
+                deltas.append(agg.lift(row, -1))
+            else:
+                v = rng.choice([None, *range(5)])
+                row = (v, v, v, v, v, v, (v, ("x", v)))
+                rows.append(row)
+                deltas.append(agg.lift(row, 1))
+        one_by_one = None
+        for d in deltas:
+            one_by_one = agg.merge(one_by_one, d)
+        chunked, i = None, 0
+        while i < len(deltas):
+            step = rng.randint(1, 4)
+            part = None
+            for d in deltas[i:i + step]:
+                part = agg.merge(part, d)
+            chunked = agg.merge(chunked, part)
+            i += step
+        state = agg.merge_or_delete(None, one_by_one)
+        assert agg.merge_or_delete(None, chunked) == state
+        values = [r[0] for r in rows if r[0] is not None]
+        if not rows:
+            assert state is None
+            continue
+        got = agg.result(state)
+        top = sorted(values, reverse=True)[:2]
+        assert got == {"n": len(values), "s": sum(values) if values else None,
+                       "a": sum(values) / len(values) if values else None,
+                       "lo": min(values, default=None), "hi": max(values, default=None), "d": len(set(values)),
+                       "t": [(v, "x", v) for v in top]}
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("CREATE TABLE t AS SELECT grp, LATEST_BY_OFFSET(v) AS v FROM items GROUP BY grp",
+     r"table 't': LATEST_BY_OFFSET\(v\) over a table's rows: rows have no arrival order; use MAX or TOPK"),
+    ("-- topic: other\nCREATE TABLE t AS SELECT grp, COUNT(*) AS n FROM items GROUP BY grp",
+     r"t.sql:1:1: table 't' aggregates the rows of table 'items', so option 'topic' does not apply"),
+    ("CREATE TABLE t AS SELECT i.grp, COUNT(*) AS n FROM items i JOIN players p ON i.v = p.id GROUP BY i.grp",
+     r"a JOIN in an aggregate over table 'items' is not supported"),
+    ("CREATE TABLE t AS SELECT grp, COUNT(*) AS n FROM itemz GROUP BY grp",
+     r"reads stream 'itemz'; declare its JSON fields with '-- schema: field TYPE, ...', or name a source table"),
+    ("CREATE TABLE t AS SELECT grp, COUNT(*) AS n FROM items GROUP BY grp, TUMBLE(score, INTERVAL '1' HOUR)",
+     r"window event time"),
+])
+def test_an_aggregate_over_a_table_refuses_what_rows_cannot_mean_in_one_line(tmp_path, sql, message):
+    from catalog.definitions import DefinitionError, load_all
+
+    (tmp_path / "items.sql").write_text(ITEMS.format(topic="items"))
+    (tmp_path / "players.sql").write_text("CREATE TABLE players (id BIGINT PRIMARY KEY, name STRING) "
+                                          "WITH (topic='players');")
+    (tmp_path / "t.sql").write_text(sql)
+    with pytest.raises(DefinitionError, match=message) as caught:
+        load_all(tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_aggregate_over_a_table_takes_the_tables_schema_topic_and_key_format(tmp_path):
+    from catalog.definitions import load_all
+
+    (tmp_path / "items.sql").write_text("-- key_format: json\n" + ITEMS.format(topic="items-topic"))
+    (tmp_path / "by_grp.sql").write_text(BY_GROUP.format(out="o").replace("items_by_grp", "by_grp"))
+    table = load_all(tmp_path)["by_grp"]
+    assert (table.input_table, table.topic, table.key_format, table.bronze) == ("items", "items-topic", "json", False)
+    assert table.schema == [("id", "BIGINT"), ("grp", "STRING"), ("v", "BIGINT"), ("score", "DOUBLE")]
+    assert table.meaning()["input_table"] == "items"
