@@ -29,9 +29,13 @@ def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     """The first state stage of an aggregate over a table: each input row by the input's key, so
     that a changed row's old contribution is known and taken out of its old group."""
     name = table.name + ROWS_STAGE
+    meaning = table.meaning()
+    # The input's rows, whatever the aggregate makes of them: a rebuild adopting a changed
+    # aggregate (another GROUP BY or column) keeps this stage as it is.
+    rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format")
+                                if k in meaning}}
     return TableSpec(name, table.partitions, None, snapshot_keep=table.snapshot_keep,
-                     changelog=f"{namespace}{name}-changelog",
-                     meaning=freeze_meaning({**table.meaning(), "stage": "rows"}))
+                     changelog=f"{namespace}{name}-changelog", meaning=freeze_meaning(rows))
 
 
 def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:

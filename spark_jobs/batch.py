@@ -392,6 +392,10 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
                                    definition=definition))
     registry.drop_stale_cache(spec, rt)
+    if table.input_table:               # an aggregate over a table: its rows stage first, as a batch does
+        from spark_jobs.table_aggregate import rebuild_rows
+
+        rebuild_rows(spark, MicroBatchRunner(spark, table, tables, rt, writer=False), table, rt, last, batch_id)
     # Partition by partition, in Spark tasks beside the state (as verify compares): the driver
     # holds the commit summaries, never the table.
     ctx = _RebuildContext(table, spec, str(rt.state_dir), rt, last.batch_id, batch_id, purged_at, window_range)

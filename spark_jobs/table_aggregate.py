@@ -332,3 +332,50 @@ def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
     frame = pa.table({**columns, "_state": pa.array([codec.encode_value(v) for v in groups.values()], pa.binary()),
                       "_sp": pa.array([partition_of(k, table.partitions) for k in encoded], pa.int32())})
     return spark.createDataFrame(frame) if frame.num_rows else None
+
+
+def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch_id: int) -> int:
+    """A rebuild's rows stage (spark_jobs.batch._rebuild): every partition replaced by the input's
+    last row per key over its whole history, committed as the rebuild's batch. Each task leaves an
+    empty retraction file first, so a rebuild that dies here and is finished from its plan (an
+    empty batch) merges nothing into the groups. Returns the rows written."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs import parse
+    from spark_jobs.offsets import OffsetRange, spark_reader
+    from spark_jobs.partition_tasks import per_state_partition
+
+    source = runner.tables[table.input_table]
+    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
+    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
+    rows = runner.partitioned(runner._source_partials(classified, source)).withColumn("_kind", F.lit("partial"))
+    ctx = StageContext(table, source, batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
+                       batch_folder(retractions_path(rt, table.name), batch_id))
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group),
+                                    f"rebuild {table.name}: rows")
+    return sum(s["key_count"] for s in summaries.values())
+
+
+def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
+    import pyarrow.compute as pc
+
+    from spark_jobs.arrow_pass import encoded_keys, write_parquet_atomically
+    from spark_jobs.merge_task import partial_values
+
+    started = time.monotonic()
+    partition = group.column("_sp")[0].as_py()
+    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    table, part, hydrated = _open(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    try:
+        wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
+        tx = part.begin(ctx.batch_id)
+        for key, _ in part.raw_items():
+            if key not in wanted:
+                tx.delete_encoded(key)
+        for key, row in wanted.items():
+            tx.put_encoded(key, row)
+        write_parquet_atomically(_DELTA_SCHEMA.empty_table(), ctx.retractions, _part_file(partition))
+        result = tx.commit()
+        return _summary(partition, part, result, {"rows": round((time.monotonic() - started) * 1000)}, hydrated)
+    finally:
+        table.close()
