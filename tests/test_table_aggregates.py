@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 
 import pandas as pd
 import pytest
@@ -266,3 +267,70 @@ def test_an_aggregate_over_a_table_takes_the_tables_schema_topic_and_key_format(
     assert (table.input_table, table.topic, table.key_format, table.bronze) == ("items", "items-topic", "json", False)
     assert table.schema == [("id", "BIGINT"), ("grp", "STRING"), ("v", "BIGINT"), ("score", "DOUBLE")]
     assert table.meaning()["input_table"] == "items"
+
+
+@pytest.mark.timeout(1500)
+def test_an_aggregate_over_a_table_is_exact_after_a_kill_at_every_fault_point(kafka, engine, tmp_path):
+    """`statetable run` of an aggregate over a table, as a client of the stack's Spark Connect
+    server, killed at every batch fault point and at both of its own (rows.after_commit: some
+    rows partitions committed with their retractions written; batch.after_rows: all of them, no
+    group merged), then run to the end. The table and its folded change topic equal pandas over
+    the input's current rows, no (group, batch) reaches the topic twice, and verify agrees."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from spark_jobs import batch
+    from state import faults
+
+    rt, suffix = isolated_runtime(kafka, tmp_path)
+    topic, out = "items" + suffix, "items-by-grp" + suffix
+    producer = new_table(rt, "items", ITEMS.format(topic=topic), topic)
+    (rt.tables_dir / "items_by_grp.sql").write_text(
+        "-- mirror_every: 2\n-- snapshot_every: 3\n" + BY_GROUP.format(out=out))
+    rng = random.Random(34)
+    live: dict[int, dict] = {}
+    for n in range(900):
+        if live and rng.random() < 0.2:
+            item = rng.choice(sorted(live))
+            live.pop(item)
+            producer.produce(topic, None, key=str(item).encode())
+            continue
+        item = rng.randrange(300)                 # new rows, and rows that change group and values
+        live[item] = {"id": item, "grp": rng.choice(GROUPS), "v": rng.choice([None, *range(10)]),
+                      "score": float(rng.randint(0, 50))}
+        producer.produce(topic, json.dumps(live[item]).encode(), key=str(item).encode())
+    producer.flush()
+
+    statetable = str(Path(sys.executable).parent / "statetable")
+    env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group", "STATETABLE_SPARK_REMOTE": engine}
+
+    def run(fault: str | None = None, *extra: str) -> subprocess.CompletedProcess:
+        each = {k: v for k, v in env.items() if k != faults.ENV} | ({faults.ENV: fault} if fault else {})
+        return subprocess.run([statetable, "run", "items_by_grp", "--max-records-per-batch", "100", *extra],
+                              env=each, capture_output=True, text=True, timeout=600, start_new_session=True)
+
+    points = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
+    for point in points:
+        started = time.monotonic()
+        done = run(point, "--max-batches", "2")
+        print(f"{point}: exit {done.returncode} in {time.monotonic() - started:.1f}s")
+        assert done.returncode != 0, f"{point}: exit {done.returncode}\n{done.stderr[-2000:]}"
+        assert done.returncode == -signal.SIGKILL or "Traceback" not in done.stderr.splitlines()[-1], point
+    started = time.monotonic()
+    final = run(None, "--until-caught-up")
+    print(f"final run: {time.monotonic() - started:.1f}s")
+    assert final.returncode == 0, final.stderr[-3000:]
+
+    want = expected_groups(current_rows(rt.bootstrap, topic))
+    have = shown(rt, "items_by_grp")
+    assert same(have, want), f"state {have}\npandas {want}"
+    folded, seen = fold_change_topic(rt.bootstrap, out)
+    assert_each_batch_once_and_in_order(seen)
+    assert same({json.loads(k)["grp"]: {**v, "top": [list(e) for e in v["top"]]} for k, v in folded.items()}, want)
+    from spark_jobs import session
+
+    result = batch.verify("items_by_grp", spark=session.get_or_create("statetable-tests"), rt=rt)
+    assert result.ok, result.summary()
