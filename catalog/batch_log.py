@@ -143,6 +143,8 @@ class BatchCommit:
     changelog: str | None = None            # set when a rebuild moved the state to a new changelog topic
     refused: list | None = None             # [[key, reason], ...] the state kept at their old values
     holder: dict | None = None              # the driver that committed it
+    joins: dict | None = None               # the plan's pinned joined tables (a join of tables reads its
+                                            # next batch's changes of them against these)
 
 
 def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:

@@ -106,6 +106,8 @@ class TableDefinition:
     key_types: dict[str, str] = field(default_factory=dict)  # computed GROUP BY keys (in `derived`) -> type
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
                                                # (an object holding the primary key, as change topics write)
+    join_columns: list[tuple[str, str]] = field(default_factory=list)   # a table-table join's SELECT:
+                                               # (alias.column, output name), in order
     input_table: str | None = None             # an aggregate over this source table's rows (FROM a table):
                                                # a changed row retracts its old contribution (see
                                                # spark_jobs/table_aggregate.py)
@@ -134,9 +136,20 @@ class TableDefinition:
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
             **({"input_table": self.input_table} if self.input_table else {}),
+            **({"join_columns": [list(c) for c in self.join_columns]} if self.join_columns else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
             **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
         }
+
+    @property
+    def over_table(self) -> bool:
+        """An aggregate over a table's rows (spark_jobs/table_aggregate.py)."""
+        return self.kind == "aggregate" and self.input_table is not None
+
+    @property
+    def table_join(self) -> bool:
+        """A join of two tables, keyed by the left one's key (spark_jobs/table_join.py)."""
+        return self.kind == "source" and self.input_table is not None
 
     @property
     def timed(self) -> bool:
@@ -649,6 +662,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     stream = source.this
     schema_raw = header.get("schema")
     input_table = _INPUT_TABLES.get().get(stream.name) if not schema_raw else None
+    if input_table is not None and select.args.get("group") is None and select.args.get("joins"):
+        return _join_table(path, header, common, name, select, input_table)
     if input_table is not None:
         _check_over_table(path, header, name, select, input_table)
         schema = list(input_table.schema)
@@ -949,6 +964,80 @@ OVER_TABLE = ("an aggregate over a source table's rows: SELECT keys, COUNT/SUM/A
               "TOPK ... FROM table [WHERE ...] GROUP BY columns [HAVING ...]")
 
 
+TABLE_JOIN = ("a join of two tables: SELECT a.col [AS name], b.col [AS name], ... FROM a [alias] [LEFT] JOIN b [alias] "
+              "ON a.col = b.<b's primary key>, with a and b source tables; the rows have a's key")
+
+
+def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.Select,
+                left: TableDefinition) -> TableDefinition:
+    """A join of two tables (`FROM a JOIN b ON a.fk = b.id`): a row per row of `a`, keyed by a's
+    key, with b's columns from the row whose key a's column names (a foreign key, or a's own key
+    for a primary-key join). A change on either side updates exactly the rows it touches."""
+    for option in ("topic", "schema", "event_time", "ttl", "emit", "key_format"):
+        if option in header:
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r} joins tables, so option {option!r} "
+                                  f"does not apply (it reads {left.name}'s topic {left.topic!r} with its schema); "
+                                  f"remove it")
+    for unsupported in ("where", "having"):
+        if select.args.get(unsupported):
+            raise _fail(path, select.args[unsupported], f"table {name!r}: {unsupported.upper()} in a join of tables",
+                        TABLE_JOIN)
+    source = select.args.get("from") or select.args.get("from_")
+    left_alias = source.this.alias or source.this.name
+    (join,) = select.args["joins"] if len(select.args["joins"]) == 1 else (None,)
+    if join is None:
+        raise _fail(path, select.args["joins"][1], f"table {name!r}: a second JOIN in a join of tables", TABLE_JOIN)
+    right_node = join.this
+    right = _INPUT_TABLES.get().get(right_node.name) if isinstance(right_node, exp.Table) else None
+    if right is None:
+        raise _fail(path, join, f"table {name!r}: JOIN {right_node.sql()} (not a source table defined beside it)",
+                    TABLE_JOIN)
+    kind = (join.side or "").lower() or "inner"
+    if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
+        raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
+    right_alias = right_node.alias or right_node.name
+    if right_alias == left_alias:
+        raise _invalid(path, right_node, f"alias {right_alias!r} is used twice; give each table its own alias")
+    sides = {left_alias: left, right_alias: right}
+
+    def column(node: exp.Expression) -> tuple[str, str]:
+        if not isinstance(node, exp.Column) or node.table not in sides:
+            raise _fail(path, node, f"table {name!r}: {node.sql()} (columns are named alias.column, aliases "
+                                    f"{sorted(sides)})", TABLE_JOIN)
+        if node.name not in dict(sides[node.table].schema):
+            raise _invalid(path, node, f"unknown column {node.sql()}: table {sides[node.table].name!r} has columns "
+                                       f"{[c for c, _ in sides[node.table].schema]}")
+        return node.table, node.name
+
+    on = join.args.get("on")
+    if not isinstance(on, exp.EQ):
+        raise _fail(path, on or join, f"join condition {on.sql() if on else '(none)'}", TABLE_JOIN)
+    a, b = column(on.left), column(on.right)
+    if a[0] == right_alias:
+        a, b = b, a
+    if a[0] != left_alias or b[0] != right_alias or [b[1]] != right.key_columns:
+        raise _fail(path, on, f"table {name!r}: join condition {on.sql()}",
+                    f"ON {left_alias}.<column> = {right_alias}.{right.key_columns[0]} (b's primary key)")
+    columns, schema = [], []
+    for projection in select.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        side, col = column(target)
+        out = projection.alias if isinstance(projection, exp.Alias) else col
+        if any(out == o for _, o in columns):
+            raise _invalid(path, projection, f"column {out!r} is selected twice; rename one with AS")
+        columns.append((f"{side}.{col}", out))
+        schema.append((out, dict(sides[side].schema)[col]))
+    key = f"{left_alias}.{left.key_columns[0]}"
+    if not any(source_column == key and out == left.key_columns[0] for source_column, out in columns):
+        raise _invalid(path, select, f"table {name!r}: SELECT {key} (under its own name): the rows of a join of "
+                                     f"tables have {left.name}'s key")
+    return TableDefinition(
+        name=name, path=path, kind="source", topic=left.topic, schema=schema, key_columns=list(left.key_columns),
+        value_columns=[o for _, o in columns], key_format=left.key_format, input_table=left.name,
+        joins=[JoinSpec(right.name, right_alias, kind, f"{left_alias}.{a[1]}", b[1])], stream_alias=left_alias,
+        join_columns=columns, **{**common, "bronze": False, "event_time": None})
+
+
 def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, input_table: TableDefinition) -> None:
     """What an aggregate over a table's rows cannot have, each refused in one line: it reads the
     table's own topic with its schema, and its rows have no event time or arrival order."""
@@ -983,7 +1072,7 @@ def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", agg
 def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
     for join in table.joins:
         other = tables.get(join.table)
-        if other is None or other.kind != "source":
+        if other is None or other.kind != "source" or other.input_table is not None:
             raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
                                   f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
         if join.table_column not in other.key_columns:
@@ -1014,7 +1103,7 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
             table = parse(path)
         except DefinitionError:
             continue
-        if table.kind == "source":
+        if table.kind == "source" and table.input_table is None:
             sources.setdefault(table.name, table)
     token = _INPUT_TABLES.set(sources)
     try:

@@ -80,10 +80,14 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
     runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
-    if table.input_table:
+    if table.over_table:
         from spark_jobs.table_aggregate import recomputed_groups
 
         return (None if last is None else recomputed_groups(spark, runner, table, rt, last)), None
+    if table.table_join:
+        from spark_jobs.table_join import recomputed_rows
+
+        return (None if last is None else recomputed_rows(spark, runner, table, rt, last)), None
     if table.kind == "source":
         if last is None:
             return None, None
@@ -411,6 +415,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
                 "keys": sum(s["keys"] for s in summaries.values()),
                 **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
+        joins=last.joins,               # a join of tables was rebuilt against its last pins
     )
     batch_log.write_commit(commit, name)
     mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)

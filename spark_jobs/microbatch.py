@@ -148,7 +148,7 @@ class MicroBatchRunner:
         read_topic, read_id, read_ends, accepted = position or (None, None, None, None)
         starts = next_starts(self.table.name, self.table.topic, marks, incarnation, read_topic, read_id, read_ends)
         available = {p: high - starts[p] for p, (_, high) in marks.items()}
-        if sum(available.values()) == 0:
+        if sum(available.values()) == 0 and not mirror.joined_tables_moved(self.rt, self.table, last):
             return None
         budget = self.table.max_records_per_batch
         ranges, total = {}, sum(available.values())
@@ -182,6 +182,8 @@ class MicroBatchRunner:
         folder = f"{self.log.location}/joins"
         fs, root = arrow_filesystem(folder)
         pins = {}
+        last = self.log.last_commit()
+        before = (last.joins or {}) if last is not None and self.table.table_join else {}
         for name in sorted({join.table for join in self.table.joins}):
             def file_of(batch: int | None) -> str:
                 return f"{name}.b{-1 if batch is None else batch}.parquet"
@@ -192,10 +194,14 @@ class MicroBatchRunner:
                 batch, rows = mirror.committed_rows(self.rt, name)
                 file = file_of(batch)
                 write_parquet_atomically(_typed_rows(self.tables[name], rows), folder, file)
+                keep = {file, (before.get(name) or {}).get("file")}    # a join of tables diffs against its last pin
                 for old in fs.get_file_info(pafs.FileSelector(root)):  # no pending plan names them (we plan)
-                    if old.base_name.startswith(f"{name}.b") and old.base_name != file:
+                    if old.base_name.startswith(f"{name}.b") and old.base_name not in keep:
                         fs.delete_file(old.path)
             pins[name] = {"batch": batch, "file": file}
+            if self.table.table_join:
+                pins[name].update(since=(before.get(name) or {}).get("batch"),
+                                  since_file=(before.get(name) or {}).get("file"))
             if batch is None:
                 log.warning("%s joins %s, which has no committed batch yet: its events find no match (run %s "
                             "first)", self.table.name, name, name)
@@ -251,10 +257,14 @@ class MicroBatchRunner:
             return None
         faults.point("batch.after_plan")
         started = time.monotonic()
-        if self.table.input_table:
+        if self.table.over_table:
             from spark_jobs import table_aggregate
 
             step = table_aggregate.run_batch(self, plan, started)
+        elif self.table.table_join:
+            from spark_jobs import table_join
+
+            step = table_join.run_batch(self, plan, started)
         else:
             step = self._arrow_batch(plan, started) if self.engine == "arrow" else self._spark_batch(plan, started)
         return self._commit_batch(plan, started, step)
@@ -422,6 +432,7 @@ class MicroBatchRunner:
             counts=counts, watermark_ms=watermark, seconds=round(time.monotonic() - started, 3),
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.definition,
             refused=[[list(k), reason] for k, reason in sorted(refused.items(), key=repr)] or None,
+            joins=plan.joins if self.table.table_join else None,
         )
         self.log.write_commit(commit, self.table.name)
         faults.point("batch.after_commit")
@@ -831,7 +842,7 @@ class MicroBatchRunner:
     def _after_commit(self, commit: BatchCommit) -> None:
         mirror.commit_changes(self.rt, self.table.name, commit.batch_id)
         faults.point("mirror.after_changes")
-        if self.table.input_table:
+        if self.table.over_table:
             from spark_jobs.table_aggregate import drop_retractions
 
             drop_retractions(self.rt, self.table.name, commit.batch_id)

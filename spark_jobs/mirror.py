@@ -292,3 +292,13 @@ def frame(spark, rt: Runtime, table: str):
     latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
     return (both.withColumn("_rn", F.row_number().over(latest))
             .where("_rn = 1 AND NOT deleted").drop("_rn", "deleted"))
+
+
+def joined_tables_moved(rt: Runtime, table: TableDefinition, last) -> bool:
+    """Whether a join of tables has work without new records of its own: a joined table committed
+    a batch since the one `last` (its last commit) pinned, and those changes must reach its rows."""
+    if not table.table_join:
+        return False
+    pinned = (last.joins or {}) if last is not None else {}
+    return any(delta_files.committed_version(changes_path(rt, j.table), f"{j.table}.mirror_changes")
+               != (pinned.get(j.table) or {}).get("batch") for j in table.joins)

@@ -148,15 +148,22 @@ def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
     a reset is never shown as "nothing to read"."""
     from catalog import registry
 
-    topic = topic or registry.load_table(name, rt)[0].topic
+    table = registry.load_table(name, rt)[0]
+    topic = topic or table.topic
     position = BatchLog(rt.batch_dir(name)).read_position()
+    if table.table_join:             # a joined table's new batch is work too (counted as one record)
+        from spark_jobs.mirror import joined_tables_moved
+
+        moved = int(joined_tables_moved(rt, table, BatchLog(rt.batch_dir(name)).last_commit()))
+    else:
+        moved = 0
     try:
         marks = watermarks(rt.bootstrap, topic)
     except LookupError:
         if position is None:
-            return 0        # not produced to yet
+            return moved    # not produced to yet
         raise
     read_topic, read_id, read_ends, _ = position or (None, None, None, None)
     starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
                          read_id, read_ends)
-    return sum(high - starts[p] for p, (_, high) in marks.items())
+    return sum(high - starts[p] for p, (_, high) in marks.items()) + moved

@@ -368,6 +368,10 @@ def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
     table, part, hydrated = _open(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
+        if ctx.table.table_join:             # and the index from b's keys to a's rows
+            from spark_jobs.table_join import index_entries
+
+            wanted.update(index_entries(ctx.table, ctx.source, wanted))
         tx = part.begin(ctx.batch_id)
         for key, _ in part.raw_items():
             if key not in wanted:
