@@ -952,6 +952,19 @@ def _located(original: exp.Expression, copied: exp.Expression) -> exp.Expression
 _INPUT_TABLES: contextvars.ContextVar[dict] = contextvars.ContextVar("input_tables", default={})
 
 
+def as_change_topic_source(join: TableDefinition) -> TableDefinition:
+    """A join of tables as the tables on it read it: its change topic (`output_topic`), keyed by
+    the key as a JSON object, with its rows as values, like any source table on a change topic."""
+    return replace(join, topic=join.output_topic, key_format="json", input_table=None, joins=[], join_columns=[],
+                   output_topic=None)
+
+
+def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
+    """The source table an aggregate over a table or a join of tables reads."""
+    source = tables[table.input_table]
+    return as_change_topic_source(source) if source.table_join else source
+
+
 class _NeedsSchema(DefinitionError):
     """A stream without '-- schema:' that may yet be a source table (load_all knows them all)."""
 
@@ -1107,6 +1120,13 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
             sources.setdefault(table.name, table)
     token = _INPUT_TABLES.set(sources)
     try:
+        for path in paths:          # a join of tables is read through its change topic by the tables on it
+            try:
+                table = parse(path)
+            except DefinitionError:
+                continue
+            if table.table_join and table.output_topic:
+                sources.setdefault(table.name, as_change_topic_source(table))
         _load_each(paths, tables, broken)
     finally:
         _INPUT_TABLES.reset(token)

@@ -14,7 +14,8 @@ from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
 
 ORDER = [("players", None), ("products", None), ("leaderboard", "leaderboard"),
-         ("movie_tickets_sold", "movie_tickets_sold"), ("movie_ticket_totals", None), ("titles_by_tickets_sold", None),
+         ("movies", "movies"), ("movie_tickets_sold", "movie_tickets_sold"), ("movie_ticket_totals", None),
+         ("movie_ticket_genres", None), ("tickets_per_genre", None),
          ("payments_per_customer", "payments_per_customer")]
 
 
@@ -36,7 +37,7 @@ def run(settings: StackSettings, events: int = 20000) -> None:
 
     started = time.monotonic()
     bootstrap = settings.kafka_bootstrap
-    for sample in ("leaderboard", "movie_tickets_sold", "payments_per_customer"):
+    for sample in ("leaderboard", "movies", "movie_tickets_sold", "payments_per_customer"):
         for topic, count in samples.produce(sample, bootstrap, None if sample == "leaderboard" else events).items():
             print(f"produced {count} records to {topic}", flush=True)
     api = AirflowApi(settings)
@@ -50,6 +51,8 @@ def run(settings: StackSettings, events: int = 20000) -> None:
 
     board = leaderboard_entries(lookup("leaderboard", ("1",)))
     print(f"leaderboard for game 1: {json.dumps(board)}")
+    print(f"tickets per genre (an aggregate over a join of tables): "
+          f"{json.dumps(lookup('tickets_per_genre', ('sci-fi',)))}")
     print(f"done in {time.monotonic() - started:.0f}s. Look at:")
     print(f"  Airflow:            {settings.airflow_url}/dags?tags=statetable  (login admin, password above)")
     print(f"  State tables page:  {settings.airflow_url}/statetable/ui")

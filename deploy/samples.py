@@ -16,6 +16,8 @@ from state.kafka_admin import ensure_topic
 from state.kafka_config import client_config
 
 TITLES = ["Die Hard", "Toy Story", "The Matrix", "Alien", "Up", "Heat", "Fargo", "Vertigo", "Jaws", "Psycho"]
+GENRES = {"Die Hard": "action", "Toy Story": "animation", "The Matrix": "sci-fi", "Alien": "sci-fi", "Up": "animation",
+          "Heat": "crime", "Fargo": "crime", "Vertigo": "thriller", "Jaws": "thriller"}   # Psycho: not catalogued
 PLAYERS = {1: "Elyse", 2: "Mitch", 3: "Isabelle", 4: "Sammy"}
 PRODUCTS = {1: "Super Smash Bros", 6: "Mario Kart"}
 SEED_SCORES = [  # (player, product, score)
@@ -75,6 +77,9 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
 
     if name == "movie_tickets_sold":
         return {"movie_ticket_sales": _send(producer, topic("movie_ticket_sales"), movie_ticket_sales(events or 10000))}
+    if name == "movies":
+        return {"movies": _send(producer, topic("movies"), ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
+                                                           for t, g in GENRES.items()))}
     if name == "payments_per_customer":
         return {"payments": _send(producer, topic("payments"), payments(events or 10000))}
     if name in ("leaderboard", "players", "products"):
@@ -89,4 +94,5 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
         scores.append((None, json.dumps({"score": 99999, "product_id": 1, "player_id": 404}).encode()))
         sent["score-events"] = _send(producer, topic("score-events"), scores)
         return sent
-    raise SystemExit(f"no sample for {name!r}; samples exist for movie_tickets_sold, payments_per_customer, leaderboard")
+    raise SystemExit(f"no sample for {name!r}; samples exist for movie_tickets_sold, movies, payments_per_customer, "
+                     f"leaderboard")

@@ -242,7 +242,7 @@ def _wipe(name: str, table, rt: Runtime) -> str:
     with jobs.table_lock(name, rt):
         tables = [jobs.state_table(table, rt)]
         if table.input_table:             # an aggregate over a table: its rows stage is local state too
-            from spark_jobs.table_aggregate import rows_table
+            from spark_jobs.table_stages import rows_table
 
             tables.append(rows_table(table, rt))
         for st in tables:

@@ -397,7 +397,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
                                    definition=definition))
     registry.drop_stale_cache(spec, rt)
     if table.input_table:               # an aggregate over a table: its rows stage first, as a batch does
-        from spark_jobs.table_aggregate import rebuild_rows
+        from spark_jobs.table_stages import rebuild_rows
 
         rebuild_rows(spark, MicroBatchRunner(spark, table, tables, rt, writer=False), table, rt, last, batch_id)
     # Partition by partition, in Spark tasks beside the state (as verify compares): the driver

@@ -92,7 +92,7 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None, miss
     with table_lock(name, rt):
         tables = [state_table(table, rt)]
         if table.input_table:         # an aggregate over a table: its rows stage too, to the same batch
-            from spark_jobs.table_aggregate import rows_table
+            from spark_jobs.table_stages import rows_table
 
             tables.append(rows_table(table, rt))
         try:
@@ -158,7 +158,7 @@ def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
         started = time.monotonic()
         tables = [state_table(table, rt)]
         if table.input_table:         # the rows stage is snapshotted with its groups
-            from spark_jobs.table_aggregate import rows_table
+            from spark_jobs.table_stages import rows_table
 
             tables.append(rows_table(table, rt))
         try:

@@ -19,20 +19,19 @@ protocol as every table, applied twice.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 
-from catalog.definitions import TableDefinition
+from catalog.definitions import TableDefinition, input_definition
 from catalog.mapping import _compiled, rows_spec, state_spec
-from catalog.runtime import Runtime, arrow_filesystem, spark_path, task_replica_roots, task_state_dir
+from catalog.runtime import Runtime, arrow_filesystem, spark_path
 from state import codec, faults
-from state.table import StateTable, partition_of
+from state.table import partition_of
+from spark_jobs.table_stages import (_DELTA_SCHEMA, StageContext, _part_file, batch_folder, open_stage,
+                                     retractions_path, summary)
 
 log = logging.getLogger(__name__)
 
@@ -68,56 +67,6 @@ class RowStage:
         return tuple(values[k] for k in self.keys), self.aggregator.lift(tuple(lifted), sign)
 
 
-@dataclass(frozen=True)
-class StageContext:
-    table: TableDefinition
-    source: TableDefinition
-    batch_id: int
-    state_dir: str
-    bootstrap: str
-    snapshot_uri: str
-    namespace: str
-    retractions: str                # this batch's folder of retraction files
-    changelog: str | None = None    # the groups' changelog topic (see registry.spec_of)
-    replica_roots: tuple = ()
-
-
-def retractions_path(rt: Runtime, table: str) -> str:
-    return rt.delta_path(table, "retractions")
-
-
-def batch_folder(root: str, batch_id: int) -> str:
-    return f"{root}/b{batch_id:012d}"
-
-
-def _part_file(partition: int) -> str:
-    return f"p{partition:05d}.parquet"
-
-
-_DELTA_SCHEMA = pa.schema([("_sp", pa.int32()), ("_key", pa.binary()), ("_delta", pa.binary())])
-
-
-def _open(spec, ctx: StageContext, partition: int):
-    table = StateTable(spec, task_state_dir(ctx.state_dir), bootstrap=ctx.bootstrap, snapshot_uri=ctx.snapshot_uri,
-                       create_topics=False, seed_dirs=task_replica_roots(ctx.replica_roots))
-    hydrated = not table.has_local_state(partition)
-    try:
-        return table, table.open(partition), hydrated
-    except BaseException:
-        table.close()
-        raise
-
-
-def _summary(partition: int, part, result, ms: dict, hydrated: bool, **extra) -> pa.Table:
-    meta = part.meta
-    summary = {"partition": partition, "noop": result.noop, "keys_changed": result.keys_changed,
-               "changelog_offset": meta.changelog_offset, "digest": format(meta.digest, "016x"),
-               "key_count": meta.key_count, "applied_batch": meta.applied_batch, "purged": 0, "expired": 0,
-               "rejected": [], "ms": ms, "hydrated": hydrated,
-               "worker": os.environ.get(faults.WORKER_ENV) or socket.gethostname(), **extra}
-    return pa.table({"summary": [json.dumps(summary, default=str)]})
-
-
 def merge_rows(ctx: StageContext, group) -> pa.Table:
     """Stage 1, one task per partition of the input's keys: see the module's docstring."""
     import pyarrow.compute as pc
@@ -129,7 +78,7 @@ def merge_rows(ctx: StageContext, group) -> pa.Table:
     partition = group.column("_sp")[0].as_py()
     partials = group.filter(pc.equal(group.column("_kind"), "partial"))
     spec = rows_spec(ctx.table, ctx.namespace)
-    table, part, hydrated = _open(spec, ctx, partition)
+    table, part, hydrated = open_stage(spec, ctx, partition)
     try:
         keys, rows = encoded_keys(partials), partial_values(ctx.source, partials)
         tx = part.begin(ctx.batch_id)
@@ -161,7 +110,7 @@ def merge_rows(ctx: StageContext, group) -> pa.Table:
         if partition == 0:
             faults.point("rows.after_commit")
         ms = {"rows": round((time.monotonic() - started) * 1000)}
-        return _summary(partition, part, result, ms, hydrated, delta_keys=len(keys), groups_touched=len(deltas))
+        return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), groups_touched=len(deltas))
     finally:
         table.close()
 
@@ -184,7 +133,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
     folded: dict[bytes, tuple] = {}
     for key, delta in zip(deltas.column("_key").to_pylist(), deltas.column("_delta").to_pylist()):
         folded[key] = aggregator.merge(folded.get(key), decode(delta))
-    table, part, hydrated = _open(spec, ctx, partition)
+    table, part, hydrated = open_stage(spec, ctx, partition)
     try:
         keys = list(folded)
         tx = part.begin(ctx.batch_id)
@@ -217,7 +166,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
             changed = result.changes if not result.noop else dict(zip(keys, part.get_raw_many(keys)))
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows_of(changed or {}))
         ms = {"groups": round((time.monotonic() - started) * 1000)}
-        return _summary(partition, part, result, ms, hydrated, delta_keys=len(keys), seeded=False)
+        return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), seeded=False)
     finally:
         table.close()
 
@@ -235,7 +184,7 @@ def run_batch(runner, plan, started: float) -> dict:
     from spark_jobs.offsets import OffsetRange, spark_reader
 
     table, rt, spark = runner.table, runner.rt, runner.spark
-    source = runner.tables[table.input_table]
+    source = input_definition(table, runner.tables)
     runner._describe(plan.batch_id, "read")
     raw = spark_reader(spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), runner.reader_group)
     classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000)) \
@@ -302,12 +251,6 @@ def drop_retractions(rt: Runtime, table: str, through_batch: int) -> None:
             fs.delete_dir(entry.path)
 
 
-def rows_table(table: TableDefinition, rt: Runtime) -> StateTable:
-    """The rows stage's state table in this process (restore, snapshots, the wipe drill)."""
-    return StateTable(rows_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,
-                      snapshot_uri=rt.snapshot_uri)
-
-
 def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
     """Every group's state from the input topic's whole history up to the last commit (verify,
     rebuild): each input key's last row, each row's contribution folded into its group. Rows with
@@ -316,7 +259,7 @@ def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
     from spark_jobs.merge_task import partial_values
     from spark_jobs.offsets import OffsetRange, spark_reader
 
-    source = runner.tables[table.input_table]
+    source = input_definition(table, runner.tables)
     full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
     classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
     latest = runner._source_partials(classified, source).toArrow()
@@ -334,52 +277,3 @@ def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
     return spark.createDataFrame(frame) if frame.num_rows else None
 
 
-def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch_id: int) -> int:
-    """A rebuild's rows stage (spark_jobs.batch._rebuild): every partition replaced by the input's
-    last row per key over its whole history, committed as the rebuild's batch. Each task leaves an
-    empty retraction file first, so a rebuild that dies here and is finished from its plan (an
-    empty batch) merges nothing into the groups. Returns the rows written."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs import parse
-    from spark_jobs.offsets import OffsetRange, spark_reader
-    from spark_jobs.partition_tasks import per_state_partition
-
-    source = runner.tables[table.input_table]
-    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
-    rows = runner.partitioned(runner._source_partials(classified, source)).withColumn("_kind", F.lit("partial"))
-    ctx = StageContext(table, source, batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
-                       batch_folder(retractions_path(rt, table.name), batch_id))
-    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group),
-                                    f"rebuild {table.name}: rows")
-    return sum(s["key_count"] for s in summaries.values())
-
-
-def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
-    import pyarrow.compute as pc
-
-    from spark_jobs.arrow_pass import encoded_keys, write_parquet_atomically
-    from spark_jobs.merge_task import partial_values
-
-    started = time.monotonic()
-    partition = group.column("_sp")[0].as_py()
-    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
-    table, part, hydrated = _open(rows_spec(ctx.table, ctx.namespace), ctx, partition)
-    try:
-        wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
-        if ctx.table.table_join:             # and the index from b's keys to a's rows
-            from spark_jobs.table_join import index_entries
-
-            wanted.update(index_entries(ctx.table, ctx.source, wanted))
-        tx = part.begin(ctx.batch_id)
-        for key, _ in part.raw_items():
-            if key not in wanted:
-                tx.delete_encoded(key)
-        for key, row in wanted.items():
-            tx.put_encoded(key, row)
-        write_parquet_atomically(_DELTA_SCHEMA.empty_table(), ctx.retractions, _part_file(partition))
-        result = tx.commit()
-        return _summary(partition, part, result, {"rows": round((time.monotonic() - started) * 1000)}, hydrated)
-    finally:
-        table.close()

@@ -25,15 +25,14 @@ import time
 
 import pyarrow as pa
 
-from catalog.definitions import TableDefinition
+from catalog.definitions import TableDefinition, input_definition
 from catalog.mapping import rows_spec, state_spec
 from catalog.runtime import Runtime, arrow_filesystem
 from state import codec, faults
-from spark_jobs.table_aggregate import StageContext, _open, _summary
+from spark_jobs.table_stages import INDEX, StageContext, open_stage, summary
 
 log = logging.getLogger(__name__)
 
-INDEX = "\x00fk"         # the rows stage's index entries are (INDEX, fk, a-key); a's rows are (a-key,)
 
 
 class JoinShape:
@@ -102,7 +101,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
     shape = JoinShape(ctx.table, ctx.source, pins["right"])
     b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
     keys, rows = encoded_keys(partials), partial_values(ctx.source, partials)
-    rows_tables, part_rows, hydrated = _open(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    rows_tables, part_rows, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         tx = part_rows.begin(ctx.batch_id)
         if part_rows.meta.applied_batch < ctx.batch_id:
@@ -135,7 +134,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
     from dataclasses import replace
 
     spec = replace(spec, changelog=ctx.changelog or spec.changelog)
-    table, part, _ = _open(spec, ctx, partition)
+    table, part, _ = open_stage(spec, ctx, partition)
     try:
         tx = part.begin(ctx.batch_id)
         for a_key, a_row in a_rows.items():
@@ -160,7 +159,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
             changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows_of(changed or {}))
         ms = {"join": round((time.monotonic() - started) * 1000)}
-        return _summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
+        return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
                         affected=len(a_rows), joined=right)
     finally:
         table.close()
@@ -184,7 +183,7 @@ def run_batch(runner, plan, started: float) -> dict:
     from spark_jobs.partition_tasks import per_state_partition
 
     table, rt, spark = runner.table, runner.rt, runner.spark
-    source = runner.tables[table.input_table]
+    source = input_definition(table, runner.tables)
     right = runner.tables[table.joins[0].table]
     runner._describe(plan.batch_id, "read")
     classified = parse.classify(
@@ -239,7 +238,7 @@ def recomputed_rows(spark, runner, table: TableDefinition, rt: Runtime, last):
     from spark_jobs.offsets import OffsetRange, spark_reader
     from state.table import partition_of
 
-    source = runner.tables[table.input_table]
+    source = input_definition(table, runner.tables)
     right = runner.tables[table.joins[0].table]
     full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
     classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
@@ -259,8 +258,3 @@ def recomputed_rows(spark, runner, table: TableDefinition, rt: Runtime, last):
     return spark.createDataFrame(frame) if frame.num_rows else None
 
 
-def index_entries(table: TableDefinition, source: TableDefinition, wanted: dict) -> dict:
-    """The rows stage's index entries (encoded key -> ()) of a's rows `wanted` (encoded key -> row)."""
-    fk = source.value_columns.index(table.joins[0].stream_column.split(".")[-1])
-    return {codec.encode_key((INDEX, row[fk], codec.decode_key(key)[0])): () for key, row in wanted.items()
-            if row[fk] is not None}

@@ -116,11 +116,6 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     samples.produce("movie_tickets_sold", rt.bootstrap, 2000, suffix=suffix)     # more, in later batches
     jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)
     jobs.run("movie_ticket_totals", until_caught_up=True, spark=spark, rt=rt)
-    # The shipped aggregate over movie_ticket_totals' rows, run first here once the chain moved on:
-    # titles whose counts grew moved between its groups.
-    histogram = "titles_by_tickets_sold"
-    jobs.run(histogram, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=7)
-
     frame = pd.DataFrame([json.loads(m.value()) for m in read_topic(rt.bootstrap, "movie_ticket_sales" + suffix)])
     expected = {(t,): n for t, n in frame.groupby("title")["ticket_total_value"].count().items()}
 
@@ -137,23 +132,50 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
     assert result.keys_compared == result.upstream[0].keys_compared == len(expected)
 
-    def per_count() -> dict:
-        table, _ = jobs.load_table(histogram, rt)
-        return {k[0]: row_of(table, k, v) for k, v in jobs.state_rows(histogram, rt).items()}
+    # The rest of the shipped chain: the join with movies (a genre per title), then tickets per
+    # genre over the join's rows. The join runs before movies ever ran (no genres yet), then a
+    # title changes genre and another leaves the catalogue: their tickets move between genres.
+    jobs.run("movie_ticket_genres", until_caught_up=True, spark=spark, rt=rt)
+    jobs.run("tickets_per_genre", until_caught_up=True, spark=spark, rt=rt)
+    assert {k[0]: v[1] for k, v in jobs.state_rows("tickets_per_genre", rt).items()} == {None: len(expected)}
+    samples.produce("movies", rt.bootstrap, suffix=suffix)
+    genres = dict(samples.GENRES)
+    jobs.run("movies", until_caught_up=True, spark=spark, rt=rt)
+    jobs.run("movie_ticket_genres", until_caught_up=True, spark=spark, rt=rt)
+    jobs.run("tickets_per_genre", until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=4)
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    producer.produce("movies" + suffix, json.dumps({"title": "Alien", "genre": "horror"}).encode(), key=b"Alien")
+    producer.produce("movies" + suffix, None, key=b"Heat")
+    producer.flush()
+    genres["Alien"] = "horror"
+    del genres["Heat"]
+    for table in ("movies", "movie_ticket_genres", "tickets_per_genre"):
+        jobs.run(table, until_caught_up=True, spark=spark, rt=rt)
 
+    sold = frame.groupby("title")["ticket_total_value"].count().rename("tickets_sold").reset_index()
+    sold["genre"] = sold["title"].map(genres)            # a LEFT join: no genre is NULL
     want = {}
-    for (title,), n in sorted(expected.items()):
-        row = want.setdefault(n, {"tickets_sold": n, "titles": 0, "first_title": title, "last_titles": []})
-        row["titles"] += 1
-        row["last_titles"] = sorted(row["last_titles"] + [(title, title)], reverse=True)[:3]
-    assert per_count() == want
-    failures.inject(histogram, "wipe_local_store", rt)
-    jobs.restore(histogram, rt=rt)
-    assert per_count() == want
-    result = batch.verify(histogram, spark=spark, rt=rt)
-    assert result.ok and result.keys_compared == len(want), result.summary()
-    assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
+    for genre, group in sold.groupby(sold["genre"].fillna("\0null"), sort=False):
+        best = group.sort_values(["tickets_sold", "title"], ascending=[False, True]).head(3)
+        want[None if genre == "\0null" else genre] = {
+            "genre": None if genre == "\0null" else genre, "titles": len(group),
+            "tickets_sold": int(group["tickets_sold"].sum()), "best": int(group["tickets_sold"].max()),
+            "best_sellers": [[int(n), t] for n, t in zip(best["tickets_sold"], best["title"])]}
 
+    def per_genre() -> dict:
+        table, _ = jobs.load_table("tickets_per_genre", rt)
+        rows = {k[0]: row_of(table, k, v) for k, v in jobs.state_rows("tickets_per_genre", rt).items()}
+        return {g: {**row, "best_sellers": [list(e) for e in row["best_sellers"]]} for g, row in rows.items()}
+
+    assert per_genre() == want
+    for table in ("movie_ticket_genres", "tickets_per_genre"):
+        failures.inject(table, "wipe_local_store", rt)
+        jobs.restore(table, rt=rt)
+    assert per_genre() == want
+    result = batch.verify("tickets_per_genre", spark=spark, rt=rt)
+    assert result.ok and result.keys_compared == len(want), result.summary()
+    assert [u.table for u in result.upstream] == ["movie_ticket_genres"] and result.upstream[0].ok
+    assert result.upstream[0].keys_compared == len(expected)
 
 def test_emit_final_emits_each_window_once_when_it_closes_with_its_final_value(env, spark):
     """Out-of-order events over four batches (as the windowed test in test_microbatch): with

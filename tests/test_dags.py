@@ -45,6 +45,7 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert timetable.expression == table.schedule
         assert [a.uri for a in inc.get_task("run_batches").outlets] == [f"statetable://tables/{name}"]
         upstream = [u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic]
+        upstream += [j.table for j in table.joins] if table.table_join else []    # a join of tables: its joined one
         if upstream:        # a table on another table's change topic also runs when that one commits
             assert {a.uri for a in inc.timetable.asset_condition.objects} == \
                 {f"statetable://tables/{u}" for u in upstream}

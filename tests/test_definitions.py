@@ -14,7 +14,7 @@ TABLES = Path(__file__).resolve().parent.parent / "dags" / "tables"
 def test_shipped_tables_parse():
     tables = load_all(TABLES)
     assert set(tables) == {"movie_tickets_sold", "payments_per_customer", "players", "products", "leaderboard",
-                           "movie_ticket_totals", "titles_by_tickets_sold"}
+                           "movie_ticket_totals", "movies", "movie_ticket_genres", "tickets_per_genre"}
     movies = tables["movie_tickets_sold"]
     assert (movies.topic, movies.key_columns, movies.partitions) == ("movie_ticket_sales", ["title"], 4)
     assert [(a.name, a.function, a.args) for a in movies.aggregates] == [("tickets_sold", "count", ("ticket_total_value",))]
@@ -29,11 +29,17 @@ def test_shipped_tables_parse():
     chained = tables["movie_ticket_totals"]        # a table on movie_tickets_sold's change topic
     assert movies.output_topic == chained.topic == "movie_tickets_sold_changes"
     assert (chained.kind, chained.key_columns, chained.key_format) == ("source", ["title"], "json")
-    histogram = tables["titles_by_tickets_sold"]    # an aggregate over movie_ticket_totals' rows
-    assert (histogram.input_table, histogram.topic, histogram.key_format) == \
-        ("movie_ticket_totals", "movie_tickets_sold_changes", "json")
-    assert [(a.function, a.args) for a in histogram.aggregates] == [
-        ("count", ()), ("min", ("title",)), ("topk", ("title", "title"))]
+    genres = tables["movie_ticket_genres"]          # a join of two tables, keyed by the left one's key
+    assert (genres.table_join, genres.input_table, genres.topic, genres.key_columns) == \
+        (True, "movie_ticket_totals", "movie_tickets_sold_changes", ["title"])
+    assert [(j.table, j.kind, j.stream_column, j.table_column) for j in genres.joins] == \
+        [("movies", "left", "t.title", "title")]
+    assert genres.value_columns == ["title", "tickets_sold", "genre"]
+    per_genre = tables["tickets_per_genre"]         # an aggregate over the join's rows, via its change topic
+    assert (per_genre.over_table, per_genre.input_table, per_genre.topic, per_genre.key_format) == \
+        (True, "movie_ticket_genres", "movie_ticket_genres_changes", "json")
+    assert [(a.function, a.args) for a in per_genre.aggregates] == [
+        ("count", ()), ("sum", ("tickets_sold",)), ("max", ("tickets_sold",)), ("topk", ("tickets_sold", "title"))]
 
 
 def test_windows_and_where(tmp_path):

@@ -75,9 +75,11 @@ def table_asset(name: str) -> Asset:
 
 
 def upstream_tables(table: TableDefinition, tables: dict[str, TableDefinition]) -> list[str]:
-    """The tables whose change topic (`output_topic`) is `table`'s input."""
-    return sorted(u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic
-                  and u.name != table.name)
+    """The tables whose change topic (`output_topic`) is `table`'s input, and the tables a join of
+    tables joins (their commits change its rows)."""
+    joined = {j.table for j in table.joins} if table.table_join else set()
+    return sorted(u.name for u in tables.values() if (u.output_topic and u.output_topic == table.topic
+                                                       or u.name in joined) and u.name != table.name)
 
 
 def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefinition]):
@@ -187,14 +189,14 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
     """Every table's three DAGs, by dag_id; a table whose definition is broken gets none, and goes
     into `broken` (see `definition_errors`), so it cannot take the other tables down. An aggregate
     table without bronze (`-- bronze: off`) gets no rebuild or restore-verify DAG: both recompute
-    it from bronze."""
+    it from bronze. Tables of tables recompute from their input topic, which compaction keeps."""
     from catalog.definitions import load_all
     from catalog.runtime import Runtime
 
     tables = load_all(tables_dir or Runtime.from_env().tables_dir, broken={} if broken is None else broken)
     dags = {}
     for table in tables.values():
-        recomputable = table.bronze or table.kind == "source"
+        recomputable = table.bronze or table.kind == "source" or table.over_table   # the last two: from their topic
         dag = incremental_dag(table, tables)
         dags[dag.dag_id] = dag
         for build in (rebuild_dag, restore_verify_dag) if recomputable else ():
