@@ -1031,6 +1031,10 @@ def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.S
     if a[0] != left_alias or b[0] != right_alias or [b[1]] != right.key_columns:
         raise _fail(path, on, f"table {name!r}: join condition {on.sql()}",
                     f"ON {left_alias}.<column> = {right_alias}.{right.key_columns[0]} (b's primary key)")
+    a_type, b_type = dict(left.schema)[a[1]], dict(right.schema)[b[1]]
+    if a_type != b_type:
+        raise _invalid(path, on, f"table {name!r}: {on.sql()} compares {a_type} with {b_type}, so no row would "
+                                 f"match; declare {left_alias}.{a[1]} as {b_type}")
     columns, schema = [], []
     for projection in select.expressions:
         target = projection.this if isinstance(projection, exp.Alias) else projection

@@ -269,21 +269,53 @@ def test_an_aggregate_over_a_table_takes_the_tables_schema_topic_and_key_format(
     assert table.meaning()["input_table"] == "items"
 
 
-@pytest.mark.timeout(1500)
-def test_an_aggregate_over_a_table_is_exact_after_a_kill_at_every_fault_point(kafka, engine, tmp_path):
-    """`statetable run` of an aggregate over a table, as a client of the stack's Spark Connect
-    server, killed at every batch fault point and at both of its own (rows.after_commit: some
-    rows partitions committed with their retractions written; batch.after_rows: all of them, no
-    group merged), then run to the end. The table and its folded change topic equal pandas over
-    the input's current rows, no (group, batch) reaches the topic twice, and verify agrees."""
+JOIN = ("-- partitions: 2\n-- output_topic: {out}\nCREATE TABLE orders_tier AS "
+        "SELECT o.id, o.amount, c.tier FROM orders o JOIN customers c ON o.cust = c.id;")
+ORDERS = "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount BIGINT) WITH (topic='{topic}');"
+CUSTOMERS = "CREATE TABLE customers (id BIGINT PRIMARY KEY, tier STRING) WITH (topic='{topic}');"
+
+
+def _kill_at_every_point(rt, engine: str, table: str, between=None) -> None:
+    """`statetable run <table>` as a client of the stack's Spark Connect server, killed at every
+    point (a point in the client SIGKILLs its process group; one in a task kills that task's
+    worker and fails the run), `between()` before each, then run to the end."""
     import os
     import signal
     import subprocess
     import sys
     from pathlib import Path
 
-    from spark_jobs import batch
     from state import faults
+
+    statetable = str(Path(sys.executable).parent / "statetable")
+    env = {k: v for k, v in {**os.environ, **rt.as_env()}.items() if k != faults.ENV}
+    env.update(STATETABLE_FAULT_SCOPE="group", STATETABLE_SPARK_REMOTE=engine)
+
+    def run(fault: str | None, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([statetable, "run", table, "--max-records-per-batch", "100", *extra],
+                              env=env | ({faults.ENV: fault} if fault else {}), capture_output=True, text=True,
+                              timeout=600, start_new_session=True)
+
+    points = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
+    for point in points:
+        if between is not None:
+            between()
+        done = run(point, "--max-batches", "2")
+        assert done.returncode != 0, f"{table} at {point}: exit {done.returncode}\n{done.stderr[-2000:]}"
+        assert done.returncode == -signal.SIGKILL or "Traceback" not in done.stderr.splitlines()[-1], point
+    final = run(None, "--until-caught-up")
+    assert final.returncode == 0, final.stderr[-3000:]
+
+
+@pytest.mark.timeout(1500)
+def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, engine, spark, tmp_path):
+    """An aggregate over a table and a foreign-key join of tables, each killed at every batch fault
+    point, at both of their own (rows.after_commit: some rows partitions committed; batch.after_rows:
+    all of them, nothing merged) and inside a changelog commit, then run to the end. Each table and
+    its folded change topic equal pandas over the inputs' current rows, no (key, batch) reaches the
+    topic twice, and verify agrees. The join's other table changes and commits before every kill."""
+    from spark_jobs import batch
+    from tests.test_table_joins import current
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
     topic, out = "items" + suffix, "items-by-grp" + suffix
@@ -303,34 +335,47 @@ def test_an_aggregate_over_a_table_is_exact_after_a_kill_at_every_fault_point(ka
                       "score": float(rng.randint(0, 50))}
         producer.produce(topic, json.dumps(live[item]).encode(), key=str(item).encode())
     producer.flush()
-
-    statetable = str(Path(sys.executable).parent / "statetable")
-    env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group", "STATETABLE_SPARK_REMOTE": engine}
-
-    def run(fault: str | None = None, *extra: str) -> subprocess.CompletedProcess:
-        each = {k: v for k, v in env.items() if k != faults.ENV} | ({faults.ENV: fault} if fault else {})
-        return subprocess.run([statetable, "run", "items_by_grp", "--max-records-per-batch", "100", *extra],
-                              env=each, capture_output=True, text=True, timeout=600, start_new_session=True)
-
-    points = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
-    for point in points:
-        started = time.monotonic()
-        done = run(point, "--max-batches", "2")
-        print(f"{point}: exit {done.returncode} in {time.monotonic() - started:.1f}s")
-        assert done.returncode != 0, f"{point}: exit {done.returncode}\n{done.stderr[-2000:]}"
-        assert done.returncode == -signal.SIGKILL or "Traceback" not in done.stderr.splitlines()[-1], point
-    started = time.monotonic()
-    final = run(None, "--until-caught-up")
-    print(f"final run: {time.monotonic() - started:.1f}s")
-    assert final.returncode == 0, final.stderr[-3000:]
-
+    _kill_at_every_point(rt, engine, "items_by_grp")
     want = expected_groups(current_rows(rt.bootstrap, topic))
-    have = shown(rt, "items_by_grp")
-    assert same(have, want), f"state {have}\npandas {want}"
+    assert same(shown(rt, "items_by_grp"), want)
     folded, seen = fold_change_topic(rt.bootstrap, out)
     assert_each_batch_once_and_in_order(seen)
     assert same({json.loads(k)["grp"]: {**v, "top": [list(e) for e in v["top"]]} for k, v in folded.items()}, want)
-    from spark_jobs import session
-
-    result = batch.verify("items_by_grp", spark=session.get_or_create("statetable-tests"), rt=rt)
+    result = batch.verify("items_by_grp", spark=spark, rt=rt)
     assert result.ok, result.summary()
+
+    # The foreign-key join: orders by customer's tier.
+    orders, customers, joined = "orders" + suffix, "customers" + suffix, "orders-tier" + suffix
+    producer = new_table(rt, "orders", ORDERS.format(topic=orders), orders)
+    new_table(rt, "customers", CUSTOMERS.format(topic=customers), customers)
+    (rt.tables_dir / "orders_tier.sql").write_text("-- mirror_every: 2\n-- snapshot_every: 3\n" + JOIN.format(out=joined))
+    for n in range(900):
+        item = rng.randrange(300)
+        if rng.random() < 0.15:
+            producer.produce(orders, None, key=str(item).encode())
+        else:
+            row = {"id": item, "cust": rng.choice([None, *range(30)]), "amount": rng.randrange(100)}
+            producer.produce(orders, json.dumps(row).encode(), key=str(item).encode())
+    producer.flush()
+
+    def customers_change() -> None:
+        for _ in range(8):
+            key = rng.randrange(30)
+            value = None if rng.random() < 0.2 else json.dumps({"id": key, "tier": rng.choice(["gold", "tin"])}).encode()
+            producer.produce(customers, value, key=str(key).encode())
+        producer.flush()
+        jobs.run("customers", until_caught_up=True, spark=spark, rt=rt)
+
+    _kill_at_every_point(rt, engine, "orders_tier", customers_change)
+    a = current(rt.bootstrap, orders, ["id", "cust", "amount"])
+    b = current(rt.bootstrap, customers, ["id", "tier"])
+    merged = a.dropna(subset=["cust"]).merge(b, left_on="cust", right_on="id", suffixes=("", "_c"))
+    want = {int(r["id"]): {"id": int(r["id"]), "amount": int(r["amount"]), "tier": r["tier"]}
+            for _, r in merged.iterrows()}
+    table, _ = jobs.load_table("orders_tier", rt)
+    assert {k[0]: row_of(table, k, v) for k, v in jobs.state_rows("orders_tier", rt).items()} == want
+    folded, seen = fold_change_topic(rt.bootstrap, joined)
+    assert_each_batch_once_and_in_order(seen)
+    assert {json.loads(k)["id"]: v for k, v in folded.items()} == want
+    result = batch.verify("orders_tier", spark=spark, rt=rt)
+    assert result.ok and result.keys_compared == len(want), result.summary()

@@ -155,3 +155,28 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
     assert commit.counts["keys_changed"] == 0
     change("customers", 20)
     check(99)
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT c.id, o.amount FROM customers c JOIN orders o ON c.tier = o.id",
+     r"c.tier = o.id compares STRING with BIGINT, so no row would match; declare c.tier as BIGINT"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.tier",
+     r"ON o.<column> = c.id \(b's primary key\)"),
+    ("SELECT o.amount, c.tier FROM orders o JOIN customers c ON o.cust = c.id",
+     r"SELECT o.id \(under its own name\): the rows of a join of tables have orders's key"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE o.amount > 3",
+     r"WHERE in a join of tables is not supported"),
+    ("SELECT o.id, c.nope FROM orders o JOIN customers c ON o.cust = c.id",
+     r"unknown column c.nope: table 'customers' has columns \['id', 'tier'\]"),
+    ("SELECT o.id, n.x FROM orders o JOIN nothing n ON o.cust = n.id",
+     r"JOIN nothing AS n \(not a source table defined beside it\)|JOIN nothing n \(not a source table"),
+])
+def test_a_join_of_tables_that_cannot_mean_anything_fails_in_one_line(tmp_path, sql, message):
+    from catalog.definitions import DefinitionError, load_all
+
+    for name, text in SOURCES.items():
+        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
+    (tmp_path / "j.sql").write_text(f"CREATE TABLE j AS {sql};")
+    with pytest.raises(DefinitionError, match=message) as caught:
+        load_all(tmp_path)
+    assert "\n" not in str(caught.value)
