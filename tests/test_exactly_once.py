@@ -29,7 +29,7 @@ from tests.table_env import assert_each_batch_once_and_in_order, fold_change_top
 
 EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "1000000"))
 PER_BATCH = max(1, EVENTS // 20)
-RANDOM_KILLS = int(os.environ.get("STATETABLE_EO_RANDOM_KILLS", "3"))
+RANDOM_KILLS = int(os.environ.get("STATETABLE_EO_RANDOM_KILLS", "2"))
 TABLE = "payments_per_customer"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 

@@ -111,7 +111,7 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
             for source in ("customers", "notes"):
                 jobs.run(source, until_caught_up=True, spark=spark, rt=rt)
         for name in JOINS:
-            jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=40)
+            jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=100)
         # The two tables' states: a joined table that never ran has no rows yet.
         frames = {name: current(rt.bootstrap, topics[name], columns[name]) if run_sources or name == "orders"
                   else pd.DataFrame([], columns=columns[name], dtype=object) for name in SOURCES}
