@@ -68,6 +68,20 @@ def fold_change_topic(bootstrap: str, topic: str) -> tuple[dict, list]:
     return table, seen
 
 
+def current_rows(bootstrap: str, topic: str, columns: list[str], dtype=None) -> "pd.DataFrame":
+    """A source table's rows now, independent of the product: its topic read back with
+    confluent-kafka and folded by key (the last value wins, a tombstone deletes)."""
+    import pandas as pd
+
+    rows = {}
+    for msg in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
+        if msg.value() is None:
+            rows.pop(msg.key(), None)
+        else:
+            rows[msg.key()] = json.loads(msg.value())
+    return pd.DataFrame(list(rows.values()), columns=columns, dtype=dtype)
+
+
 def assert_each_batch_once_and_in_order(seen: list) -> None:
     assert len(seen) == len(set(seen)), "a batch's change of a key appears twice"
     batches = defaultdict(list)

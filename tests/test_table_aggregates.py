@@ -15,8 +15,8 @@ import pytest
 
 from catalog.mapping import row_of
 from spark_jobs import jobs
-from tests.table_env import (assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, new_table,
-                             read_topic)
+from tests.table_env import (assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
+                             new_table)
 
 ITEMS = ("-- partitions: 2\n"
          "CREATE TABLE items (id BIGINT PRIMARY KEY, grp STRING, v BIGINT, score DOUBLE) WITH (topic='{topic}');")
@@ -28,15 +28,8 @@ BY_GROUP = ("-- partitions: 3\n-- output_topic: {out}\n"
 GROUPS = ["a", "b", "c", "d", "e"]
 
 
-def current_rows(bootstrap: str, topic: str) -> pd.DataFrame:
-    """The input table now: its topic folded by key (last value wins, a tombstone deletes)."""
-    rows = {}
-    for msg in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
-        if msg.value() is None:
-            rows.pop(msg.key(), None)
-        else:
-            rows[msg.key()] = json.loads(msg.value())
-    return pd.DataFrame(list(rows.values()), columns=["id", "grp", "v", "score"])
+def items_now(bootstrap: str, topic: str) -> pd.DataFrame:
+    return current_rows(bootstrap, topic, ["id", "grp", "v", "score"])
 
 
 def expected_groups(frame: pd.DataFrame) -> dict:
@@ -126,7 +119,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
         producer.flush()
         commits = jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
         assert commits, f"batch {batch_no}: nothing ran"
-        want = expected_groups(current_rows(rt.bootstrap, topic))
+        want = expected_groups(items_now(rt.bootstrap, topic))
         have = shown(rt, "items_by_grp")
         assert same(have, want), f"after batch {batch_no}:\nstate {have}\npandas {want}"
         if batch_no == 3:
@@ -145,7 +138,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     failures.inject("items_by_grp", "wipe_local_store", rt)
     reports = jobs.restore("items_by_grp", rt=rt)
     assert len(reports) == 2 * 3          # the groups and the rows stage, 3 partitions each
-    assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
+    assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
     result = batch.verify("items_by_grp", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(final), result.summary()
 
@@ -154,7 +147,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
         delete(item)
     producer.flush()
     jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
-    assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
+    assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
 
     # A group's value flipped behind the table's back: verify names it, and a restore repairs it.
     # A rebuild recomputes both stages from the input's history, and later changes retract from
@@ -182,7 +175,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
         put({**live[item], "grp": "b", "v": 3})
     producer.flush()
     jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
-    assert same(shown(rt, "items_by_grp"), expected_groups(current_rows(rt.bootstrap, topic)))
+    assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
     assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
 
 
@@ -315,7 +308,6 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     its folded change topic equal pandas over the inputs' current rows, no (key, batch) reaches the
     topic twice, and verify agrees. The join's other table changes and commits before every kill."""
     from spark_jobs import batch
-    from tests.test_table_joins import current
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
     topic, out = "items" + suffix, "items-by-grp" + suffix
@@ -336,7 +328,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
         producer.produce(topic, json.dumps(live[item]).encode(), key=str(item).encode())
     producer.flush()
     _kill_at_every_point(rt, engine, "items_by_grp")
-    want = expected_groups(current_rows(rt.bootstrap, topic))
+    want = expected_groups(items_now(rt.bootstrap, topic))
     assert same(shown(rt, "items_by_grp"), want)
     folded, seen = fold_change_topic(rt.bootstrap, out)
     assert_each_batch_once_and_in_order(seen)
@@ -367,8 +359,8 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
         jobs.run("customers", until_caught_up=True, spark=spark, rt=rt)
 
     _kill_at_every_point(rt, engine, "orders_tier", customers_change)
-    a = current(rt.bootstrap, orders, ["id", "cust", "amount"])
-    b = current(rt.bootstrap, customers, ["id", "tier"])
+    a = current_rows(rt.bootstrap, orders, ["id", "cust", "amount"], dtype=object)
+    b = current_rows(rt.bootstrap, customers, ["id", "tier"], dtype=object)
     merged = a.dropna(subset=["cust"]).merge(b, left_on="cust", right_on="id", suffixes=("", "_c"))
     want = {int(r["id"]): {"id": int(r["id"]), "amount": int(r["amount"]), "tier": r["tier"]}
             for _, r in merged.iterrows()}

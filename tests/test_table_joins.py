@@ -13,8 +13,8 @@ import pytest
 
 from catalog.mapping import row_of
 from spark_jobs import jobs
-from tests.table_env import (assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, new_table,
-                             read_topic)
+from tests.table_env import (assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
+                             new_table)
 
 SOURCES = {
     "orders": "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount BIGINT) WITH (topic='{topic}');",
@@ -32,16 +32,6 @@ JOINS = {   # name -> (SQL, right table, left column, right column, how, output 
                          "notes", "id", "left", ["id", "note", "amount"]),
 }
 OUTPUT_NAMES = {"orders_tier_left": ["id", "customer", "tier"]}
-
-
-def current(bootstrap: str, topic: str, columns: list[str]) -> pd.DataFrame:
-    rows = {}
-    for msg in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
-        if msg.value() is None:
-            rows.pop(msg.key(), None)
-        else:
-            rows[msg.key()] = json.loads(msg.value())
-    return pd.DataFrame(list(rows.values()), columns=columns, dtype=object)
 
 
 def expected(name: str, frames: dict) -> dict:
@@ -113,8 +103,9 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
         for name in JOINS:
             jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=100)
         # The two tables' states: a joined table that never ran has no rows yet.
-        frames = {name: current(rt.bootstrap, topics[name], columns[name]) if run_sources or name == "orders"
-                  else pd.DataFrame([], columns=columns[name], dtype=object) for name in SOURCES}
+        frames = {name: current_rows(rt.bootstrap, topics[name], columns[name], dtype=object)
+                  if run_sources or name == "orders" else pd.DataFrame([], columns=columns[name], dtype=object)
+                  for name in SOURCES}
         for name in JOINS:
             assert shown(rt, name) == expected(name, frames), f"{name} after round {round_no}"
 
