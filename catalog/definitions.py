@@ -33,7 +33,9 @@ SUPPORTED = (
     "CREATE TABLE t AS SELECT key, AGG(...) AS name FROM stream [JOIN|LEFT JOIN table ON stream.col = table.key] "
     "[WHERE ...] GROUP BY key [, TUMBLE(ts, size[, grace]) | HOP(ts, size, advance[, grace]) | SESSION(ts, gap[, grace])] "
     "[HAVING ...] with AGG one of "
-    "COUNT, SUM, MIN, MAX, AVG, COUNT(DISTINCT x), LATEST_BY_OFFSET(x), TOPK(n, score, col, ...)"
+    "COUNT, SUM, MIN, MAX, AVG, COUNT(DISTINCT x), LATEST_BY_OFFSET(x), TOPK(n, score, col, ...); "
+    "over a table's rows: ... FROM source_table GROUP BY col; "
+    "a join of tables: SELECT a.col, b.col FROM a [LEFT] JOIN b ON a.col = b.key"
 )
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
