@@ -107,28 +107,40 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     _wait_visible(bootstrap, name, partitions)
 
 
-def wanted_replication(client, timeout: float = 5) -> int:
+_WANTED: dict[str, tuple[float, int]] = {}     # bootstrap -> (when asked, wanted replication factor)
+WANTED_TTL = 60.0
+
+
+def wanted_replication(client, timeout: float = 5, bootstrap: str | None = None) -> int:
     """The replication factor statetable asks for its topics: STATETABLE_TOPIC_REPLICATION_FACTOR,
     else the brokers' default.replication.factor (what a topic created with -1 gets); a client
-    that may not read broker configs assumes min(brokers, 3), the production convention."""
+    that may not read broker configs assumes min(brokers, 3), the production convention. Asked
+    once a minute per `bootstrap`: every batch's topic check and every /tables request need it,
+    and a broker default hardly ever changes."""
     if replication_factor() > 0:
         return replication_factor()
+    known = _WANTED.get(bootstrap) if bootstrap else None
+    if known is not None and time.monotonic() - known[0] < WANTED_TTL:
+        return known[1]
     from confluent_kafka.admin import ConfigResource
 
     brokers = client.list_topics(timeout=timeout).brokers
     try:
         resource = ConfigResource("broker", str(min(brokers)))
         configs = next(iter(client.describe_configs([resource]).values())).result(timeout)
-        return int(configs["default.replication.factor"].value)
+        wanted = int(configs["default.replication.factor"].value)
     except (KafkaException, KeyError, ValueError):
-        return min(len(brokers), 3)
+        wanted = min(len(brokers), 3)
+    if bootstrap:
+        _WANTED[bootstrap] = (time.monotonic(), wanted)
+    return wanted
 
 
 def replication_warnings(client, bootstrap: str, topics: list[str] | None = None) -> list[str]:
     """One line per topic (`topics`, or every topic but Kafka's own) whose replication factor is
     below what statetable asks for its topics: its data lives on fewer brokers than the rest, and
     one broker's disk is all that stands between it and loss. Missing topics are not reported."""
-    wanted = wanted_replication(client)
+    wanted = wanted_replication(client, bootstrap=bootstrap)
     if wanted <= 1:
         return []
     if topics is None:

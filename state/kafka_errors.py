@@ -14,13 +14,15 @@ import re
 
 from state.kafka_config import CONFIG_ENV, client_config
 
-CONNECTION_ERRORS = ("_AUTHENTICATION", "_SSL", "_ALL_BROKERS_DOWN", "_TRANSPORT")
+UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN"}    # no broker answered
+REFUSED = {"_AUTHENTICATION", "_SSL"}                              # a broker answered, and refused the client
+CONNECTION_ERRORS = REFUSED | (UNREACHABLE - {"_TIMED_OUT"})       # worth remembering: a timeout says nothing of why
 AUTHORIZATION_ERRORS = {"TOPIC_AUTHORIZATION_FAILED": "topic", "GROUP_AUTHORIZATION_FAILED": "group",
                         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional-id",
                         "CLUSTER_AUTHORIZATION_FAILED": "cluster"}
 # A partition whose leader just died or moved: asked again, the new leader answers.
-LEADER_MOVING = {"NOT_LEADER_OR_FOLLOWER", "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT",
-                 "_DESTROY_BROKER", "_TIMED_OUT", "REQUEST_TIMED_OUT", "_ALL_BROKERS_DOWN"}
+LEADER_MOVING = {"NOT_LEADER_OR_FOLLOWER", "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_DESTROY_BROKER",
+                 "REQUEST_TIMED_OUT"} | UNREACHABLE
 # What a broker lost while a batch commits can raise anywhere in it; the batch, run again from its
 # recorded plan, succeeds once the cluster has moved leadership and coordinators.
 BROKER_LOST = LEADER_MOVING | {"_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR",
@@ -44,10 +46,10 @@ def recorder(bootstrap: str):
 def broker_lost(exc: BaseException) -> str | None:
     """The name of the Kafka error behind `exc` (raised here, or in a Spark task and reported as
     text) when it is one a lost broker causes; None otherwise."""
-    found = re.search(r"KafkaError\{code=(\w+)", str(exc))
-    if found is None and exc.args and hasattr(exc.args[0], "name"):
+    if exc.args and hasattr(exc.args[0], "name"):          # a KafkaException raised in this process
         name = exc.args[0].name()
-    else:
+    else:                                                   # a task's error, as Spark reports it: text
+        found = re.search(r"KafkaError\{code=(\w+)", str(exc))
         name = found.group(1) if found else None
     return name if name in BROKER_LOST else None
 
@@ -108,4 +110,4 @@ def denied(bootstrap: str, code: str, operation: str, name: str) -> KafkaAccessE
 
 
 def is_connection_failure(error) -> bool:
-    return error.name() in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_AUTHENTICATION", "_SSL")
+    return error.name() in UNREACHABLE | REFUSED
