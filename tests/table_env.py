@@ -68,17 +68,23 @@ def fold_change_topic(bootstrap: str, topic: str) -> tuple[dict, list]:
     return table, seen
 
 
-def current_rows(bootstrap: str, topic: str, columns: list[str], dtype=None) -> "pd.DataFrame":
+def current_rows(bootstrap: str, topic: str, columns: list[str], dtype=None, valid=None) -> "pd.DataFrame":
     """A source table's rows now, independent of the product: its topic read back with
-    confluent-kafka and folded by key (the last value wins, a tombstone deletes)."""
+    confluent-kafka and folded by key (the last value wins, a tombstone deletes). A record that is
+    no JSON object, or fails `valid(row)`, is bad input: it changes nothing."""
     import pandas as pd
 
     rows = {}
     for msg in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
         if msg.value() is None:
             rows.pop(msg.key(), None)
-        else:
-            rows[msg.key()] = json.loads(msg.value())
+            continue
+        try:
+            row = json.loads(msg.value())
+        except ValueError:
+            continue
+        if isinstance(row, dict) and (valid is None or valid(row)):
+            rows[msg.key()] = row
     return pd.DataFrame(list(rows.values()), columns=columns, dtype=dtype)
 
 

@@ -16,7 +16,7 @@ import pytest
 from catalog.mapping import row_of
 from spark_jobs import jobs
 from tests.table_env import (assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
-                             new_table)
+                             new_table, read_topic)
 
 ITEMS = ("-- partitions: 2\n"
          "CREATE TABLE items (id BIGINT PRIMARY KEY, grp STRING, v BIGINT, score DOUBLE) WITH (topic='{topic}');")
@@ -29,7 +29,8 @@ GROUPS = ["a", "b", "c", "d", "e"]
 
 
 def items_now(bootstrap: str, topic: str) -> pd.DataFrame:
-    return current_rows(bootstrap, topic, ["id", "grp", "v", "score"])
+    return current_rows(bootstrap, topic, ["id", "grp", "v", "score"],
+                        valid=lambda row: row.get("v") is None or isinstance(row["v"], int))
 
 
 def expected_groups(frame: pd.DataFrame) -> dict:
@@ -116,6 +117,10 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
                 delete(item)
         if batch_no == 5:
             delete(10 ** 6)               # a delete of a row that never was: changes nothing
+        if batch_no == 2:                 # bad input: dead-lettered with its reason, counted, nothing else
+            producer.produce(topic, b"{not json", key=b"5000")
+            producer.produce(topic, json.dumps({"id": 5001, "grp": "a", "v": "many", "score": 1.0}).encode(),
+                             key=b"5001")
         producer.flush()
         commits = jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
         assert commits, f"batch {batch_no}: nothing ran"
@@ -126,6 +131,12 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
             assert "e" not in have        # an emptied group is deleted, not shown as zeros
         checked += 1
     assert checked == 7
+    from catalog.batch_log import BatchLog
+
+    assert sum(c.counts["dead_lettered"] for c in BatchLog(rt.batch_dir("items_by_grp")).commits()) == 2
+    reasons = sorted(dict(m.headers())["reason"].decode()
+                     for m in read_topic(rt.bootstrap, rt.dead_letter_topic("items_by_grp")))
+    assert len(reasons) == 2 and all(reasons), reasons
 
     # The change topic folds to the table, each batch's change of a group once.
     folded, seen = fold_change_topic(rt.bootstrap, out)
@@ -371,3 +382,26 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     assert {json.loads(k)["id"]: v for k, v in folded.items()} == want
     result = batch.verify("orders_tier", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(want), result.summary()
+
+
+def test_a_rows_contribution_applies_where_computed_keys_and_expressions_as_sql_does(tmp_path):
+    """Pure logic (spark_jobs.table_aggregate.RowStage): WHERE, a computed GROUP BY key and an
+    expression argument are evaluated per row, NULLs as SQL has them; a row WHERE drops
+    contributes nothing, so a row that stops passing leaves its group."""
+    from catalog.definitions import load_all
+    from spark_jobs.table_aggregate import RowStage
+
+    (tmp_path / "items.sql").write_text(ITEMS.format(topic="items"))
+    (tmp_path / "t.sql").write_text(
+        "CREATE TABLE t AS SELECT UPPER(grp) AS g, COUNT(*) AS n, SUM(v * 2) AS twice, MAX(score) AS best "
+        "FROM items WHERE v IS NULL OR v < 5 GROUP BY UPPER(grp)")
+    tables = load_all(tmp_path)
+    stage = RowStage(tables["t"], tables["items"])
+    agg = stage.aggregator
+    assert stage.contribution((1, "ab", 3, 2.5), 1) == (("AB",), agg.lift((1, 6, 2.5), 1))
+    assert stage.contribution((1, "ab", None, None), -1) == (("AB",), agg.lift((1, None, None), -1))
+    assert stage.contribution((1, "ab", 7, 2.5), 1) is None          # WHERE drops it
+    assert stage.contribution((1, None, 1, 1.0), 1)[0] == (None,)    # UPPER(NULL) is a NULL group
+    state = agg.merge_or_delete(None, agg.merge(stage.contribution((1, "ab", 3, 2.5), 1)[1],
+                                                stage.contribution((2, "AB", 1, 9.0), 1)[1]))
+    assert agg.result(state) == {"n": 2, "twice": 8, "best": 9.0}
