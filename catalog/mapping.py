@@ -34,6 +34,9 @@ def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     # aggregate (another GROUP BY or column) keeps this stage as it is.
     rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format")
                                 if k in meaning}}
+    if table.table_join:        # its schema is the join's output; the rows are a's, indexed by the join column
+        rows.pop("schema")
+        rows["index"] = table.joins[0].stream_column.split(".")[-1]
     return TableSpec(name, table.partitions, None, snapshot_keep=table.snapshot_keep,
                      changelog=f"{namespace}{name}-changelog", meaning=freeze_meaning(rows))
 

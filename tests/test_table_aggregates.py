@@ -189,6 +189,26 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
     assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
 
+    # A changed definition (one more column): the batch refuses it, a rebuild adopts it from the
+    # input's history, and the rows stage (the input's rows, whatever the aggregate) carries on.
+    sql = rt.tables_dir / "items_by_grp.sql"
+    sql.write_text(sql.read_text().replace("COUNT(*) AS n,", "COUNT(*) AS n, MIN(score) AS worst,"))
+    for item in sorted(live)[10:20]:
+        put({**live[item], "grp": "c", "score": float(rng.randint(0, 20))})
+    producer.flush()
+    with pytest.raises(ValueError, match="the definition changed"):
+        jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
+    batch.rebuild("items_by_grp", spark=spark, rt=rt)
+    delete(sorted(live)[10])
+    producer.flush()
+    jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
+    frame = items_now(rt.bootstrap, topic)
+    have = shown(rt, "items_by_grp")
+    assert same(have, expected_groups(frame))
+    assert {g: row["worst"] for g, row in have.items()} == \
+        {g: (None if pd.isna(v) else v) for g, v in frame.groupby("grp")["score"].min().items()}
+    assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
+
 
 def test_retracting_aggregates_fold_in_any_grouping_and_delete_an_emptied_group():
     """Pure logic: random additions and retractions, folded one by one or in random chunks, equal
