@@ -27,6 +27,9 @@ def _run(api: AirflowApi, dag_id: str, conf: dict | None = None) -> tuple[str, d
     run = api.wait_run(dag_id, run_id, timeout=1800)
     states = api.task_states(dag_id, run_id)
     print(f"  {dag_id}: {run['state']} in {time.monotonic() - started:.0f}s {states}", flush=True)
+    if states.get("run_batches") == "skipped":
+        print("    nothing new to read: it already ran on its upstream table's commit (its Asset) or its schedule",
+              flush=True)
     if run["state"] != "success":
         raise SystemExit(f"{dag_id} run {run_id} ended {run['state']}; see {api.base}/dags/{dag_id}")
     return run_id, states

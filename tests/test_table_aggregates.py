@@ -347,7 +347,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
         "-- mirror_every: 2\n-- snapshot_every: 3\n" + BY_GROUP.format(out=out))
     rng = random.Random(34)
     live: dict[int, dict] = {}
-    for n in range(900):
+    for n in range(600):
         if live and rng.random() < 0.2:
             item = rng.choice(sorted(live))
             live.pop(item)
@@ -372,7 +372,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     producer = new_table(rt, "orders", ORDERS.format(topic=orders), orders)
     new_table(rt, "customers", CUSTOMERS.format(topic=customers), customers)
     (rt.tables_dir / "orders_tier.sql").write_text("-- mirror_every: 2\n-- snapshot_every: 3\n" + JOIN.format(out=joined))
-    for n in range(900):
+    for n in range(600):
         item = rng.randrange(300)
         if rng.random() < 0.15:
             producer.produce(orders, None, key=str(item).encode())
