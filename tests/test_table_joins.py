@@ -171,3 +171,25 @@ def test_a_join_of_tables_that_cannot_mean_anything_fails_in_one_line(tmp_path, 
     with pytest.raises(DefinitionError, match=message) as caught:
         load_all(tmp_path)
     assert "\n" not in str(caught.value)
+
+
+def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
+    """Pure logic (spark_jobs.table_join): the joined row of an a-row for inner and left joins, a
+    NULL foreign key matching nothing, and b's changed keys between two pins (added, changed and
+    deleted, not the unchanged)."""
+    from catalog.definitions import load_all
+    from spark_jobs.table_join import JoinShape, changed_keys
+
+    for name, text in SOURCES.items():
+        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
+    for name, (sql, *_rest) in JOINS.items():
+        (tmp_path / f"{name}.sql").write_text(f"CREATE TABLE {name} AS {sql};")
+    tables = load_all(tmp_path)
+    inner = JoinShape(tables["orders_tier"], tables["orders"], tables["customers"])
+    left = JoinShape(tables["orders_tier_left"], tables["orders"], tables["customers"])
+    b_rows = {7: (7, "gold")}
+    assert inner.row((1, 7, 50), b_rows) == (1, 50, "gold")
+    assert inner.row((1, 8, 50), b_rows) is None and inner.row((1, None, 50), b_rows) is None
+    assert left.row((1, 8, 50), b_rows) == (1, 8, None) and left.row((1, None, 50), b_rows) == (1, None, None)
+    assert left.row(None, b_rows) is None
+    assert changed_keys({1: (1, "a"), 2: (2, "b"), 3: (3, "c")}, {1: (1, "a"), 2: (2, "x"), 4: (4, "d")}) == [2, 3, 4]
