@@ -1116,26 +1116,23 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
     is parsed once the source tables are known."""
     tables: dict[str, TableDefinition] = {}
     paths = sorted(Path(folder).glob("*.sql"))
-    sources = {}
-    for path in paths:
-        try:
-            table = parse(path)
-        except DefinitionError:
-            continue
-        if table.kind == "source" and table.input_table is None:
-            sources.setdefault(table.name, table)
+    parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
+    sources = {t.name: t for t in reversed(parsed.values())
+               if isinstance(t, TableDefinition) and t.kind == "source" and t.input_table is None}
     token = _INPUT_TABLES.set(sources)
     try:
-        for path in paths:          # a join of tables is read through its change topic by the tables on it
-            try:
-                table = parse(path)
-            except DefinitionError:
-                continue
-            if table.table_join and table.output_topic:
-                sources.setdefault(table.name, as_change_topic_source(table))
-        _load_each(paths, tables, broken)
+        # Twice: a join of tables reads source tables, and is read through its change topic by the
+        # tables on it.
+        for _ in range(2):
+            for path, result in parsed.items():
+                if isinstance(result, _NeedsSchema):
+                    parsed[path] = _parsed(path)
+            for table in parsed.values():
+                if isinstance(table, TableDefinition) and table.table_join and table.output_topic:
+                    sources.setdefault(table.name, as_change_topic_source(table))
     finally:
         _INPUT_TABLES.reset(token)
+    _load_each(parsed, tables, broken)
     for table in list(tables.values()):
         try:
             _check_joins(table, tables)
@@ -1147,10 +1144,18 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
     return tables
 
 
-def _load_each(paths: list[Path], tables: dict, broken: dict | None) -> None:
-    for path in paths:
+def _parsed(path: Path) -> "TableDefinition | DefinitionError":
+    try:
+        return parse(path)
+    except DefinitionError as exc:
+        return exc
+
+
+def _load_each(parsed: dict, tables: dict, broken: dict | None) -> None:
+    for path, table in parsed.items():
         try:
-            table = parse(path)
+            if isinstance(table, DefinitionError):
+                raise table
             if table.name in tables:
                 raise DefinitionError(f"{path}: table {table.name!r} is also defined in {tables[table.name].path}")
         except DefinitionError as exc:

@@ -55,6 +55,18 @@ def state_table(table: TableDefinition, rt: Runtime) -> StateTable:
     return StateTable(spec, rt.state_dir, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
 
 
+def stage_tables(table: TableDefinition, rt: Runtime) -> list[StateTable]:
+    """Every state table a table keeps: its own, and for a table of tables its rows stage too
+    (catalog.mapping.rows_spec), which restores, snapshots and the wipe drill treat alike."""
+    tables = [state_table(table, rt)]
+    if table.input_table:
+        from catalog.mapping import rows_spec
+
+        tables.append(StateTable(rows_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,
+                                 snapshot_uri=rt.snapshot_uri))
+    return tables
+
+
 def drop_stale_cache(spec, rt: Runtime) -> None:
     """A local store of an older definition, where the batch log says a rebuild already committed
     this one (a crash between the rebuild's commit and its folder swap, or another machine's

@@ -240,12 +240,7 @@ class _OneBatch:
 
 def _wipe(name: str, table, rt: Runtime) -> str:
     with jobs.table_lock(name, rt):
-        tables = [jobs.state_table(table, rt)]
-        if table.input_table:             # an aggregate over a table: its rows stage is local state too
-            from spark_jobs.table_stages import rows_table
-
-            tables.append(rows_table(table, rt))
-        for st in tables:
+        for st in jobs.stage_tables(table, rt):     # a table of tables' rows stage is local state too
             try:
                 st.wipe_local()
             finally:

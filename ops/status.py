@@ -97,7 +97,7 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
     pending = batch_log.pending_plan()
     last = commits[-1] if commits else None
     try:
-        current_lag = lag(table.name, rt, table.topic)
+        current_lag = lag(table.name, rt, table.topic, table)
     except OffsetDiscontinuity as exc:
         current_lag = f"discontinuity: {exc}"
     except Exception as exc:        # the page must render even with the broker down

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from state import faults
 from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
-                                 readonly_partitions, spec_of, state_rows, state_table, table_lock)
+                                 readonly_partitions, spec_of, stage_tables, state_rows, state_table, table_lock)
 from catalog.definitions import DefinitionError
 from catalog.runtime import Runtime
 
@@ -90,11 +90,7 @@ def restore(name: str, batch: int | None = None, rt: Runtime | None = None, miss
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
     with table_lock(name, rt):
-        tables = [state_table(table, rt)]
-        if table.input_table:         # an aggregate over a table: its rows stage too, to the same batch
-            from spark_jobs.table_stages import rows_table
-
-            tables.append(rows_table(table, rt))
+        tables = stage_tables(table, rt)          # a table of tables' rows stage too, to the same batch
         try:
             return [st.restore(p, batch) for st in tables for p in range(table.partitions)
                     if not (missing_only and st.has_local_state(p))]
@@ -156,11 +152,7 @@ def snapshot_if_due(name: str, rt: Runtime | None = None) -> dict:
             return {"batch": None, "partitions": [], "seconds": 0.0}
         due = due_snapshots(table, rt, last.batch_id)
         started = time.monotonic()
-        tables = [state_table(table, rt)]
-        if table.input_table:         # the rows stage is snapshotted with its groups
-            from spark_jobs.table_stages import rows_table
-
-            tables.append(rows_table(table, rt))
+        tables = stage_tables(table, rt)          # a table of tables' rows stage with its own state
         try:
             for st in tables:
                 for p in due:

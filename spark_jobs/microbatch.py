@@ -210,7 +210,7 @@ class MicroBatchRunner:
     def lag(self) -> int:
         from spark_jobs.offsets import lag
 
-        return lag(self.table.name, self.rt, self.table.topic)
+        return lag(self.table.name, self.rt, self.table.topic, self.table)
 
     # ------------------------------------------------------------------ run
     def run(self, max_batches: int | None = None, until_caught_up: bool = False) -> list[BatchCommit]:

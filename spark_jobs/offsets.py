@@ -141,22 +141,22 @@ def next_starts(table: str, topic: str, marks: dict[int, tuple[int, int]], curre
     return {p: read_ends.get(p, 0) for p in marks}
 
 
-def lag(name: str, rt: Runtime, topic: str | None = None) -> int:
+def lag(name: str, rt: Runtime, topic: str | None = None, table=None) -> int:
     """Records in the table's topic after its last committed batch (the pending plan's too).
 
     Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
     a reset is never shown as "nothing to read"."""
     from catalog import registry
 
-    table = registry.load_table(name, rt)[0]
+    table = table or registry.load_table(name, rt)[0]     # callers holding the definition pass it
     topic = topic or table.topic
-    position = BatchLog(rt.batch_dir(name)).read_position()
+    batch_log = BatchLog(rt.batch_dir(name))
+    position = batch_log.read_position()
+    moved = 0
     if table.table_join:             # a joined table's new batch is work too (counted as one record)
         from spark_jobs.mirror import joined_tables_moved
 
-        moved = int(joined_tables_moved(rt, table, BatchLog(rt.batch_dir(name)).last_commit()))
-    else:
-        moved = 0
+        moved = int(joined_tables_moved(rt, table, batch_log.last_commit()))
     try:
         marks = watermarks(rt.bootstrap, topic)
     except LookupError:

@@ -30,8 +30,8 @@ from catalog.mapping import _compiled, rows_spec, state_spec
 from catalog.runtime import Runtime, arrow_filesystem, spark_path
 from state import codec, faults
 from state.table import partition_of
-from spark_jobs.table_stages import (_DELTA_SCHEMA, StageContext, _part_file, batch_folder, open_stage,
-                                     retractions_path, summary)
+from spark_jobs.table_stages import (_DELTA_SCHEMA, StageContext, _part_file, batch_folder, input_history,
+                                     open_stage, read_input, retractions_path, summary)
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,8 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
     the table's state, its change topic and its mirror changes."""
     import pyarrow.compute as pc
 
-    from spark_jobs.merge_task import change_records
-    from spark_jobs.mirror import change_rows, write_change_rows
+    from spark_jobs.merge_task import _unbatched_rows, outputs_of
+    from spark_jobs.mirror import write_change_rows
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
@@ -144,14 +144,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
             else:
                 tx.put_encoded(key, new)
 
-        def rows_of(changed: dict):
-            return change_rows(ctx.table, [codec.decode_key(k) for k in changed],
-                               [None if v is None else decode(v) for v in changed.values()], aggregator)
-
-        def outputs(changes: dict) -> list:
-            return change_records(ctx.table.output_topic, rows_of(changes)) if changes else []
-
-        result = tx.commit(outputs if ctx.table.output_topic else None)
+        result = tx.commit(outputs_of(ctx.table, aggregator))
         if result.rejected:
             raise RuntimeError(
                 f"table {ctx.table.name!r} batch {ctx.batch_id}: {len(result.rejected)} groups would outgrow one state "
@@ -164,7 +157,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
             # A re-run of a committed partition writes the rows its keys have now (its first run
             # may have died before this file).
             changed = result.changes if not result.noop else dict(zip(keys, part.get_raw_many(keys)))
-            write_change_rows(mirror_dir, ctx.batch_id, partition, rows_of(changed or {}))
+            write_change_rows(mirror_dir, ctx.batch_id, partition, _unbatched_rows(ctx.table, aggregator, {}, changed or {}))
         ms = {"groups": round((time.monotonic() - started) * 1000)}
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), seeded=False)
     finally:
@@ -175,43 +168,25 @@ def run_batch(runner, plan, started: float) -> dict:
     """One batch of an aggregate over a table (MicroBatchRunner.run_one): read the input table's
     records in the plan's ranges with Spark's Kafka source, dead-letter what its schema refuses,
     then the two stages. Returns what MicroBatchRunner._commit_batch records."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots
-    from spark_jobs import mirror, parse
+    from spark_jobs import mirror
     from spark_jobs.partition_tasks import per_state_partition
-    from spark_jobs.offsets import OffsetRange, spark_reader
 
     table, rt, spark = runner.table, runner.rt, runner.spark
     source = input_definition(table, runner.tables)
-    runner._describe(plan.batch_id, "read")
-    raw = spark_reader(spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), runner.reader_group)
-    classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000)) \
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    read_count = sum(reasons.values())
-    reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)      # tombstones are deletes, not errors
-    steps = {"read": time.monotonic() - started}
-    faults.point("batch.after_read")
-    log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
-             read_count, source.name, steps["read"], read_count / max(steps["read"], 1e-6))
-
-    runner._describe(plan.batch_id, "dead_letters")
-    dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
-    dead_count = runner._write_dead_letters(dead, plan.batch_id)
-    steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
-    faults.point("batch.after_dead_letters")
-    faults.point("batch.after_bronze")          # an aggregate over a table keeps no bronze (verify reads the topic)
+    read = read_input(runner, plan, started, source)
+    steps = read.steps
 
     root = retractions_path(rt, table.name)
     ctx = StageContext(table, source, plan.batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
                        batch_folder(root, plan.batch_id), runner.spec.changelog, local_replica_roots(rt))
     runner._describe(plan.batch_id, "rows")
-    rows = runner.partitioned(runner._source_partials(classified, source)).withColumn("_kind", F.lit("partial"))
+    rows = runner.partitioned(runner._source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
     row_summaries = per_state_partition(spark, rows, table.partitions, lambda group: merge_rows(ctx, group),
                                         f"{table.name} batch {plan.batch_id}: rows")
-    classified.unpersist()
+    read.classified.unpersist()
     steps["rows"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_rows")
 
@@ -229,7 +204,7 @@ def run_batch(runner, plan, started: float) -> dict:
              "groups in %.1fs", table.name, plan.batch_id, rows_changed,
              sum(s["groups_touched"] for s in row_summaries.values()),
              sum(s["keys_changed"] for s in summaries.values()), steps["rows"] + steps["groups"])
-    return {"reasons": reasons, "read": read_count, "late": 0, "dead": dead_count, "refused": {},
+    return {"reasons": read.reasons, "read": read.read, "late": 0, "dead": read.dead, "refused": {},
             "refused_counts": {}, "summaries": summaries,
             "delta_keys": sum(s["delta_keys"] for s in row_summaries.values()), "watermark": None,
             "steps": steps, "extra": {"rows_changed": rows_changed}, "release": ()}
@@ -255,14 +230,10 @@ def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
     """Every group's state from the input topic's whole history up to the last commit (verify,
     rebuild): each input key's last row, each row's contribution folded into its group. Rows with
     `_sp`, `_k*` and `_state` (the encoded state), as MicroBatchRunner.partitioned gives them."""
-    from spark_jobs import parse
     from spark_jobs.merge_task import partial_values
-    from spark_jobs.offsets import OffsetRange, spark_reader
 
     source = input_definition(table, runner.tables)
-    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
-    latest = runner._source_partials(classified, source).toArrow()
+    latest = input_history(spark, runner, table, rt, last, source).toArrow()
     stage = RowStage(table, source)
     groups: dict[tuple, tuple] = {}
     for row in partial_values(source, latest):

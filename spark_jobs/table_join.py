@@ -29,7 +29,7 @@ from catalog.definitions import TableDefinition, input_definition
 from catalog.mapping import rows_spec, state_spec
 from catalog.runtime import Runtime, arrow_filesystem
 from state import codec, faults
-from spark_jobs.table_stages import INDEX, StageContext, open_stage, summary
+from spark_jobs.table_stages import INDEX, StageContext, input_history, open_stage, read_input, summary
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
     import pyarrow.compute as pc
 
     from spark_jobs.arrow_pass import encoded_keys
-    from spark_jobs.merge_task import change_records, partial_values
-    from spark_jobs.mirror import change_rows, write_change_rows
+    from spark_jobs.merge_task import _unbatched_rows, outputs_of, partial_values
+    from spark_jobs.mirror import write_change_rows
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
@@ -144,20 +144,13 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
             else:
                 tx.put((a_key,), joined)
 
-        def rows_of(changed: dict):
-            return change_rows(ctx.table, [codec.decode_key(k) for k in changed],
-                               [None if v is None else codec.decode_value(v) for v in changed.values()], None)
-
-        def outputs(changes: dict) -> list:
-            return change_records(ctx.table.output_topic, rows_of(changes)) if changes else []
-
-        result = tx.commit(outputs if ctx.table.output_topic else None)
+        result = tx.commit(outputs_of(ctx.table, None))
         if partition == 0:
             faults.point("batch.mid_merge")
         if mirror_dir is not None:
             encoded = [codec.encode_key((k,)) for k in a_rows]
             changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
-            write_change_rows(mirror_dir, ctx.batch_id, partition, rows_of(changed or {}))
+            write_change_rows(mirror_dir, ctx.batch_id, partition, _unbatched_rows(ctx.table, None, {}, changed or {}))
         ms = {"join": round((time.monotonic() - started) * 1000)}
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
                         affected=len(a_rows), joined=right)
@@ -174,32 +167,17 @@ def run_batch(runner, plan, started: float) -> dict:
     """One batch of a join of tables (MicroBatchRunner.run_one): a's records in the plan's ranges
     (its source-table pass, dead letters as a source table's), b's changes between its pins, and
     one merge task per partition. Returns what MicroBatchRunner._commit_batch records."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots
-    from spark_jobs import mirror, parse
-    from spark_jobs.offsets import OffsetRange, spark_reader
+    from spark_jobs import mirror
     from spark_jobs.partition_tasks import per_state_partition
 
     table, rt, spark = runner.table, runner.rt, runner.spark
     source = input_definition(table, runner.tables)
     right = runner.tables[table.joins[0].table]
-    runner._describe(plan.batch_id, "read")
-    classified = parse.classify(
-        spark_reader(spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), runner.reader_group),
-        source, source.key_columns, now_ms=int(plan.created_at * 1000)).persist(StorageLevel.MEMORY_AND_DISK)
-    reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    read_count = sum(reasons.values())
-    reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)      # tombstones are deletes
-    steps = {"read": time.monotonic() - started}
-    faults.point("batch.after_read")
-    runner._describe(plan.batch_id, "dead_letters")
-    dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
-    dead_count = runner._write_dead_letters(dead, plan.batch_id)
-    steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
-    faults.point("batch.after_dead_letters")
-    faults.point("batch.after_bronze")          # a join of tables keeps no bronze (verify reads the topic)
+    read = read_input(runner, plan, started, source)
+    steps = read.steps
 
     folder = f"{runner.log.location}/joins"
     pin = (plan.joins or {}).get(right.name, {})
@@ -212,11 +190,11 @@ def run_batch(runner, plan, started: float) -> dict:
                        "", runner.spec.changelog, local_replica_roots(rt))
     mirror_dir = mirror.changes_path(rt, table.name)
     runner._describe(plan.batch_id, "join")
-    rows = runner.partitioned(runner._source_partials(classified, source)).withColumn("_kind", F.lit("partial"))
+    rows = runner.partitioned(runner._source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
     summaries = per_state_partition(spark, rows, table.partitions,
                                     lambda group: merge_join(ctx, pins, changed_b, mirror_dir, group),
                                     f"{table.name} batch {plan.batch_id}: join")
-    classified.unpersist()
+    read.classified.unpersist()
     steps["join"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_rows")
     faults.point("batch.after_merge")
@@ -224,7 +202,7 @@ def run_batch(runner, plan, started: float) -> dict:
              "%d changed, in %.1fs", table.name, plan.batch_id, sum(s["rows_changed"] for s in summaries.values()),
              source.name, len(changed_b), right.name, pin.get("batch"), sum(s["affected"] for s in summaries.values()),
              sum(s["keys_changed"] for s in summaries.values()), steps["join"])
-    return {"reasons": reasons, "read": read_count, "late": 0, "dead": dead_count, "refused": {},
+    return {"reasons": read.reasons, "read": read.read, "late": 0, "dead": read.dead, "refused": {},
             "refused_counts": {}, "summaries": summaries,
             "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": None, "steps": steps,
             "extra": {"joined_keys_changed": len(changed_b)}, "release": ()}
@@ -233,16 +211,12 @@ def run_batch(runner, plan, started: float) -> dict:
 def recomputed_rows(spark, runner, table: TableDefinition, rt: Runtime, last):
     """Every joined row from a's whole history up to the last commit and b as that batch pinned it
     (verify, rebuild): rows with `_sp`, `_k0` and `_state` (the encoded row)."""
-    from spark_jobs import parse
     from spark_jobs.merge_task import partial_rows
-    from spark_jobs.offsets import OffsetRange, spark_reader
     from state.table import partition_of
 
     source = input_definition(table, runner.tables)
     right = runner.tables[table.joins[0].table]
-    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
-    keys, rows = partial_rows(source, runner._source_partials(classified, source).toArrow())
+    keys, rows = partial_rows(source, input_history(spark, runner, table, rt, last, source).toArrow())
     pin = (last.joins or {}).get(right.name, {})
     b_rows = pinned_rows(f"{runner.log.location}/joins", pin.get("file"), right)
     shape = JoinShape(table, source, right)

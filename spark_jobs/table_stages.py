@@ -5,6 +5,7 @@ the input's history, restored, snapshotted and wiped with it."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -17,6 +18,8 @@ from catalog.mapping import rows_spec
 from catalog.runtime import Runtime, task_replica_roots, task_state_dir
 from state import codec, faults
 from state.table import StateTable
+
+log = logging.getLogger(__name__)
 
 INDEX = "\x00fk"         # a join's rows stage also holds (INDEX, fk, a-key) entries; a's rows are (a-key,)
 
@@ -71,10 +74,56 @@ def summary(partition: int, part, result, ms: dict, hydrated: bool, **extra) -> 
     return pa.table({"summary": [json.dumps(summary, default=str)]})
 
 
-def rows_table(table: TableDefinition, rt: Runtime) -> StateTable:
-    """The rows stage's state table in this process (restore, snapshots, the wipe drill)."""
-    return StateTable(rows_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,
-                      snapshot_uri=rt.snapshot_uri)
+@dataclass
+class InputRead:
+    """A batch's input records of a table of tables: classified by the input table's schema, counted,
+    bad ones dead-lettered (a tombstone is a delete, not an error)."""
+    classified: object           # a persisted DataFrame; unpersist when the stages are done
+    reasons: dict
+    read: int
+    dead: int
+    steps: dict
+
+
+def read_input(runner, plan, started: float, source: TableDefinition) -> InputRead:
+    """The read and dead-letter steps every table of tables shares (MicroBatchRunner's fault points
+    after_read, after_dead_letters and after_bronze, which these tables keep none of)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs import parse
+    from spark_jobs.offsets import OffsetRange, spark_reader
+
+    table, rt = runner.table, runner.rt
+    runner._describe(plan.batch_id, "read")
+    raw = spark_reader(runner.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), runner.reader_group)
+    classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000)) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+    read_count = sum(reasons.values())
+    reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)      # tombstones are deletes, not errors
+    steps = {"read": time.monotonic() - started}
+    faults.point("batch.after_read")
+    log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
+             read_count, source.name, steps["read"], read_count / max(steps["read"], 1e-6))
+    runner._describe(plan.batch_id, "dead_letters")
+    dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
+    dead_count = runner._write_dead_letters(dead, plan.batch_id)
+    steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
+    faults.point("batch.after_dead_letters")
+    faults.point("batch.after_bronze")
+    return InputRead(classified, reasons, read_count, dead_count, steps)
+
+
+def input_history(spark, runner, table: TableDefinition, rt: Runtime, last, source: TableDefinition):
+    """The input table's latest row per key over its topic's whole history up to `last` (verify,
+    rebuild): compaction keeps each key's last record, which is all this needs."""
+    from spark_jobs import parse
+    from spark_jobs.offsets import OffsetRange, spark_reader
+
+    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
+    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
+    return runner._source_partials(classified, source)
 
 
 def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch_id: int) -> int:
@@ -84,14 +133,10 @@ def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch
     empty batch) merges nothing into the groups. Returns the rows written."""
     from pyspark.sql import functions as F
 
-    from spark_jobs import parse
-    from spark_jobs.offsets import OffsetRange, spark_reader
     from spark_jobs.partition_tasks import per_state_partition
 
     source = input_definition(table, runner.tables)
-    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
-    rows = runner.partitioned(runner._source_partials(classified, source)).withColumn("_kind", F.lit("partial"))
+    rows = runner.partitioned(input_history(spark, runner, table, rt, last, source)).withColumn("_kind", F.lit("partial"))
     ctx = StageContext(table, source, batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
                        batch_folder(retractions_path(rt, table.name), batch_id))
     summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group),

@@ -361,9 +361,6 @@ class RetractingTopN(_Multiset):
         score, row = value
         return None if score is None else (score, tuple(row))
 
-    def merge(self, stored, partial):
-        return _Multiset.merge(self, stored, partial)
-
     def result(self, state):
         entries = [entry for entry, n in state or () for _ in range(n)]
         entries.sort(key=lambda e: _total_key(e[1]))
