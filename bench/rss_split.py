@@ -26,38 +26,21 @@ SETTINGS = [
 ]
 
 
-def _kind(process: psutil.Process) -> str:
-    if "java" in process.name():
-        return "jvm"
-    command = " ".join(process.cmdline())
-    return "python_workers" if "pyspark.daemon" in command or "worker_daemon" in command else "driver_python"
-
-
 def peak_split(cmd: list[str], env: dict) -> dict:
+    from bench.compare.measure import rss_by_group
+
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     root = psutil.Process(child.pid)
     peak, split = 0, {}
     while child.poll() is None:
-        parts: dict[str, int] = {}
-        try:
-            for process in [root, *root.children(recursive=True)]:
-                try:
-                    kind = _kind(process)
-                    parts[kind] = parts.get(kind, 0) + process.memory_info().rss
-                    parts[kind + "_processes"] = parts.get(kind + "_processes", 0) + 1
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-        total = sum(v for k, v in parts.items() if not k.endswith("_processes"))
-        if total > peak:
-            peak, split = total, parts
+        parts = rss_by_group([root])
+        if sum(parts.values()) > peak:
+            peak, split = sum(parts.values()), parts
         time.sleep(0.1)
     if child.returncode:
         raise SystemExit(f"{cmd}: exit {child.returncode}")
-    return {"peak_mb": round(peak / 2**20),
-            **{k: v if k.endswith("_processes") else round(v / 2**20) for k, v in sorted(split.items())}}
+    return {"peak_mb": round(peak / 2**20), **{k: round(v / 2**20) for k, v in sorted(split.items())}}
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from catalog.priority import batch_niceness
 from catalog.settings import StackSettings, adopt_cluster_env, connect_token
 from deploy import spark_cluster
-from deploy.processes import ManagedProcess, require_free_ports, wait_port_free, wait_ready, write_private
+from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
+                              write_private)
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 VENV_BIN = Path(sys.executable).parent
@@ -65,9 +66,6 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
         # (spark_jobs.session.session_id). Clients add no artifacts; their code is the
         # project's, which every worker imports from PYTHONPATH.
         "spark.python.worker.reuse": "true",
-        # Each session's daemon imports the Arrow pass before it forks: workers that Spark stopped
-        # after a minute idle come back warm (spark_jobs/worker_daemon.py).
-        "spark.python.daemon.module": "spark_jobs.worker_daemon",
     })
     return conf
 
@@ -94,11 +92,75 @@ def start(settings: StackSettings) -> None:
 
 
 def foreground(settings: StackSettings, host: str) -> None:
-    """Become the server (a container's command): against STATETABLE_SPARK_MASTER, bound to
-    `host`, with the token in SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one."""
+    """Run the server (a container's command): against STATETABLE_SPARK_MASTER, bound to `host`,
+    with the token in SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one. It is warmed
+    once it answers (see `warm`), and the container lives as long as the server; a stop signal
+    reaches the server."""
+    import signal
+    import subprocess
+
     env = environment(settings, with_token=False)
     cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
-    os.execvpe(cmd[0], cmd, env)
+    server = subprocess.Popen(cmd, env=env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: server.send_signal(signum))
+    from spark_jobs.session import answers
+
+    wait_until(lambda: server.poll() is not None or answers(settings.connect_url, timeout=1.0), 180.0,
+               what=f"Spark Connect at {settings.connect_url}")
+    if server.poll() is None:
+        print(warm(settings), flush=True)
+    sys.exit(server.wait())
+
+
+WARMUP_FILE = "warmup/warmup.json"
+
+
+def warm(settings: StackSettings) -> str:
+    """Run the warm-up batch on the server that just came up (spark_jobs/warmup.py), before it is
+    reported up; one line saying what it took. A warm-up that fails leaves a working, cold server:
+    the line says why, `stack status` repeats it, and the first batch pays the warm-up instead."""
+    import json
+    import time
+
+    from catalog.runtime import Runtime
+    from spark_jobs import session, warmup
+
+    count = warmup.records()
+    folder = settings.connect_dir / "warmup"
+    if not count:
+        return f"spark-connect not warmed ({warmup.RECORDS_ENV}=0): the first batch pays the engine's warm-up"
+    started = time.monotonic()
+    try:
+        spark = session.remote_session(session.client_url(settings.connect_url, connect_token(settings)))
+        try:
+            report = warmup.warm(spark, Runtime.from_env(), folder, count)
+        finally:
+            session.done(spark)
+    except Exception as exc:            # the server still serves; its first batch will be cold
+        cause = " ".join(str(exc).split())[:300]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "warmup.json").write_text(json.dumps({"finished_at": time.time(), "error": cause}))
+        return (f"spark-connect warm-up failed after {time.monotonic() - started:.1f}s, the server is up but cold "
+                f"(its first batch pays the warm-up): {type(exc).__name__}: {cause}")
+    return (f"spark-connect warmed in {report['seconds']:.1f}s: {report['read']:,} records through "
+            f"{warmup.WARMUP_TABLE} (batch {', '.join(map(str, report['batches']))})")
+
+
+def warmup_line(settings: StackSettings) -> str | None:
+    """What the running server's last warm-up did, for `stack status`; None before any."""
+    import json
+
+    path = settings.connect_dir / WARMUP_FILE
+    proc = process(settings)
+    if not path.exists() or not proc.is_running():
+        return None
+    report = json.loads(path.read_text())
+    if report.get("error"):
+        return f"spark-connect warm-up failed: {report['error']}"
+    if report["finished_at"] < proc.pid_file.stat().st_mtime:
+        return "spark-connect not warmed since it started: its first batch pays the warm-up"
+    return f"spark-connect warmed in {report['seconds']:.1f}s ({report['read']:,} records)"
 
 
 def is_healthy(settings: StackSettings) -> bool:

@@ -43,7 +43,8 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
     for line in _kafka_lines(settings):
         print(f"{line} ({time.monotonic() - started:.1f}s)", flush=True)
     connect_server.wait_healthy(settings)
-    print(f"spark-connect {settings.connect_url} up ({time.monotonic() - started:.1f}s)", flush=True)
+    print(f"spark-connect {settings.connect_url} answers ({time.monotonic() - started:.1f}s)", flush=True)
+    print(f"{connect_server.warm(settings)} ({time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
     print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     password = airflow_server.admin_password(settings)
@@ -105,6 +106,8 @@ def restart_engine(settings: StackSettings) -> float:
     started = time.monotonic()
     connect_server.start(settings)
     connect_server.wait_healthy(settings)
+    print(f"spark-connect {settings.connect_url} answers in {time.monotonic() - started:.1f}s", flush=True)
+    print(connect_server.warm(settings), flush=True)
     seconds = time.monotonic() - started
     print(f"spark-connect {settings.connect_url} up in {seconds:.1f}s", flush=True)
     return seconds
@@ -182,6 +185,7 @@ def status_lines(settings: StackSettings) -> list[str]:
         *_durability_lines(settings, kafka),
         *cluster,
         f"spark-connect {settings.connect_url} {'up' if connect_server.is_healthy(settings) else 'down'}",
+        *filter(None, [connect_server.warmup_line(settings)]),
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
     ]
 

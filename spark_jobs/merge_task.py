@@ -26,6 +26,9 @@ from catalog.runtime import task_replica_roots, task_state_dir
 from catalog.definitions import TableDefinition
 from catalog.priority import yield_cpu_to_queries
 
+# Set by the worker daemon (spark_jobs/worker_daemon.py) when it has imported the pass: the time it did.
+PRELOADED_ENV = "STATETABLE_WORKER_DAEMON_STARTED"
+
 
 @dataclass(frozen=True)
 class MergeContext:
@@ -270,6 +273,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         summary["ms"] = ms
         summary["worker"] = os.environ.get(faults.WORKER_ENV) or socket.gethostname()
         summary["hydrated"] = hydrated
+        summary["daemon_started"] = float(os.environ.get(PRELOADED_ENV) or 0)
         summary["seeded"] = bool(table.restored.get(partition) and table.restored[partition].seeded_from)
     finally:
         table.close()

@@ -105,6 +105,7 @@ class MicroBatchRunner:
         self.dead_letter_topic = runtime.dead_letter_topic(table.name)
         self.definition = {"fingerprint": self.spec.fingerprint, "meaning": self.spec.meaning_dict()}
         self.engine = engine_of(table)
+        self._begun_at = 0.0          # wall clock of the running batch's start (run_one)
         # Every group and transactional id statetable uses starts "statetable.", then the namespace:
         # one prefixed ACL grants a deployment its own (README, "Running against a managed Kafka").
         self.reader_group = f"statetable.{runtime.namespace}{table.name}.reader"
@@ -257,6 +258,7 @@ class MicroBatchRunner:
             return None
         faults.point("batch.after_plan")
         started = time.monotonic()
+        self._begun_at = time.time()
         if self.table.over_table:
             from spark_jobs import table_aggregate
 
@@ -417,6 +419,8 @@ class MicroBatchRunner:
             "dead_lettered": dead_count + sum(refused_counts.values()),
             "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
             "delta_keys": step["delta_keys"], "purged_windows": sum(s["purged"] for s in summaries.values()),
+            **({"cold_workers": sum(s["cold"] for s in summaries.values())}
+               if any("cold" in s for s in summaries.values()) else {}),
             **({"expired_keys": sum(s["expired"] for s in summaries.values())} if self.table.ttl_ms else {}),
             **({"purge_watermark_ms": purge_at} if (purge_at := self._purge_at(plan.batch_id, watermark)) else {}),
             **{f"dead_{reason}": n for reason, n in reasons.items() if reason},
@@ -573,6 +577,12 @@ class MicroBatchRunner:
         served: dict[str, list[int]] = {}
         for p, s in sorted(summaries.items()):
             served.setdefault(s.get("worker", "?"), []).append(p)
+        for s in summaries.values():      # forked by a daemon that began during this batch: a cold engine
+            s["cold"] = not 0 < s.get("daemon_started", 0) < self._begun_at
+        cold = [p for p, s in sorted(summaries.items()) if s["cold"]]
+        if cold:
+            log.info("%s batch %d: partitions %s were merged by Python workers that started cold (their daemon "
+                     "began during this batch, imports and all): the engine was not warm", table.name, batch_id, cold)
         seeded = [p for p, s in sorted(summaries.items()) if s.get("seeded")]
         hydrated = [p for p, s in sorted(summaries.items()) if s.get("hydrated") and p not in seeded]
         log.info("%s batch %d: merged %d keys into %d partitions; the slowest task's ms: %s; partitions served by "

@@ -84,6 +84,9 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         # The Arrow pass pre-aggregates per Arrow batch: bigger batches, fewer partial rows to shuffle.
         "spark.sql.execution.arrow.maxRecordsPerBatch": os.environ.get("STATETABLE_ARROW_BATCH_RECORDS", "200000"),
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        # Each session's worker daemon imports the Arrow pass and the state library before it forks:
+        # workers Spark stopped after a minute idle come back warm (spark_jobs/worker_daemon.py).
+        "spark.python.daemon.module": "spark_jobs.worker_daemon",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
         **DELTA_CONF,
         **s3a_conf(),

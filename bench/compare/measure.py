@@ -23,34 +23,58 @@ class PeerRun:
     peak_rss_mb: float
     result: dict = field(repr=False)
     log: Path = field(repr=False)
+    rss_split_mb: dict = field(default_factory=dict)     # at the peak: MB per process group
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+def process_group(process: psutil.Process) -> str:
+    """Which of a run's process groups `process` is: a JVM (Spark's driver and executors, Flink's),
+    a PySpark Python worker (its daemon and the workers forked from it), or a driver-side Python."""
+    if "java" in process.name():
+        return "jvm"
+    command = " ".join(process.cmdline())
+    return "python_workers" if "pyspark.daemon" in command or "worker_daemon" in command or \
+        "pyspark/worker" in command else "driver_python"
+
+
+def rss_by_group(roots: list[psutil.Process]) -> dict[str, int]:
+    """Bytes of RSS per process group over the trees of `roots` (each process once)."""
+    parts: dict[str, int] = {}
+    seen: set[int] = set()
+    for root in roots:
         try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in tree:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                kind = process_group(p)
+                parts[kind] = parts.get(kind, 0) + p.memory_info().rss
+            except psutil.Error:
+                pass
+    return parts
 
 
-def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, timeout: float = 1800) -> PeerRun:
-    """Run `cmd` (which writes <out_dir>/result.json); fail loudly with the log tail if it fails."""
+def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, timeout: float = 1800,
+             also: list[int] = ()) -> PeerRun:
+    """Run `cmd` (which writes <out_dir>/result.json); fail loudly with the log tail if it fails.
+    `also`: pids of servers the peer uses (the Spark Connect server), whose process trees count
+    towards its RSS as its own children do."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").unlink(missing_ok=True)
     log = out_dir / "log.txt"
     print(f"[{name}] {' '.join(str(c) for c in cmd[:3])} ...", flush=True)
-    started, peak = time.perf_counter(), 0
+    started, peak, split = time.perf_counter(), 0, {}
     with log.open("w") as sink:
         child = subprocess.Popen([str(c) for c in cmd], stdout=sink, stderr=subprocess.STDOUT,
                                  env={**os.environ, **(env or {})}, start_new_session=True)
-        proc = psutil.Process(child.pid)
+        roots = [psutil.Process(pid) for pid in (child.pid, *also)]
         while child.poll() is None:
-            try:
-                peak = max(peak, _tree_rss(proc))
-            except psutil.NoSuchProcess:
-                pass
+            parts = rss_by_group(roots)
+            if sum(parts.values()) > peak:
+                peak, split = sum(parts.values()), parts
             if time.perf_counter() - started > timeout:
                 os.killpg(child.pid, 9)
                 raise RuntimeError(f"{name}: no result after {timeout:.0f}s; log: {log}")
@@ -63,4 +87,5 @@ def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, 
     result = json.loads(result_file.read_text())
     print(f"[{name}] done in {wall:.1f}s (processing {result.get('processing_seconds')}s), "
           f"peak RSS {peak / 2**20:.0f} MB", flush=True)
-    return PeerRun(name, round(wall, 2), round(peak / 2**20), result, log)
+    return PeerRun(name, round(wall, 2), round(peak / 2**20), result, log,
+                   {k: round(v / 2**20) for k, v in sorted(split.items())})
