@@ -23,11 +23,12 @@ from pathlib import Path
 from bench.broker import private_broker
 from bench.compare import freshness, peers, profile, report
 from bench.compare.measure import run_peer
+from bench.warm import warm_rows
 from bench.workload import compare, produce_distinct, produce_random
 from catalog.settings import PROJECT_ROOT
 
 
-def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
+def throughput(bootstrap: str, work: Path, events: int, keys: int, connect_port: int) -> dict:
     topic = "bench-count"
     started = time.perf_counter()
     reference = produce_random(bootstrap, topic, events, keys)
@@ -35,12 +36,13 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
           f"{time.perf_counter() - started:.1f}s", flush=True)
     # statetable takes the backlog in one micro-batch, as Spark Structured Streaming's availableNow does
     # without maxOffsetsPerTrigger; a second row keeps the table's default of up to 1M records a batch.
+    local = {**peers.QUIET_SPARK, "STATETABLE_SPARK_REMOTE": "local"}     # cold: a session of its own
     runs = [
         run_peer("statetable", peers.statetable(bootstrap, topic, work / "st", work / "st/data", "--batch", str(events),
-                                                "--event-log", work / "st/events"), work / "st", env=peers.QUIET_SPARK),
+                                                "--event-log", work / "st/events"), work / "st", env=local),
         run_peer("statetable (1M-record batches)", peers.statetable(
             bootstrap, topic, work / "st1m", work / "st1m/data", "--batch", "1000000", "--table", "bench_counts_1m"),
-            work / "st1m", env=peers.QUIET_SPARK),
+            work / "st1m", env=local),
         run_peer("Spark Structured Streaming", peers.spark_structured_streaming(
             bootstrap, topic, work / "sss", work / "sss/checkpoint"), work / "sss", env=peers.QUIET_SPARK),
         run_peer("Apache Flink SQL", peers.flink(bootstrap, topic, work / "flink"), work / "flink"),
@@ -55,10 +57,14 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
         rows.append({"system": run.name, "version": run.result.get("version"), "events": events,
                      "processing_seconds": run.result["processing_seconds"],
                      "events_per_s": round(events / run.result["processing_seconds"]),
-                     "wall_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb, "check": check,
-                     "detail": run.result})
+                     "wall_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
+                     "rss_split_mb": run.rss_split_mb, "check": check, "detail": run.result})
         print(f"[count] {run.name}: {rows[-1]['events_per_s']:,} events/s, "
               f"{check['differences']} keys differ from the reference", flush=True)
+    warm = warm_rows(bootstrap, topic, work / "warm", reference, connect_port)
+    for row in warm["rows"]:
+        print(f"[warm] {row['system']}: {row['events_per_s']:,} events/s, {row['check']['differences']} keys differ",
+              flush=True)
     summary = profile.summarize(work / "st/events")
     text = profile.markdown(summary, rows[0]["detail"]["batches"])
     # A second, profiled statetable run (not timed above): py-spy samples the driver and Python workers.
@@ -74,7 +80,7 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int) -> dict:
     except RuntimeError as failed:       # py-spy needs ptrace; say so in the report rather than fail the bench
         spied = {"error": str(failed)[:500]}
         text += f"\npy-spy could not profile the run here: {str(failed)[:200]}\n"
-    return {"events": events, "keys": keys, "rows": rows,
+    return {"events": events, "keys": keys, "rows": rows, "warm": warm,
             "profile": {**summary, "py_spy": spied, "markdown": text}}
 
 
@@ -127,7 +133,7 @@ def main() -> int:
                      "machine": report.machine()}
     work = Path(tempfile.mkdtemp(prefix="statetable-bench-compare-"))
     with private_broker(args.port) as cfg:
-        results["throughput"] = throughput(cfg.kafka_bootstrap, work / "count", args.events, args.keys)
+        results["throughput"] = throughput(cfg.kafka_bootstrap, work / "count", args.events, args.keys, args.port + 7)
         results["recovery"] = recovery(cfg.kafka_bootstrap, work / "recovery", args.recovery_keys)
         results["freshness"] = {"rows": [
             freshness.statetable_warm(cfg.kafka_bootstrap, work / "fresh", args.freshness_samples),
@@ -139,8 +145,9 @@ def main() -> int:
     table = report.write(results, args.out)
     print(table)
     shutil.rmtree(work, ignore_errors=True)
-    wrong = [r["check"] for part in ("throughput", "recovery") for r in results[part]["rows"]
-             if r["check"]["differences"]]
+    checked = [*results["throughput"]["rows"], *results["recovery"]["rows"], *results["throughput"]["warm"]["rows"],
+               *results["throughput"]["warm"]["first_batches"]]
+    wrong = [r["check"] for r in checked if r["check"]["differences"]]
     if wrong:
         print("RESULT MISMATCH:", json.dumps(wrong, indent=1), file=sys.stderr)
         return 1

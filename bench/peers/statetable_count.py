@@ -83,7 +83,7 @@ def main() -> None:
         commits = jobs.run(args.table, until_caught_up=True, spark=spark, rt=rt, snapshots=args.mode == "count")
         result["processing_seconds"] = round(time.perf_counter() - started, 3)
         result["batches"] = [{"batch": c.batch_id, "seconds": c.seconds, **c.counts} for c in commits]
-        spark.stop()     # also closes the event log
+        session.done(spark)     # a local session stops (closing the event log); a Connect client lets go
         if args.snapshot:
             started = time.perf_counter()
             result["snapshot"] = jobs.snapshot_if_due(args.table, rt)
