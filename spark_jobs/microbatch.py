@@ -355,7 +355,8 @@ class MicroBatchRunner:
                                    watermark_ms=plan.watermark_ms, bronze=bronze)
         self._describe(plan.batch_id, "read_parse")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group) \
-            .select("partition", "offset", "timestamp", "key", "value")
+            .select("partition", "offset", "timestamp", "value")     # what the pass reads: each column costs
+        # its share of the JVM-to-Python transfer (records of ~25 bytes: positions double the bytes)
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
         stats: dict[str, int] = {}

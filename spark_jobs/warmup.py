@@ -29,7 +29,7 @@ log = logging.getLogger("statetable.warmup")
 WARMUP_TABLE = "statetable_engine_warmup"
 WARMUP_NAMESPACE = "statetable-warmup."
 RECORDS_ENV = "STATETABLE_ENGINE_WARMUP_RECORDS"
-DEFAULT_RECORDS = 20_000
+DEFAULT_RECORDS = 100_000
 PARTITIONS = 2
 
 TABLE_SQL = """-- topic: {topic}

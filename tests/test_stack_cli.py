@@ -85,13 +85,13 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
 
     assert "Spark:       sc://127.0.0.1:27002" in up.stdout
     # The engine reported up only once its warm-up batch ran (spark_jobs/warmup.py).
-    assert re.search(r"^spark-connect warmed in [0-9.]+s: 20,000 records through statetable_engine_warmup \(batch 0\)",
+    assert re.search(r"^spark-connect warmed in [0-9.]+s: 100,000 records through statetable_engine_warmup \(batch 0\)",
                      up.stdout, re.M), up.stdout
     assert up.stdout.index("spark-connect warmed") < up.stdout.index("Airflow UI:")
 
     status = _cli(own_stack_env, "stack", "status")
     lines = status.stdout.splitlines()
-    assert re.fullmatch(r"spark-connect warmed in [0-9.]+s \(20,000 records\)", lines.pop(2)), status.stdout
+    assert re.fullmatch(r"spark-connect warmed in [0-9.]+s \(100,000 records\)", lines.pop(2)), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN]
     cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]),
                                        connect_port=27002)
