@@ -114,6 +114,7 @@ def foreground(settings: StackSettings, host: str) -> None:
 
 
 WARMUP_FILE = "warmup/warmup.json"
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 
 def warm(settings: StackSettings) -> str:
@@ -131,12 +132,19 @@ def warm(settings: StackSettings) -> str:
     if not count:
         return f"spark-connect not warmed ({warmup.RECORDS_ENV}=0): the first batch pays the engine's warm-up"
     started = time.monotonic()
+    # pyspark marks a process that made a Connect client as one for good (in its environment, which
+    # children inherit): the caller's later local sessions and child processes must not be.
+    mode = os.environ.get(CONNECT_MODE_ENV)
     try:
         spark = session.remote_session(session.client_url(settings.connect_url, connect_token(settings)))
         try:
             report = warmup.warm(spark, Runtime.from_env(), folder, count)
         finally:
             session.done(spark)
+            if mode is None:
+                os.environ.pop(CONNECT_MODE_ENV, None)
+            else:
+                os.environ[CONNECT_MODE_ENV] = mode
     except Exception as exc:            # the server still serves; its first batch will be cold
         cause = " ".join(str(exc).split())[:300]
         folder.mkdir(parents=True, exist_ok=True)
