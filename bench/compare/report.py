@@ -61,10 +61,11 @@ def _warm_section(tp: dict) -> str:
     ss = next((r for r in rows if r["system"] == "Spark Structured Streaming (warm session)"), None)
     minimal = next((r for r in rows if r["system"] == "minimal pass (warm session)"), None)
     table = _table(
-        ["system", "seconds (best)", "every run", "events/s", "vs warm Spark SS", "vs minimal pass", "result"],
+        ["system", "seconds (best)", "every run", "events/s", "speed vs warm Spark SS", "time vs minimal pass",
+         "result"],
         [[("floor: " if r.get("floor") else "") + r["system"], r["processing_seconds"], r.get("seconds", "-"),
           f"{r['events_per_s']:,}", f"{r['events_per_s'] / ss['events_per_s']:.2f}x" if ss else "-",
-          f"{minimal['processing_seconds'] / r['processing_seconds']:.2f}x" if minimal else "-",
+          f"{r['processing_seconds'] / minimal['processing_seconds']:.2f}x" if minimal else "-",
           "equal" if not r["check"]["differences"] else f"**{r['check']['differences']} differ**"] for r in rows])
     first = _table(
         ["run", "server warm-up", "first batch s", "next batch s", "first / next", "cold workers in first batch",
@@ -87,7 +88,8 @@ def _warm_section(tp: dict) -> str:
   table, and Spark Structured Streaming on a fresh checkpoint. The best run of each is shown.
 - **Connect server, warmed**: statetable as its DAGs run it. A client process runs the batch on the stack's
   Spark Connect server, which warmed itself when it started (`stack up`, `restart-engine`:
-  a batch of a scratch table). Its RSS counts the server's processes.
+  a batch of a scratch table). One run: the server's first big job after its warm-up (the warm
+  session's figure is its best of {len(rows[0]['seconds'])}). Its RSS counts the server's processes.
 
 {table}
 
