@@ -84,14 +84,22 @@ def connect_rows(bootstrap: str, topic: str, work: Path, reference: dict, port: 
     events = sum(n for n, _ in reference.values())
     rows, first_batches = [], []
     try:
+        # Twice, a fresh table each time, as the warm session runs each system: the best run is the
+        # server's steady figure, the first also pays the server's first big job after its warm-up.
         line, env, server = _connect(settings, warmup.DEFAULT_RECORDS)
-        run = _client("statetable (Connect server, warmed)", settings, bootstrap, topic, work / "connect", env,
-                      "--batch", str(events), "--table", "bench_connect")
-        check = compare(run.name, run.result.pop("counts"), reference)
-        rows.append({"system": run.name, "processing_seconds": run.result["processing_seconds"],
-                     "events_per_s": round(events / run.result["processing_seconds"]), "wall_seconds": run.wall_seconds,
-                     "peak_rss_mb": run.peak_rss_mb, "rss_split_mb": run.rss_split_mb, "check": check,
-                     "warmup": line, "server": server, "batches": run.result["batches"]})
+        runs = [_client(f"statetable (Connect server, warmed), table {i + 1}", settings, bootstrap, topic,
+                        work / f"connect-{i}", env, "--batch", str(events), "--table", f"bench_connect_{i}")
+                for i in range(2)]
+        checks = [compare(run.name, run.result.pop("counts"), reference) for run in runs]
+        best = min(runs, key=lambda run: run.result["processing_seconds"])
+        rows.append({"system": "statetable (Connect server, warmed)",
+                     "seconds": [run.result["processing_seconds"] for run in runs],
+                     "processing_seconds": best.result["processing_seconds"],
+                     "events_per_s": round(events / best.result["processing_seconds"]),
+                     "wall_seconds": best.wall_seconds, "peak_rss_mb": max(run.peak_rss_mb for run in runs),
+                     "rss_split_mb": max(runs, key=lambda run: run.peak_rss_mb).rss_split_mb,
+                     "check": max(checks, key=lambda check: check["differences"]),
+                     "warmup": line, "server": server, "batches": [run.result["batches"] for run in runs]})
         for warm_records, label in ((warmup.DEFAULT_RECORDS, "warmed"), (0, "not warmed")):
             line, env, server = _connect(settings, warm_records)
             run = _client(f"statetable, 1M-record batches after a restart ({label})", settings, bootstrap, topic,

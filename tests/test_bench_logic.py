@@ -30,6 +30,17 @@ def test_advantages_are_ratios_against_each_target():
                    ("Quix Streams", "recovery"): (12.0, True)}
 
 
+def test_warm_advantages_set_each_warm_statetable_row_against_warm_spark():
+    warm = {"rows": [{"system": "minimal pass (warm session)", "events_per_s": 900},
+                     {"system": "statetable (warm session)", "events_per_s": 600},
+                     {"system": "statetable (Connect server, warmed)", "events_per_s": 450},
+                     {"system": "Spark Structured Streaming (warm session)", "events_per_s": 300}]}
+    results = {"throughput": {"rows": [], "warm": warm}, "recovery": {"rows": []}}
+    got = {a["peer"]: (a["measured"], a["met"]) for a in report.advantages(results)}
+    assert got == {"Spark Structured Streaming (warm session), as statetable (warm session)": (2.0, True),
+                   "Spark Structured Streaming (warm session), as statetable (Connect server, warmed)": (1.5, False)}
+
+
 def test_profile_maps_stages_to_batch_steps_and_finds_the_slowest(tmp_path):
     def stage(stage_id, wall, run, cpu_ns):
         return {"Event": "SparkListenerStageCompleted", "Stage Info": {

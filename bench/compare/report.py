@@ -88,8 +88,8 @@ def _warm_section(tp: dict) -> str:
   table, and Spark Structured Streaming on a fresh checkpoint. The best run of each is shown.
 - **Connect server, warmed**: statetable as its DAGs run it. A client process runs the batch on the stack's
   Spark Connect server, which warmed itself when it started (`stack up`, `restart-engine`:
-  a batch of a scratch table). One run: the server's first big job after its warm-up (the warm
-  session's figure is its best of {len(rows[0]['seconds'])}). Its RSS counts the server's processes.
+  a batch of a scratch table). Two tables in turn, the best shown, as in the warm session; the first
+  is the server's first big job after its warm-up. Its RSS counts the server's processes.
 
 {table}
 
