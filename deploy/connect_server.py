@@ -113,7 +113,6 @@ def foreground(settings: StackSettings, host: str) -> None:
     sys.exit(server.wait())
 
 
-WARMUP_FILE = "warmup/warmup.json"
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 
@@ -121,7 +120,6 @@ def warm(settings: StackSettings) -> str:
     """Run the warm-up batch on the server that just came up (spark_jobs/warmup.py), before it is
     reported up; one line saying what it took. A warm-up that fails leaves a working, cold server:
     the line says why, `stack status` repeats it, and the first batch pays the warm-up instead."""
-    import json
     import time
 
     from catalog.runtime import Runtime
@@ -147,8 +145,7 @@ def warm(settings: StackSettings) -> str:
                 os.environ[CONNECT_MODE_ENV] = mode
     except Exception as exc:            # the server still serves; its first batch will be cold
         cause = " ".join(str(exc).split())[:300]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "warmup.json").write_text(json.dumps({"finished_at": time.time(), "error": cause}))
+        warmup.record(folder, {"finished_at": time.time(), "error": cause})
         return (f"spark-connect warm-up failed after {time.monotonic() - started:.1f}s, the server is up but cold "
                 f"(its first batch pays the warm-up): {type(exc).__name__}: {cause}")
     return (f"spark-connect warmed in {report['seconds']:.1f}s: {report['read']:,} records through "
@@ -159,7 +156,9 @@ def warmup_line(settings: StackSettings) -> str | None:
     """What the running server's last warm-up did, for `stack status`; None before any."""
     import json
 
-    path = settings.connect_dir / WARMUP_FILE
+    from spark_jobs import warmup
+
+    path = settings.connect_dir / "warmup" / warmup.REPORT
     proc = process(settings)
     if not path.exists() or not proc.is_running():
         return None

@@ -31,6 +31,7 @@ WARMUP_NAMESPACE = "statetable-warmup."
 RECORDS_ENV = "STATETABLE_ENGINE_WARMUP_RECORDS"
 DEFAULT_RECORDS = 100_000
 PARTITIONS = 2
+REPORT = "warmup.json"        # in the warm-up's folder: what the last warm-up did, for `stack status`
 
 TABLE_SQL = """-- topic: {topic}
 -- schema: k STRING, v BIGINT
@@ -104,6 +105,12 @@ def warm(spark, rt: Runtime, folder: Path, count: int | None = None) -> dict:
     report = {"finished_at": time.time(), "seconds": round(time.monotonic() - started, 2), "records": count,
               "batches": [c.batch_id for c in commits], "read": sum(c.counts["read"] for c in commits),
               "steps_ms": {k[3:]: v for c in commits for k, v in c.counts.items() if k.startswith("ms_")}}
-    (folder / "warmup.json").write_text(json.dumps(report))
+    record(folder, report)
     log.info("engine warmed in %.1fs: %d records through %s", report["seconds"], report["read"], WARMUP_TABLE)
     return report
+
+
+def record(folder: Path, report: dict) -> None:
+    """Keep what a warm-up did (or why it failed) where `stack status` reads it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / REPORT).write_text(json.dumps(report))
