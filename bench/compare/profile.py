@@ -82,7 +82,8 @@ def markdown(summary: dict, batch_steps: list[dict]) -> str:
                 totals[key[3:]] += value
     whole = sum(totals.values()) or 1
     lines = ["Step times summed over every batch of the workload-1 run (from the batch log, wall clock in the "
-             "driver) and Spark's stage metrics for the same steps (from the Spark event log):", "",
+             "driver) and Spark's stage metrics for the same steps (from the Spark event log of a separate, "
+             "profiled run):", "",
              "| step | batch-log ms | share | stage wall ms | executor run ms | executor CPU ms | GC ms |",
              "|---|---|---|---|---|---|---|"]
     for step in sorted(totals, key=lambda k: -totals[k]):
