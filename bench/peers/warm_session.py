@@ -44,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for flag in ("--bootstrap", "--topic", "--out"):
         parser.add_argument(flag, required=True)
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
 
     from pyspark.sql import functions as F
