@@ -90,20 +90,20 @@ def throughput(bootstrap: str, work: Path, events: int, keys: int, connect_port:
               flush=True)
     # A profiled statetable run (not timed above): Spark's event log for the stage metrics, and
     # py-spy sampling the driver and Python workers.
+    def profiled(folder: Path, table: str) -> list:
+        return peers.statetable(bootstrap, topic, folder, folder / "data", "--batch", str(events),
+                                "--table", table, "--event-log", folder / "events")
+
     spy = work / "st-pyspy"
-    statetable_cmd = peers.statetable(bootstrap, topic, spy, spy / "data", "--batch", str(events),
-                                      "--table", "bench_counts_spy", "--event-log", spy / "events")
     cmd = [Path(sys.executable).parent / "py-spy", "record", "--subprocesses", "--idle", "-r", "50",
-           "-f", "speedscope", "-o", spy / "profile.speedscope.json", "--", *statetable_cmd]
+           "-f", "speedscope", "-o", spy / "profile.speedscope.json", "--", *profiled(spy, "bench_counts_spy")]
     try:
         run_peer("statetable under py-spy", cmd, spy, env=local)
         spied = profile.pyspy_summary(spy / "profile.speedscope.json")
     except RuntimeError as failed:       # py-spy needs ptrace; say so in the report rather than fail the bench
         spied = {"error": str(failed)[:500]}
         spy = work / "st-profiled"
-        run_peer("statetable with its event log", peers.statetable(
-            bootstrap, topic, spy, spy / "data", "--batch", str(events), "--table", "bench_counts_profiled",
-            "--event-log", spy / "events"), spy, env=local)
+        run_peer("statetable with its event log", profiled(spy, "bench_counts_profiled"), spy, env=local)
     summary = profile.summarize(spy / "events")
     text = profile.markdown(summary, rows[0]["detail"]["batches"])
     text += "\n" + profile.pyspy_markdown(spied) if "error" not in spied else \

@@ -18,7 +18,7 @@ def installed_first(path: list[str]) -> list[str]:
     a cold batch's read step. When that zip belongs to the pyspark installed on this path (a pip
     install: <site-packages>/pyspark/python/lib/pyspark.zip), the same files unzipped, with their
     compiled bytecode, go first; the zips stay last, for an install that has only them."""
-    zips = [p for p in path if p.endswith(".zip") and Path(p).parent.parent.parent.name == "pyspark"
+    zips = [p for p in path if p.endswith(".zip") and Path(p).parents[2].name == "pyspark"
             and str(Path(p).parents[3]) in path]
     return [p for p in path if p not in zips] + zips
 
