@@ -820,6 +820,7 @@ def run(spec: PassSpec, batches):
             continue
         events, dead, read = classify(batch, spec)
         counts["read"] = counts.get("read", 0) + read
+        counts["read_bytes"] = counts.get("read_bytes", 0) + (pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0)
         for reason in dead.column("reason").to_pylist():
             counts[f"dead_{reason}"] = counts.get(f"dead_{reason}", 0) + 1
         events, late = _split_late(events, spec)

@@ -347,7 +347,7 @@ class MicroBatchRunner:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        from spark_jobs import arrow_pass
+        from spark_jobs import arrow_batches, arrow_pass
 
         table = self.table
         bronze = self._bronze_target(plan.batch_id)
@@ -359,10 +359,17 @@ class MicroBatchRunner:
         # its share of the JVM-to-Python transfer (records of ~25 bytes: positions double the bytes)
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
+        size, source = arrow_batches.record_bytes(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
+        records = arrow_batches.records_per_batch(size)
+        log.info("%s batch %d: Arrow batches of %s (%s)", table.name, plan.batch_id,
+                 f"up to {records:,} records, ~{size:.0f} value bytes a record" if records else "Spark's byte cap",
+                 source)
         stats: dict[str, int] = {}
         files: dict[str, dict[str, int]] = {}
-        for row in out.where(F.col("_kind").isin("stat", "file")).select("_kind", "file", "stat", "stat_value") \
-                .collect():
+        with arrow_batches.sized(self.spark, records):     # the job that runs the pass (out is persisted)
+            stat_rows = out.where(F.col("_kind").isin("stat", "file")) \
+                .select("_kind", "file", "stat", "stat_value").collect()
+        for row in stat_rows:
             name, value = row["stat"], row["stat_value"]
             if row["_kind"] == "file":          # a retried task reports its file again: same name
                 files.setdefault(row["file"], {})[name] = value
@@ -408,7 +415,7 @@ class MicroBatchRunner:
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
                 "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
-                "steps": steps, "extra": {k: v for k, v in stats.items() if k == "filtered"}, "release": ()}
+                "steps": steps, "extra": {k: v for k, v in stats.items() if k in ("filtered", "read_bytes")}, "release": ()}
 
     def _commit_batch(self, plan: BatchPlan, started: float, step: dict) -> BatchCommit:
         reasons, read_count, late_count, dead_count = step["reasons"], step["read"], step["late"], step["dead"]
