@@ -40,6 +40,14 @@ def records_per_batch(bytes_per_record: float | None) -> int | None:
     return max(1, min(max_records(), int(BATCH_BYTES // (bytes_per_record + POSITION_BYTES))))
 
 
+def records_for(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]]) -> tuple[int | None, str]:
+    """(the record cap for a batch over `ranges`, None for Spark's byte check; why, for its log line)."""
+    size, source = record_bytes(last_commit, bootstrap, topic, ranges)
+    records = records_per_batch(size)
+    return records, (f"up to {records:,} records, ~{size:.0f} value bytes a record ({source})" if records
+                     else f"Spark's byte cap ({source})")
+
+
 def record_bytes(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]]) -> tuple[float | None, str]:
     """(mean value bytes a record, where that figure comes from) for a batch over `ranges`."""
     counts = getattr(last_commit, "counts", None) or {}

@@ -355,15 +355,12 @@ class MicroBatchRunner:
                                    watermark_ms=plan.watermark_ms, bronze=bronze)
         self._describe(plan.batch_id, "read_parse")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group) \
-            .select("partition", "offset", "timestamp", "value")     # what the pass reads: each column costs
-        # its share of the JVM-to-Python transfer (records of ~25 bytes: positions double the bytes)
+            .select("partition", "offset", "timestamp", "value")     # what the pass reads (arrow_batches: with
+        # Spark's per-row byte check off, the positions add little to the JVM-to-Python transfer)
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
-        size, source = arrow_batches.record_bytes(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
-        records = arrow_batches.records_per_batch(size)
-        log.info("%s batch %d: Arrow batches of %s (%s)", table.name, plan.batch_id,
-                 f"up to {records:,} records, ~{size:.0f} value bytes a record" if records else "Spark's byte cap",
-                 source)
+        records, why = arrow_batches.records_for(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
+        log.info("%s batch %d: Arrow batches of %s", table.name, plan.batch_id, why)
         stats: dict[str, int] = {}
         files: dict[str, dict[str, int]] = {}
         with arrow_batches.sized(self.spark, records):     # the job that runs the pass (out is persisted)
