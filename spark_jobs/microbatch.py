@@ -490,8 +490,7 @@ class MicroBatchRunner:
                                          F.col("source_offset"), F.col("_size")).persist()
         counts = {r["reason"]: r["count"] for r in dead.groupBy("reason").count().collect()}
         if counts:
-            (dead.select("key", "value", "headers").write.format("kafka")
-             .options(**kafka_config.spark_options(self.rt.bootstrap)).option("topic", self.dead_letter_topic).save())
+            self._send_dead_letters(dead)
             (dead.select("reason", "source_partition", "source_offset",
                          F.col("value").cast("string").alias("value"), F.lit(plan.batch_id).alias("batch_id"))
              .write.format("delta").mode("append")
@@ -503,6 +502,11 @@ class MicroBatchRunner:
         return counts
 
     # ------------------------------------------------------------ sinks
+    def _send_dead_letters(self, dead) -> None:
+        """To the dead-letter topic by Spark's Kafka sink (append: the V2 sink takes no other mode)."""
+        (dead.select("key", "value", "headers").write.format("kafka").mode("append")
+         .options(**kafka_config.spark_options(self.rt.bootstrap)).option("topic", self.dead_letter_topic).save())
+
     def _write_dead_letters(self, dead, batch_id: int) -> int:
         from pyspark.sql import functions as F
 
@@ -511,9 +515,7 @@ class MicroBatchRunner:
         if not count:
             dead.unpersist()
             return 0
-        (dead.select("key", "value", "headers").write.format("kafka")
-         .options(**kafka_config.spark_options(self.rt.bootstrap))
-         .option("topic", self.dead_letter_topic).save())
+        self._send_dead_letters(dead)
         (dead.select("reason", "source_partition", "source_offset",
                      F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))
          .write.format("delta").mode("append")

@@ -63,6 +63,9 @@ def s3a_conf() -> dict[str, str]:
     return conf
 
 
+V1_SOURCES = "avro,csv,json,orc,parquet,text"     # Spark's default list without kafka
+
+
 def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
     jar_paths = [str(p) for p in spark_jars()]
     conf = {
@@ -83,6 +86,10 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.databricks.delta.snapshotPartitions": "2",
         # The Arrow pass pre-aggregates per Arrow batch: bigger batches, fewer partial rows to shuffle.
         "spark.sql.execution.arrow.maxRecordsPerBatch": os.environ.get("STATETABLE_ARROW_BATCH_RECORDS", "200000"),
+        # Kafka batch reads through Spark's DataSource V2 scan (KafkaScan), as streaming reads already
+        # go: the V1 relation turns every record into an external Row and back (a 5M-record raw read:
+        # 2.2 -> 1.5 s, 4.2 -> 2.8 s of JVM CPU). Same options, offsets and pooled consumers.
+        "spark.sql.sources.useV1SourceList": V1_SOURCES,
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # Each session's worker daemon imports the Arrow pass and the state library before it forks:
         # workers Spark stopped after a minute idle come back warm (spark_jobs/worker_daemon.py).

@@ -85,3 +85,15 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
     state = {key[0]: (row["n"], row["s"]) if isinstance(row, dict) else tuple(row)
              for key, row in jobs.state_rows(table, rt).items()}
     assert state == {k: (len(v), sum(v)) for k, v in expected.items()}
+
+
+def test_kafka_batch_reads_take_spark_s_v2_scan(kafka, spark, capsys):
+    """The V1 Kafka relation turns every record into an external Row and back; the session makes
+    Spark read Kafka batches through KafkaScan (session.V1_SOURCES)."""
+    from spark_jobs.offsets import OffsetRange, spark_reader
+    from state.kafka_admin import ensure_topic
+
+    ensure_topic(kafka, "v2-scan-check", 1)
+    spark_reader(spark, kafka, OffsetRange("v2-scan-check", {0: (0, 0)})).explain()
+    plan = capsys.readouterr().out
+    assert "BatchScan" in plan and "KafkaRelation" not in plan, plan
