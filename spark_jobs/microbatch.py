@@ -353,7 +353,7 @@ class MicroBatchRunner:
         bronze = self._bronze_target(plan.batch_id)
         spec = arrow_pass.PassSpec(table, plan.batch_id, now_ms=int(plan.created_at * 1000),
                                    watermark_ms=plan.watermark_ms, bronze=bronze)
-        self._describe(plan.batch_id, "read_parse")
+        self._describe(plan.batch_id, "read")
         raw = spark_reader(self.spark, self.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), self.reader_group) \
             .select("partition", "offset", "timestamp", "value")     # what the pass reads (arrow_batches: with
         # Spark's per-row byte check off, the positions add little to the JVM-to-Python transfer)
