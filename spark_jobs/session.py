@@ -67,6 +67,8 @@ V1_SOURCES = "avro,csv,json,orc,parquet,text"     # Spark's default list without
 
 
 def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
+    from spark_jobs import arrow_batches
+
     jar_paths = [str(p) for p in spark_jars()]
     conf = {
         "spark.app.name": app_name,
@@ -85,7 +87,7 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.driver.host": "127.0.0.1",
         "spark.databricks.delta.snapshotPartitions": "2",
         # The Arrow pass pre-aggregates per Arrow batch: bigger batches, fewer partial rows to shuffle.
-        "spark.sql.execution.arrow.maxRecordsPerBatch": os.environ.get("STATETABLE_ARROW_BATCH_RECORDS", "200000"),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(arrow_batches.max_records()),
         # Kafka batch reads through Spark's DataSource V2 scan (KafkaScan), as streaming reads already
         # go: the V1 relation turns every record into an external Row and back (a 5M-record raw read:
         # 2.2 -> 1.5 s, 4.2 -> 2.8 s of JVM CPU). Same options, offsets and pooled consumers.
