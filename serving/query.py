@@ -350,6 +350,10 @@ class QueryService:
     def parse_key(self, table: TableDefinition, raw: str, *, full: bool = True) -> tuple:
         """A key from a URL segment: a JSON array for composite keys, else the single value."""
         parts = _json_list(raw, "key") if raw.startswith("[") else [raw]
+        for part in parts:
+            if isinstance(part, str) and not _is_unicode(part):
+                raise BadQuery(f"table {table.name!r}: key {raw[:40]!r} holds a lone UTF-16 surrogate; no stored key "
+                               f"does (such records are dead-lettered as invalid_unicode)")
         width = len(key_names(table))
         if full and len(parts) != width:
             raise BadQuery(f"table {table.name!r} has a key of {width} parts {key_names(table)}; got {len(parts)}: "
@@ -468,6 +472,14 @@ class QueryService:
             if reader.replica is not None:
                 reader.replica.close()
         shutil.rmtree(self.secondary_root, ignore_errors=True)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_list(raw: str, what: str) -> list:

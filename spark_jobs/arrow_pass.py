@@ -19,6 +19,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -36,6 +37,12 @@ INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1),
 INTEGERS = set(INT_RANGES)
 SPARK_TYPE = {"LONG": "BIGINT", "DECIMAL": "DECIMAL(10,0)"}
 DIGITS = r"^-?[0-9]{1,18}$"
+INT_TEXT = re.compile(r"-?[0-9]+\Z")                 # ASCII digits only: int() takes any script's
+EPOCH_TEXT = re.compile(r"-?[0-9]{1,18}\Z")
+FLOAT_MAX = 3.4028234663852886e38
+# TIMESTAMP's range, years 1 to 9999 (what Spark and Python both hold); epochs outside it are
+# wrong_type on both engines rather than wrapped or overflowed.
+MIN_EPOCH_MS, MAX_EPOCH_MS = -62135596800000, 253402300799999
 SPLIT_BELOW = 8           # blocks this small are judged record by record
 
 
@@ -261,16 +268,28 @@ def _expr(value):
 
 
 # ---------------------------------------------------------------------------------- judging rules
-def _timestamp_ms(text: str) -> int | None:
-    """Epoch milliseconds of a TIMESTAMP field's text (ISO-8601, no offset meaning UTC), or None."""
+def _timestamp_us(text: str) -> int | None:
+    """Epoch microseconds of a TIMESTAMP field's ISO-8601 text (no offset meaning UTC), or None.
+    Exact for every instant, before 1970 too: the block reader keeps microseconds, so must this."""
     try:
         stamp = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=dt.timezone.utc)
-    return int(stamp.timestamp() * 1000) if stamp.microsecond % 1000 == 0 else \
-        (int(stamp.timestamp()) * 1000 + stamp.microsecond // 1000)
+    try:
+        return (stamp - _EPOCH) // dt.timedelta(microseconds=1)
+    except OverflowError:
+        return None
+
+
+def _timestamp_ms(text: str) -> int | None:
+    """Epoch milliseconds (floored) of ISO-8601 text, or None: WHERE's literals."""
+    us = _timestamp_us(text)
+    return None if us is None else us // 1000
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def _date(text: str) -> int | None:
@@ -280,47 +299,81 @@ def _date(text: str) -> int | None:
         return None
 
 
+class _Number(str):
+    """A JSON number as its text: each field's type decides what it is (a STRING field keeps the
+    text as written, as Spark's reader does; a huge integer is judged, never overflowed)."""
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(value: bytes):
+    return json.loads(value, parse_int=_Number, parse_float=_Number, parse_constant=_no_constant)
+
+
+def _compact(item) -> str:
+    """A JSON value as Spark's reader gives it to a STRING field: compact JSON text."""
+    if isinstance(item, _Number):
+        return str(item)
+    if isinstance(item, dict):
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_compact(v)}" for k, v in item.items()) + "}"
+    if isinstance(item, list):
+        return "[" + ",".join(_compact(v) for v in item) + "]"
+    return json.dumps(item, ensure_ascii=False)
+
+
+def _finite(text: str, limit: float | None = None) -> float:
+    number = float(text)
+    if not math.isfinite(number) or (limit is not None and abs(number) > limit):
+        raise ValueError("not a finite number of the type")
+    return number
+
+
 def _convert(value, dtype: str):
-    """A JSON value as the field's type; raises ValueError when it is not one (wrong_type)."""
+    """A JSON value (numbers as _Number text) as the field's type; raises ValueError when it is
+    not one (wrong_type). The same rules as the block reader's (parse_values)."""
     if dtype == "STRING":
-        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        return value if isinstance(value, str) and not isinstance(value, _Number) else _compact(value)
     if dtype in INTEGERS:
-        low, high = INT_RANGES[dtype]
-        if type(value) is int and low <= value <= high:
-            return value
-    elif dtype in ("DOUBLE", "FLOAT"):
-        if type(value) in (int, float):
-            number = float(value)
-            if math.isfinite(number) and (dtype == "DOUBLE" or abs(number) <= 3.4028234663852886e38):
+        if isinstance(value, _Number) and INT_TEXT.match(value):
+            low, high = INT_RANGES[dtype]
+            number = int(value)
+            if low <= number <= high:
                 return number
+    elif dtype in ("DOUBLE", "FLOAT"):
+        if isinstance(value, _Number):
+            return _finite(value, None if dtype == "DOUBLE" else FLOAT_MAX)
     elif dtype == "BOOLEAN":
         if type(value) is bool:
             return value
     elif dtype == "TIMESTAMP":
-        text = str(value) if type(value) is int else value if isinstance(value, str) else None
-        if text is not None:
-            stripped = text.strip() if isinstance(value, str) else text
-            if stripped.lstrip("-").isdigit() and len(stripped.lstrip("-")) <= 18 and stripped == text:
-                return int(text)
-            ms = _timestamp_ms(text) if isinstance(value, str) else None
-            if ms is not None:
-                return ms
+        if isinstance(value, _Number) and INT_TEXT.match(value) or isinstance(value, str) and EPOCH_TEXT.match(value):
+            ms = int(value)
+            if MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS:
+                return ms * 1000
+        elif isinstance(value, str) and not isinstance(value, _Number):
+            us = _timestamp_us(value)
+            if us is not None and MIN_EPOCH_MS * 1000 <= us <= MAX_EPOCH_MS * 1000 + 999:
+                return us
     elif dtype == "DATE":
-        days = _date(value) if isinstance(value, str) else None
+        days = _date(value) if isinstance(value, str) and not isinstance(value, _Number) else None
         if days is not None:
             return days
     elif dtype == "DECIMAL":
-        if type(value) in (int, float) and math.isfinite(value):
-            number = decimal.Decimal(str(value)).quantize(decimal.Decimal(1), rounding=decimal.ROUND_HALF_UP)
-            if abs(number) < 10 ** 10:
-                return number
+        if isinstance(value, _Number):
+            number = decimal.Decimal(value)
+            if abs(number) < 10 ** 10:      # as Spark's DECIMAL(10,0): half up, then 10 digits at most
+                number = number.quantize(decimal.Decimal(1), rounding=decimal.ROUND_HALF_UP)
+                if abs(number) < 10 ** 10:
+                    return number
     raise ValueError(dtype)
 
 
 def _judge(value: bytes, schema: list[tuple[str, str]]):
     """(reason, None) or (None, {field: value}) for one record the block parse could not take."""
     try:
-        obj = json.loads(value)
+        obj = _loads(value)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return "malformed_json", None
     if not isinstance(obj, dict):
@@ -333,7 +386,7 @@ def _judge(value: bytes, schema: list[tuple[str, str]]):
             continue
         try:
             row[name] = _convert(item, dtype)
-        except ValueError:
+        except (ValueError, ArithmeticError):
             return "wrong_type", None
     return None, row
 
@@ -364,22 +417,34 @@ def _typed(table: pa.Table, schema: list[tuple[str, str]]) -> pa.Table:
 
 
 def _timestamps(col):
-    """TIMESTAMP text: all digits means epoch milliseconds, else ISO-8601 (no offset: UTC)."""
+    """TIMESTAMP text: all digits means epoch milliseconds, else ISO-8601 (no offset: UTC).
+    Raises where a value is outside MIN_EPOCH_MS..MAX_EPOCH_MS, so its block is split and the
+    record judged alone (wrong_type), never wrapped."""
     if col.null_count == len(col):
         return pa.nulls(len(col), pa.timestamp("us", tz="UTC"))
     if pa.types.is_integer(col.type):
-        if pc.max(pc.abs(col)).as_py() >= 10 ** 18:
-            raise ValueError("epoch milliseconds past 18 digits")
-        return pc.multiply(col, 1000).cast(pa.timestamp("us", tz="UTC"))
-    digits = pc.match_substring_regex(col, DIGITS)
-    if pc.all(pc.or_kleene(digits, pc.is_null(col))).as_py():
-        return pc.multiply(pc.cast(col, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
-    if pc.any(digits).as_py():
-        raise ValueError("mixed timestamp forms")
-    try:
-        return pc.cast(col, pa.timestamp("us", tz="UTC"))
-    except pa.ArrowInvalid:
-        return pc.cast(pc.cast(col, pa.timestamp("us")), pa.timestamp("us", tz="UTC"))
+        millis = col
+    else:
+        digits = pc.match_substring_regex(col, DIGITS)
+        if pc.all(pc.or_kleene(digits, pc.is_null(col))).as_py():
+            millis = pc.cast(col, pa.int64())
+        elif pc.any(digits).as_py():
+            raise ValueError("mixed timestamp forms")
+        else:
+            try:
+                micros = pc.cast(col, pa.timestamp("us", tz="UTC"))
+            except pa.ArrowInvalid:
+                micros = pc.cast(pc.cast(col, pa.timestamp("us")), pa.timestamp("us", tz="UTC"))
+            _in_range(pc.cast(micros, pa.int64()), 1000)
+            return micros
+    _in_range(millis, 1)
+    return pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC"))
+
+
+def _in_range(values, per_ms: int) -> None:
+    low, high = pc.min(values).as_py(), pc.max(values).as_py()
+    if low is not None and (low < MIN_EPOCH_MS * per_ms or high > (MAX_EPOCH_MS + 1) * per_ms - 1):
+        raise ValueError("a time outside years 1-9999")
 
 
 # Measured on 200k records of 25 bytes: 256 KiB blocks parse in 65 ms, one 5 MB block in 94 ms.
@@ -427,28 +492,31 @@ def _read_block(values: pa.Array, schema: list[tuple[str, str]]) -> pa.Table:
 def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str]]):
     """(typed table of the records that parsed, their indices, [(index, reason)] of the rest).
 
+    One rule for a record whether it comes alone or among others: the Unicode check first
+    (invalid_unicode), then values that look like one JSON object on one line are read in
+    blocks, and anything else is judged alone (`_judge`), never inside a block, where the JSON
+    reader would read `null` as a row of nulls or give an extra object to an empty neighbour.
+
     `values` may come chunked (a column read from several files or batches): the JSON reader
     wants one contiguous buffer, so the chunks are joined once here."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.binary() if pa.types.is_string(values.type) else pa.large_binary())
     good, good_index, bad = [], [], []
+    bad += [(i, "invalid_unicode") for i in unicode_rejects(values)]
+    usable = pc.is_valid(values)
+    if bad:
+        usable = pc.and_(usable, pc.invert(pa.array(np.isin(np.arange(len(values)), [i for i, _ in bad]))))
+    simple = pc.and_(usable, looks_like_object(values))
+    block_index = pc.indices_nonzero(simple).cast(pa.int64())
+    alone_index = pc.indices_nonzero(pc.and_(usable, pc.invert(simple))).cast(pa.int64())
+    in_order = len(block_index) == len(values)
+    blocks = values if in_order else pc.take(values, block_index)
 
-    def visit(lo: int, hi: int) -> None:
-        if hi <= lo:
-            return
-        chunk = values.slice(lo, hi - lo)
-        if hi - lo >= SPLIT_BELOW:
-            try:
-                good.append(_read_block(chunk, schema))
-                good_index.append(pa.array(np.arange(lo, hi, dtype=np.int64)))
-                return
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
-                mid = (lo + hi) // 2
-                visit(lo, mid)
-                visit(mid, hi)
-                return
+    def judge(indices: list[int], raws: list) -> None:
         rows, index = [], []
-        for i, raw in enumerate(chunk.to_pylist(), start=lo):
+        for i, raw in zip(indices, raws):
             reason, row = _judge(raw, schema)
             if reason:
                 bad.append((i, reason))
@@ -459,10 +527,64 @@ def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str
             good.append(_from_rows(rows, schema))
             good_index.append(pa.array(index, pa.int64()))
 
-    visit(0, len(values))
+    def visit(lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        chunk = blocks.slice(lo, hi - lo)
+        if hi - lo >= SPLIT_BELOW:
+            try:
+                good.append(_read_block(chunk, schema))
+                good_index.append(pa.array(np.arange(lo, hi, dtype=np.int64)) if in_order
+                                  else block_index.slice(lo, hi - lo))
+                return
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+                mid = (lo + hi) // 2
+                visit(lo, mid)
+                visit(mid, hi)
+                return
+        judge(list(range(lo, hi)) if in_order else block_index.slice(lo, hi - lo).to_pylist(), chunk.to_pylist())
+
+    visit(0, len(blocks))
+    if len(alone_index):
+        judge(alone_index.to_pylist(), pc.take(values, alone_index).to_pylist())
     if good:
         return pa.concat_tables(good), pa.concat_arrays(good_index), bad
     return _from_rows([], schema), pa.array([], pa.int64()), bad
+
+
+# A JSON \u escape of a UTF-16 surrogate with no partner (an even run of backslashes before it
+# is text, not an escape). Python's and Java's regex read it alike: both engines use it.
+LONE_SURROGATE = (r"(?<!\\)(?:\\\\)*(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                  r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+_LONE_SURROGATE = re.compile(LONE_SURROGATE.encode())
+
+
+def unicode_rejects(values: pa.Array) -> list[int]:
+    """Indices of values that are not valid UTF-8, or that escape a lone surrogate: text no
+    UTF-8 column or state key can hold. Vectorised checks first; Python only for suspects."""
+    suspects = set()
+    try:
+        values.cast(pa.string() if not pa.types.is_large_binary(values.type) else pa.large_string())
+    except pa.ArrowInvalid:
+        for i, raw in enumerate(values.to_pylist()):
+            if raw is not None:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    suspects.add(i)
+    escapes = pc.fill_null(pc.match_substring_regex(values, r"\\u[dD][89a-fA-F]"), False)
+    for i in pc.indices_nonzero(escapes).to_pylist():
+        if _LONE_SURROGATE.search(values[i].as_py()):
+            suspects.add(i)
+    return sorted(suspects)
+
+
+def looks_like_object(values: pa.Array):
+    """True where a value is `{...}` on one line: what the block reader may take."""
+    first = pc.binary_slice(values, 0, 1)
+    last = pc.binary_slice(values, -1)
+    brace = pc.and_(pc.equal(first, pa.scalar(b"{", pa.binary())), pc.equal(last, pa.scalar(b"}", pa.binary())))
+    return pc.fill_null(pc.and_(brace, pc.invert(pc.match_substring(values, "\n"))), False)
 
 
 def _from_rows(rows: list[dict], schema: list[tuple[str, str]]) -> pa.Table:
@@ -470,8 +592,7 @@ def _from_rows(rows: list[dict], schema: list[tuple[str, str]]) -> pa.Table:
     for name, dtype in schema:
         items = [r[name] for r in rows]
         if dtype == "TIMESTAMP":
-            columns[name] = pa.array([None if v is None else v * 1000 for v in items], pa.int64()) \
-                .cast(pa.timestamp("us", tz="UTC"))
+            columns[name] = pa.array(items, pa.int64()).cast(pa.timestamp("us", tz="UTC"))   # _convert: us
         elif dtype == "DATE":
             columns[name] = pa.array(items, pa.int32()).cast(pa.date32())
         else:
@@ -488,19 +609,11 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     size = pc.binary_length(values)
     is_null = pc.is_null(values)
     too_large = pc.fill_null(pc.greater(size, spec.max_value_bytes), False)
-    first = pc.binary_slice(values, 0, 1)
-    last = pc.binary_slice(values, -1)
-    simple = pc.and_(pc.and_(pc.equal(first, pa.scalar(b"{", pa.binary())),
-                             pc.equal(last, pa.scalar(b"}", pa.binary()))),
-                     pc.invert(pc.match_substring(values, "\n")))
-    simple = pc.and_(pc.fill_null(simple, False), pc.invert(too_large))
-    candidates = pc.indices_nonzero(simple)
-    odd = pc.indices_nonzero(pc.and_(pc.invert(simple), pc.and_(pc.invert(is_null), pc.invert(too_large))))
-    if len(candidates) == n:          # the common case: every value looks like one object, in order
+    if not pc.any(too_large).as_py() and not pc.any(is_null).as_py():   # the common case
         idx = pa.array(np.arange(n, dtype=np.int64))
         parsed, parsed_pos, bad = parse_values(values, table.schema)
     else:
-        idx = pa.concat_arrays([candidates.cast(pa.int64()), odd.cast(pa.int64())])
+        idx = pc.indices_nonzero(pc.invert(pc.or_(too_large, is_null))).cast(pa.int64())
         parsed, parsed_pos, bad = parse_values(pc.take(values, idx), table.schema)
     good_index = pc.take(idx, parsed_pos)
     dead_index = [int(idx[i].as_py()) for i, _ in bad]

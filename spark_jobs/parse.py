@@ -4,6 +4,8 @@ Every record ends up in exactly one of two places: the parsed events, or the
 dead letters with a reason. Nothing is dropped silently:
 
   too_large          value over the size limit (not parsed at all)
+  invalid_unicode    value is not valid UTF-8, or escapes a lone UTF-16 surrogate (`"\\ud800"`):
+                     text that no state key, Arrow column or JSON answer can hold
   malformed_json     value is not a JSON object
   wrong_type         a declared field is present but does not have its type; NaN and
                      infinities are not numbers here (they break MAX, TOPK and JSON answers)
@@ -20,7 +22,7 @@ dead letters with a reason. Nothing is dropped silently:
                      the primary key's type: a delete of nothing in particular
 
 A TIMESTAMP field accepts an ISO-8601 string (no offset means UTC) or whole epoch
-milliseconds, as a JSON number or a string of digits. Spark's own JSON reader takes a
+milliseconds, as a JSON number or a string of ASCII digits, within years 1-9999. Spark's own JSON reader takes a
 number as epoch *seconds*, which puts millisecond times in the year ~58,700.
 The batch's clock is its plan's creation time, so a re-run classifies alike.
 """
@@ -29,6 +31,10 @@ from __future__ import annotations
 from catalog.definitions import TableDefinition
 
 MAX_VALUE_BYTES = 1 << 20
+# A dead letter's value, at most: its key and headers must still fit the producer's 1 MiB
+# max.request.size, or one rejected record just under MAX_VALUE_BYTES fails its batch on every
+# re-run. Longer values keep their first KiB, and the `truncated` header says so.
+DEAD_LETTER_VALUE_BYTES = MAX_VALUE_BYTES - (64 << 10)
 CORRUPT = "_corrupt_record"
 
 
@@ -48,11 +54,18 @@ def kafka_key_text(table: TableDefinition):
 
 
 def _timestamp(text):
-    """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither form."""
+    """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither
+    form or falls outside years 1-9999 (arrow_pass.MIN_EPOCH_MS..MAX_EPOCH_MS, both engines' rule)."""
     from pyspark.sql import functions as F
 
-    return F.when(text.rlike(r"^-?[0-9]{1,18}$"), F.timestamp_millis(text.cast("bigint"))) \
+    from spark_jobs.arrow_pass import MAX_EPOCH_MS, MIN_EPOCH_MS
+
+    millis = text.try_cast("bigint")
+    stamp = F.when(text.rlike(r"^-?[0-9]{1,18}$"),
+                   F.when(millis.between(MIN_EPOCH_MS, MAX_EPOCH_MS), F.timestamp_millis(millis))) \
         .otherwise(F.try_to_timestamp(text))
+    micros = F.unix_micros(stamp)
+    return F.when(micros.between(MIN_EPOCH_MS * 1000, MAX_EPOCH_MS * 1000 + 999), stamp)
 
 
 def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES,
@@ -102,8 +115,12 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     for name in key_fields:
         missing_key = missing_key | F.col(f"_parsed.`{name}`").isNull()
     corrupt = F.col(f"_parsed.`{CORRUPT}`").isNotNull()
+    from spark_jobs.arrow_pass import LONE_SURROGATE
+
     reason = (
         F.when(F.col("_value").isNull() | (F.col("_size") > max_value_bytes), F.lit("too_large"))
+        .when(~F.is_valid_utf8(F.col("_value").cast("string")) | F.col("_value").cast("string").rlike(LONE_SURROGATE),
+              F.lit("invalid_unicode"))
         .when(F.col("_parsed").isNull() | corrupt & (F.col("_present").isNull()
                                                      | F.col(f"_present.`{CORRUPT}`").isNotNull()),
               F.lit("malformed_json"))
@@ -159,11 +176,15 @@ def dead_letter_records(frame, topic: str, value, reason, partition, offset, siz
     def header(name, column):
         return F.struct(F.lit(name).alias("key"), column.cast("string").cast("binary").alias("value"))
 
+    value = value.cast("binary")
+    cut = F.coalesce(F.length(value) > F.lit(DEAD_LETTER_VALUE_BYTES), F.lit(False))
     return frame.select(
         F.concat_ws("/", F.lit(topic), partition.cast("string"), offset.cast("string")).cast("binary").alias("key"),
-        value.cast("binary").alias("value"),
+        F.when(cut, F.substring(value, 1, 1024)).otherwise(value).alias("value"),
         F.array(header("reason", reason), header("source_topic", F.lit(topic)), header("source_partition", partition),
-                header("source_offset", offset), header("size", size)).alias("headers"),
+                header("source_offset", offset), header("size", size),
+                header("truncated", (cut | F.coalesce(size > F.length(value), F.lit(False))).cast("string")))
+        .alias("headers"),
         reason.alias("reason"), partition.alias("source_partition"), offset.alias("source_offset"),
     )
 

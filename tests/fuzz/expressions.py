@@ -1,0 +1,138 @@
+"""Generated row expressions (HAVING and computed columns) and their values under Spark SQL.
+
+A seeded generator writes expressions over the columns a table's rows hold (a BIGINT count, a
+DOUBLE total, a DECIMAL sum, a STRING key, a BOOLEAN flag), and Spark SQL with ANSI off
+evaluates every expression over the same rows in one query. Expressions Spark's analyzer
+refuses (a boolean in arithmetic, text in GREATEST with numbers) have no Spark value: for those
+only totality is checked (catalog.expressions must give NULL or a value, never raise).
+"""
+from __future__ import annotations
+
+import decimal
+import math
+import random
+
+COLUMNS = {"n": "BIGINT", "x": "DOUBLE", "d": "DECIMAL(20,0)", "s": "STRING", "b": "BOOLEAN"}
+ROWS = [
+    {"n": 7, "x": 2.5, "d": decimal.Decimal(12), "s": "10", "b": True},
+    {"n": -3, "x": -0.125, "d": decimal.Decimal(-5), "s": "abc", "b": False},
+    {"n": 0, "x": 1.7e308, "d": decimal.Decimal(10) ** 18, "s": " 2.5 ", "b": None},
+    {"n": 9223372036854775807, "x": 0.0, "d": decimal.Decimal(0), "s": "true", "b": True},
+    {"n": None, "x": None, "d": None, "s": None, "b": None},
+    {"n": -9223372036854775808, "x": 1e-5, "d": decimal.Decimal(99999), "s": "-7", "b": False},
+    {"n": 100, "x": 12345678.0, "d": decimal.Decimal(3), "s": "2024-03-01T10:00:00", "b": True},
+]
+STRINGS = ["'10'", "'abc'", "'2.5'", "'true'", "'false'", "''", "' 7 '", "'1e3'", "'%d'", "'100%'", "'x'"]
+
+
+class Generator:
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+
+    def literal(self) -> str:
+        r = self.random.random()
+        if r < 0.35:
+            return str(self.random.randint(-100, 100))
+        if r < 0.55:
+            return f"{self.random.randint(-999, 999) / 100}"
+        if r < 0.65:
+            return self.random.choice(["1e0", "2.5e0", "1e300", "-3.5e-2", "0e0"])
+        if r < 0.85:
+            return self.random.choice(STRINGS)
+        return self.random.choice(["TRUE", "FALSE", "NULL"])
+
+    def expression(self, depth: int = 0) -> str:
+        r = self.random.random()
+        if depth >= 3 or r < 0.25:
+            return self.random.choice(list(COLUMNS)) if self.random.random() < 0.6 else self.literal()
+        e = lambda: self.expression(depth + 1)      # noqa: E731
+        forms = [
+            lambda: f"({e()} {self.random.choice(['+', '-', '*', '/', '%'])} {e()})",
+            lambda: f"({e()} {self.random.choice(['=', '<>', '<', '<=', '>', '>='])} {e()})",
+            lambda: f"({e()} {self.random.choice(['AND', 'OR'])} {e()})",
+            lambda: f"(NOT {e()})",
+            lambda: f"(- {e()})",
+            lambda: f"({e()} IS {self.random.choice(['', 'NOT '])}NULL)",
+            lambda: f"({e()} IN ({e()}, {e()}))",
+            lambda: f"({e()} BETWEEN {e()} AND {e()})",
+            lambda: f"CASE WHEN {e()} THEN {e()} ELSE {e()} END",
+            lambda: f"IF({e()}, {e()}, {e()})",
+            lambda: f"COALESCE({e()}, {e()})",
+            lambda: f"NULLIF({e()}, {e()})",
+            lambda: f"{self.random.choice(['GREATEST', 'LEAST'])}({e()}, {e()})",
+            lambda: f"CAST({e()} AS {self.random.choice(['STRING', 'BIGINT', 'INT', 'DOUBLE', 'BOOLEAN'])})",
+            lambda: f"{self.random.choice(['ABS', 'FLOOR', 'CEIL', 'UPPER', 'LOWER', 'LENGTH', 'TRIM'])}({e()})",
+            lambda: f"ROUND({e()}, {self.random.randint(-3, 4)})",
+            lambda: f"ROUND({e()})",
+            lambda: f"CONCAT({e()}, {e()})",
+            lambda: f"SUBSTRING({e()}, {self.random.randint(-3, 3)}, {self.random.randint(-1, 4)})",
+        ]
+        return self.random.choice(forms)()
+
+
+def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | None]:
+    """Each expression's values over `rows` by Spark SQL (ANSI off); None for one it refuses."""
+    from pyspark.sql import types as T
+
+    from pyspark.errors import AnalysisException
+
+    session = spark.newSession()
+    session.conf.set("spark.sql.ansi.enabled", "false")
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    schema = T.StructType([T.StructField(n, T._parse_datatype_string(t)) for n, t in COLUMNS.items()])
+    frame = session.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], schema)
+    frame = frame.withColumn("_row", __import__("pyspark.sql.functions", fromlist=["x"]).monotonically_increasing_id())
+    out: dict[str, list | None] = {}
+
+    def run(batch: list[str]) -> None:
+        if not batch:
+            return
+        try:
+            result = frame.selectExpr("_row", *[f"{e} AS e{i}" for i, e in enumerate(batch)]).orderBy("_row").collect()
+            types = [f.dataType for f in frame.selectExpr(*[f"{e} AS e{i}" for i, e in enumerate(batch)]).schema]
+        except AnalysisException:
+            if len(batch) == 1:
+                out[batch[0]] = None
+                return
+            mid = len(batch) // 2
+            run(batch[:mid])
+            run(batch[mid:])
+            return
+        for i, e in enumerate(batch):
+            out[e] = ([r[f"e{i}"] for r in result], types[i])
+
+    run(list(dict.fromkeys(expressions)))
+    return out
+
+
+def same(ours, theirs, spark_type) -> bool:
+    """Our value equals Spark's: numbers within rounding (a DECIMAL at Spark's scale), NaN and
+    infinities as our NULL (JSON has none), text as text."""
+    from pyspark.sql import types as T
+
+    if isinstance(theirs, float) and not math.isfinite(theirs):
+        return ours is None
+    if theirs is None or ours is None:
+        return theirs is None and ours is None
+    if isinstance(theirs, bool) or isinstance(ours, bool):
+        return ours is theirs
+    if isinstance(theirs, (int, float, decimal.Decimal)):
+        if not isinstance(ours, (int, float, decimal.Decimal)):
+            return False
+        if isinstance(spark_type, T.DecimalType):
+            step = decimal.Decimal(1).scaleb(-spark_type.scale)
+            mine = decimal.Decimal(repr(ours) if isinstance(ours, float) else ours)
+            return abs(mine - theirs) <= step
+        return math.isclose(float(ours), float(theirs), rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(theirs, str) and isinstance(ours, str):
+        # Numbers inside text may be written 5 or 5.0: Spark writes a value by its expression's
+        # static type (a CASE of BIGINT and DOUBLE is all DOUBLE), the rows carry values' own.
+        return ours == theirs or _numbers_as_text(ours) == _numbers_as_text(theirs)
+    return ours == theirs
+
+
+_ZERO_FRACTION = __import__("re").compile(r"\.0+(?![0-9])")
+
+
+def _numbers_as_text(text: str) -> str:
+    return _ZERO_FRACTION.sub("", text)
