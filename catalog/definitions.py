@@ -68,7 +68,8 @@ class DefinitionError(ValueError):
 @dataclass(frozen=True)
 class AggregateColumn:
     name: str
-    function: str            # count, sum, min, max, avg, count_distinct, latest_by_offset, topk
+    function: str            # count, sum, min, max, avg, count_distinct, latest_by_offset,
+                             # latest_keeping_nulls (LATEST_BY_OFFSET(x, false)), topk
     args: tuple[str, ...]    # input columns (qualified "alias.col" where joins exist)
     n: int | None = None     # TOPK's N
     hidden: bool = False     # kept for a computed column (`SUM(a) / COUNT(*) AS r`), not shown
@@ -514,8 +515,17 @@ def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColu
     if isinstance(func, exp.Anonymous):
         name = func.name.upper()
         args = func.expressions
-        if name == "LATEST_BY_OFFSET" and len(args) == 1:
-            return AggregateColumn(alias, "latest_by_offset", (scope.argument(args[0]),))
+        if name == "LATEST_BY_OFFSET" and len(args) in (1, 2):
+            # ksqlDB's second argument: ignoreNulls, true by default; false keeps a NULL that
+            # arrives last as the latest value.
+            ignore_nulls = True
+            if len(args) == 2:
+                if not isinstance(args[1], exp.Boolean):
+                    raise _invalid(path, args[1], f"LATEST_BY_OFFSET's second argument {args[1].sql()} must be TRUE "
+                                                  f"(skip NULLs, the default) or FALSE (keep them)")
+                ignore_nulls = bool(args[1].this)
+            return AggregateColumn(alias, "latest_by_offset" if ignore_nulls else "latest_keeping_nulls",
+                                   (scope.argument(args[0]),))
         if name == "TOPK" and len(args) >= 2:
             n = args[0]
             if not (isinstance(n, exp.Literal) and not n.is_string and re.fullmatch(r"\d+", n.name)
@@ -1077,7 +1087,7 @@ def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", agg
         raise DefinitionError(f"{path}: table {name!r}: a window in an aggregate over a table's rows is not "
                               f"supported (rows have no event time); GROUP BY columns. Supported: {OVER_TABLE}")
     for column in aggregates:
-        if column.function == "latest_by_offset":
+        if column.function in ("latest_by_offset", "latest_keeping_nulls"):
             raise DefinitionError(f"{path}: table {name!r}: LATEST_BY_OFFSET({', '.join(column.args)}) over a "
                                   f"table's rows: rows have no arrival order; use MAX or TOPK. Supported: {OVER_TABLE}")
     for derived, sql in scope.derived.items():      # computed per row in Python (table_aggregate.RowStage)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import decimal
 import math
 
-from state.aggregates import (RETRACTING, Avg, Count, CountDistinct, LatestByOffset, Max, Min, RetractingAggregator,
+from state.aggregates import (RETRACTING, Avg, Count, CountDistinct, LatestByOffset, LatestKeepingNulls, Max, Min, RetractingAggregator,
                               RetractingTopN, RowAggregator, Sum, TopN)
 from state.table import TableSpec, freeze_meaning
 from catalog.definitions import AggregateColumn, TableDefinition
@@ -14,7 +14,8 @@ def aggregate_of(column: AggregateColumn):
     if column.function == "topk":
         return TopN(column.n)
     return {"count": Count, "sum": Sum, "min": Min, "max": Max, "avg": Avg,
-            "count_distinct": CountDistinct, "latest_by_offset": LatestByOffset}[column.function]()
+            "count_distinct": CountDistinct, "latest_by_offset": LatestByOffset,
+            "latest_keeping_nulls": LatestKeepingNulls}[column.function]()
 
 
 def retracting_of(column: AggregateColumn):

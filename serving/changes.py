@@ -20,16 +20,37 @@ from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.mapping import key_names, row_of, shown, state_spec
 from catalog.runtime import Runtime
+from state.table import DefinitionChanged
+
+
+class DefinitionMismatch(RuntimeError):
+    """The table's state was built under another definition than its .sql file now holds: its
+    changes decoded with the file's would put one aggregate's values under another's name."""
+
+
+def built_with(table: TableDefinition, commit: BatchCommit | None) -> None:
+    """Raise DefinitionMismatch when `commit` applied another definition than `table`."""
+    recorded = getattr(commit, "definition", None) or {}
+    if recorded.get("fingerprint") and table.fingerprint and recorded["fingerprint"] != table.fingerprint:
+        raise DefinitionMismatch(f"{DefinitionChanged(table.name, recorded.get('meaning'), table.meaning(), where=f'its batch {commit.batch_id}')} "
+                                 f"Its changes are not streamed under the new definition's names.")
+
+
+def check_definition(table: TableDefinition, rt: Runtime) -> None:
+    """Before a follower starts: the newest commit must have applied `table`'s definition."""
+    built_with(table, BatchLog(rt.batch_dir(table.name)).last_commit())
 
 
 def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[int, dict] | None:
-    """(batch id, event body) of the first committed batch past `after_batch`, or None yet."""
+    """(batch id, event body) of the first committed batch past `after_batch`, or None yet.
+    Raises DefinitionMismatch for a batch built under another definition than `table`."""
     spec = state_spec(table, rt.namespace)
     topic, previous = spec.changelog, {}
     for commit in BatchLog(rt.batch_dir(table.name)).commits():
         if commit.changelog and commit.changelog != topic:      # a rebuild moved the state to a new topic
             topic, previous = commit.changelog, {}
         if commit.batch_id > after_batch:
+            built_with(table, commit)
             return commit.batch_id, batch_changes(table, rt, spec.aggregator, topic, previous, commit)
         previous = commit.changelog_offsets
     return None

@@ -171,7 +171,7 @@ def _partial_type(agg, fields: dict[str, str]) -> tuple[str, pa.DataType]:
         return f"STRUCT<s: {s_ddl}, n: BIGINT>", pa.struct([("s", s_type), ("n", pa.int64())])
     if agg.function == "count_distinct":
         return f"ARRAY<{ddl[0]}>", pa.list_(arrow[0])
-    if agg.function == "latest_by_offset":
+    if agg.function in ("latest_by_offset", "latest_keeping_nulls"):
         return f"STRUCT<o: BIGINT, v: {ddl[0]}>", pa.struct([("o", pa.int64()), ("v", arrow[0])])
     typed = ", ".join(f"c{j}: {t}" for j, t in enumerate(ddl[1:]))
     entry = pa.struct([("score", pa.float64()), ("o", pa.int64()),
@@ -717,14 +717,14 @@ def _windowed(events: pa.Table, spec: PassSpec) -> pa.Table:
 
 
 def _sessioned(events: pa.Table, spec: PassSpec) -> pa.Table:
-    """Sessions among this Arrow batch's events: by key and event time, a gap of at least the
+    """Sessions among this Arrow batch's events: by key and event time, a gap of more than the
     session gap starts a new one. The merge task joins them with the stored sessions and with
     other tasks' (state.windows.merge_sessions), so here they are partial."""
     keys = spec.key_fields
     ordered = events.take(pc.sort_indices(events, [(k, "ascending") for k in keys] + [(EVENT_MS, "ascending")]))
     ts = ordered.column(EVENT_MS).to_numpy()
     new = np.ones(len(ts), dtype=bool)
-    new[1:] = ts[1:] - ts[:-1] >= spec.table.window.size_ms
+    new[1:] = ts[1:] - ts[:-1] > spec.table.window.size_ms       # the gap is inclusive
     for key in keys:
         values = np.asarray(ordered.column(key).to_numpy(zero_copy_only=False))
         new[1:] |= values[1:] != values[:-1]
@@ -775,6 +775,13 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
             add(offset, "max")
             add(args[0], "last", pc.ScalarAggregateOptions(skip_nulls=True))
             post.append(("latest", i))
+        elif agg.function == "latest_keeping_nulls":    # the last event's value, NULL or not
+            value, offset = f"_kn_{args[0]}", f"_ko_{args[0]}"
+            if value not in events.column_names:
+                events = events.append_column(value, events.column(args[0])).append_column(offset, events.column("_order"))
+            add(offset, "max")
+            add(value, "last", pc.ScalarAggregateOptions(skip_nulls=False))
+            post.append(("latest_kept", i))
         else:
             post.append(("topk", i))
     if not aggs:
@@ -798,9 +805,10 @@ def preaggregate(events: pa.Table, spec: PassSpec) -> pa.Table:
                 zero = pa.scalar(0, total.type)
                 out[f"_a{i}"] = pa.StructArray.from_arrays(
                     [pc.fill_null(total, zero).combine_chunks(), count.combine_chunks()], names=["s", "n"])
-        elif kind == "latest":
+        elif kind in ("latest", "latest_kept"):
+            offset, value = (f"_o_{args[0]}", args[0]) if kind == "latest" else (f"_ko_{args[0]}", f"_kn_{args[0]}")
             out[f"_a{i}"] = pa.StructArray.from_arrays(
-                [grouped.column(f"_o_{args[0]}_max").combine_chunks(), grouped.column(f"{args[0]}_last").combine_chunks()],
+                [grouped.column(f"{offset}_max").combine_chunks(), grouped.column(f"{value}_last").combine_chunks()],
                 names=["o", "v"])
         else:
             out[f"_a{i}"] = _topk(events, grouped, keys, args, agg.n)

@@ -85,7 +85,7 @@ def _partial_values(column, function: str) -> list:
         return [None if v is None else (_number(v["s"], whole), v["n"]) for v in values]
     if function == "count_distinct":
         return [tuple(sorted(v)) if v is not None else () for v in values]
-    if function == "latest_by_offset":       # o is null when every value of the key was null
+    if function in ("latest_by_offset", "latest_keeping_nulls"):   # o is null when every value was skipped
         return [None if v is None or v["o"] is None else (v["o"], v["v"]) for v in values]
     if function == "topk":
         return [tuple(ranked([(e["score"], e["o"], tuple(e["typed"].values())) for e in (v or [])]))

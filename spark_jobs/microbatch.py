@@ -341,6 +341,19 @@ class MicroBatchRunner:
                 "release": (classified, events, unenriched)}
 
     def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
+        """The Arrow pass, in the session whose Arrow batches fit this table's records
+        (arrow_batches.session_for): every job of the pass's step runs there."""
+        from spark_jobs import arrow_batches
+
+        records, why = arrow_batches.records_for(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
+        log.info("%s batch %d: Arrow batches of %s", self.table.name, plan.batch_id, why)
+        shared, self.spark = self.spark, arrow_batches.session_for(self.spark, records)
+        try:
+            return self._arrow_pass(plan, started, records)
+        finally:
+            self.spark = shared
+
+    def _arrow_pass(self, plan: BatchPlan, started: float, records: int | None) -> dict:
         """One Arrow pass over the batch (arrow_pass.run): parse, classify, filter, window and
         pre-aggregate per input partition; bronze Parquet from the workers; the partials go by
         state partition to one merge task each (per_state_partition). Nothing re-reads the batch."""
@@ -359,11 +372,10 @@ class MicroBatchRunner:
         # Spark's per-row byte check off, the positions add little to the JVM-to-Python transfer)
         out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
-        records, why = arrow_batches.records_for(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
-        log.info("%s batch %d: Arrow batches of %s", table.name, plan.batch_id, why)
         stats: dict[str, int] = {}
         files: dict[str, dict[str, int]] = {}
         with arrow_batches.sized(self.spark, records):     # the job that runs the pass (out is persisted)
+            applied = arrow_batches.applied(self.spark)
             stat_rows = out.where(F.col("_kind").isin("stat", "file")) \
                 .select("_kind", "file", "stat", "stat_value").collect()
         for row in stat_rows:
@@ -412,7 +424,9 @@ class MicroBatchRunner:
         return {"reasons": reasons, "read": read_count, "late": late_count, "dead": dead_count,
                 "refused": refused, "refused_counts": refused_counts, "summaries": summaries,
                 "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": watermark,
-                "steps": steps, "extra": {k: v for k, v in stats.items() if k in ("filtered", "read_bytes")}, "release": ()}
+                "steps": steps, "release": (),
+                "extra": {**{k: v for k, v in stats.items() if k in ("filtered", "read_bytes")},
+                          "arrow_records": records or 0, "arrow_records_applied": applied or 0}}
 
     def _commit_batch(self, plan: BatchPlan, started: float, step: dict) -> BatchCommit:
         reasons, read_count, late_count, dead_count = step["reasons"], step["read"], step["late"], step["dead"]
@@ -752,7 +766,7 @@ class MicroBatchRunner:
 
     def _sessioned(self, frame):
         """Each event with the start of its session (`_wstart`) among the frame's events: by key
-        and event time, a gap of at least the session gap starts a new one (as arrow_pass does;
+        and event time, a gap of more than the session gap starts a new one (as arrow_pass does;
         state.windows.merge_sessions joins them with the stored ones). Over bronze, these are the
         table's whole sessions."""
         from pyspark.sql import Window, functions as F
@@ -761,7 +775,7 @@ class MicroBatchRunner:
         ts = F.col(_q(table, EVENT_MS))
         keys = [F.col(_q(table, k)) for k in table.key_columns]
         by_time = Window.partitionBy(*keys).orderBy(ts)
-        starts = F.coalesce(ts - F.lag(ts).over(by_time) >= F.lit(table.window.size_ms), F.lit(True))
+        starts = F.coalesce(ts - F.lag(ts).over(by_time) > F.lit(table.window.size_ms), F.lit(True))
         return (frame.withColumn("_session", F.sum(starts.cast("int")).over(by_time.rowsBetween(Window.unboundedPreceding, 0)))
                 .withColumn("_wstart", F.min(ts).over(Window.partitionBy(*keys, "_session"))).drop("_session"))
 
@@ -799,8 +813,10 @@ class MicroBatchRunner:
                                       F.count(args[0]).alias("n")).alias(f"_a{i}"))
             elif agg.function == "count_distinct":
                 plain.append(F.array_sort(F.collect_set(args[0])).alias(f"_a{i}"))
-            elif agg.function == "latest_by_offset":
-                order = F.when(args[0].isNotNull(), F.col("_order"))    # nulls are skipped, as ksqlDB does
+            elif agg.function in ("latest_by_offset", "latest_keeping_nulls"):
+                # nulls are skipped, as ksqlDB's LATEST_BY_OFFSET(x) does, or kept with (x, false)
+                order = F.when(args[0].isNotNull(), F.col("_order")) if agg.function == "latest_by_offset" \
+                    else F.col("_order")
                 plain.append(F.struct(F.max(order).alias("o"), F.max_by(args[0], order).alias("v"))
                              .alias(f"_a{i}"))
             else:

@@ -188,7 +188,7 @@ _remote_sessions: dict[str, object] = {}
 SESSION_GENERATIONS = 1000
 
 
-def session_id(generation: int = 0) -> str:
+def session_id(generation: int = 0, purpose: str = "jobs") -> str:
     """The one server-side session every statetable job attaches to. The server starts a Python
     worker daemon per session and never stops it, so a session per run would leave a daemon
     behind each time and import the Arrow pass anew; a session per table would keep a daemon per
@@ -197,20 +197,23 @@ def session_id(generation: int = 0) -> str:
     never reopened under its id: the next generation's id takes over."""
     import uuid
 
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"statetable:jobs#{generation}"))
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"statetable:{purpose}#{generation}"))
 
 
-def remote_session(url: str):
+def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None = None):
     """A client of the shared server session, one per process. Never `stop()` it: that closes the
-    server's session for every job."""
+    server's session for every job. Another `purpose` is another server session; its `confs` are
+    set when the client is made, always to the same values, and never changed after (a session's
+    confs are shared by every job that uses it)."""
     from pyspark.errors.exceptions.connect import SparkConnectException
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    if url in _remote_sessions:
-        return _remote_sessions[url]
+    held = url if purpose == "jobs" else f"{url}#{purpose}"
+    if held in _remote_sessions:
+        return _remote_sessions[held]
     for generation in range(SESSION_GENERATIONS):
-        spark = SparkSession.builder.remote(f"{url};session_id={session_id(generation)}").create()
+        spark = SparkSession.builder.remote(f"{url};session_id={session_id(generation, purpose)}").create()
         # pyspark retries an unreachable server for 10 minutes, also while exiting (releasing its
         # operations): a run whose engine died would hang that long. A server back within ~15 s
         # is waited for; after that the run fails and its plan waits for the next one.
@@ -223,7 +226,9 @@ def remote_session(url: str):
                 raise
             spark.client.close()
             continue
-        _remote_sessions[url] = spark
+        for key, value in (confs or {}).items():
+            spark.conf.set(key, value)
+        _remote_sessions[held] = spark
         return spark
     raise EngineUnavailable(f"the Spark Connect server at {url.split(';')[0]} has closed {SESSION_GENERATIONS} "
                             f"statetable sessions; restart it (`statetable stack restart-engine` after `down`)")
@@ -238,6 +243,12 @@ def interrupt_all() -> None:
             log.warning("interrupting the Spark Connect session's operations failed: %s", exc)
 
 
+def sibling_session(spark, purpose: str, confs: dict[str, str]):
+    """Another server session on the Connect server `spark` is a client of (remote_session)."""
+    url = next(u for u, held in _remote_sessions.items() if held is spark)
+    return remote_session(url, purpose, confs)
+
+
 def done(spark) -> None:
     """End a job's use of `spark`: a local session stops; a Connect client lets go of its channel
     and leaves the server's session (and its warm Python workers) to the table's next run."""
@@ -245,6 +256,8 @@ def done(spark) -> None:
         spark.client.close()
         for url in [u for u, held in _remote_sessions.items() if held is spark]:
             del _remote_sessions[url]
+            for other in [u for u in _remote_sessions if u.startswith(f"{url}#")]:      # its Arrow sessions
+                _remote_sessions.pop(other).client.close()
     else:
         spark.stop()
 

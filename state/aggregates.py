@@ -126,6 +126,16 @@ class LatestByOffset(Aggregate):
         return None if state is None else state[1]
 
 
+class LatestKeepingNulls(LatestByOffset):
+    """ksqlDB's LATEST_BY_OFFSET(x, false): the value of the event with the highest order, NULL
+    when that event's value is NULL; state is (order, value)."""
+
+    name = "latest_keeping_nulls"
+
+    def lift(self, value, order=0):
+        return (order, value)
+
+
 @dataclass(frozen=True)
 class TopN(Aggregate):
     """The N entries with the highest score; state is a tuple of (score, order, row).
@@ -199,7 +209,7 @@ def _sort_key(value):
 
 AGGREGATES = {
     "count": Count, "sum": Sum, "min": Min, "max": Max, "avg": Avg,
-    "latest_by_offset": LatestByOffset, "count_distinct": CountDistinct,
+    "latest_by_offset": LatestByOffset, "latest_keeping_nulls": LatestKeepingNulls, "count_distinct": CountDistinct,
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -42,7 +42,21 @@ def marker_key(batch_id: int) -> bytes:
 
 
 def is_marker(key: bytes) -> bool:
+    """A batch's marker, or one of its refusal parts (see refusal_key): never a data key."""
     return key.startswith(MARKER_PREFIX)
+
+
+def refusal_key(batch_id: int, index: int) -> bytes:
+    """Part `index` of a batch's refused keys, published before its marker: a batch can refuse
+    more keys than one record holds (300,000 refusals pass the 8 MiB record limit)."""
+    return marker_key(batch_id) + b"\x00" + index.to_bytes(4, "big")
+
+
+def is_refusal(key: bytes) -> bool:
+    return key.startswith(MARKER_PREFIX) and len(key) > len(MARKER_PREFIX) + 8
+
+
+REFUSAL_PART_BYTES = 4 << 20        # refused keys per part record: half the record limit
 
 
 RECORD_LIMIT = 8388608
@@ -71,15 +85,44 @@ class Marker:
     digest: int
     key_count: int
     rejected: tuple = ()        # ((encoded key, reason), ...) the batch could not commit; kept for re-runs
+    parts: int = 0              # refusal part records before the marker (refusal_key); their keys come first
 
     def encode(self) -> bytes:
         base = (self.batch_id, to_signed(self.digest), self.key_count)
+        if self.parts:
+            return codec.encode_value(base + (self.rejected, self.parts))
         return codec.encode_value(base + ((self.rejected,) if self.rejected else ()))
 
     @classmethod
     def decode(cls, data: bytes) -> "Marker":
         batch_id, digest, key_count, *rest = codec.decode_value(data)
-        return cls(batch_id, from_signed(digest), key_count, tuple(tuple(r) for r in rest[0]) if rest else ())
+        return cls(batch_id, from_signed(digest), key_count, tuple(tuple(r) for r in rest[0]) if rest else (),
+                   rest[1] if len(rest) > 1 else 0)
+
+    def split(self) -> tuple["Marker", list[bytes]]:
+        """(the marker to publish, the values of its refusal parts): refused keys in parts of at
+        most REFUSAL_PART_BYTES, so the marker and every part fit one record."""
+        parts, current, size = [], [], 0
+        for entry in self.rejected:
+            weight = len(entry[0]) + len(entry[1]) + 16
+            if current and size + weight > REFUSAL_PART_BYTES:
+                parts.append(tuple(current))
+                current, size = [], 0
+            current.append(entry)
+            size += weight
+        if not parts:
+            return self, []
+        parts.append(tuple(current))
+        return replace(self, rejected=(), parts=len(parts)), [codec.encode_value(p) for p in parts]
+
+    def joined(self, refused: list) -> "Marker":
+        """This marker with the refused keys its parts carried (in order) before its own."""
+        if not self.parts:
+            return self
+        if len(refused) != self.parts:
+            raise ValueError(f"batch {self.batch_id}: its marker names {self.parts} refusal parts, "
+                             f"{len(refused)} were read before it")
+        return replace(self, rejected=tuple(tuple(r) for part in refused for r in part) + self.rejected, parts=0)
 
 
 class ChangelogWriter:
@@ -164,6 +207,9 @@ class ChangelogWriter:
                     faults.point("commit.mid_changelog")
             for topic, key, value in extra:
                 self._produce(key, value, extra_headers, on_delivery, topic=topic)
+            marker, parts = marker.split()
+            for index, part in enumerate(parts):
+                self._produce(refusal_key(batch_id, index), part, headers, on_delivery)
             self._produce(marker_key(batch_id), marker.encode(), headers, on_marker)
             self._commit()
         except (KafkaException, SystemError) as exc:

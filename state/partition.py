@@ -33,7 +33,7 @@ from typing import Iterable, Iterator
 from state import codec, digest as digests, faults
 from state.aggregates import RowAggregator
 from state.backends import PartitionMeta
-from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker
+from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker, is_refusal
 from state.codec import CodecError
 from state.errors import RestoreMismatch
 
@@ -112,6 +112,7 @@ class StatePartition:
         pending: dict[bytes, bytes | None] = {}
         unmarked: dict[bytes, bytes | None] = {}
         last_marker: Marker | None = None
+        refusal_parts: list = []
         next_offset = meta.changelog_offset
         started = time.monotonic()
         done = False
@@ -121,10 +122,13 @@ class StatePartition:
                     done = True
                     break
                 stats.records += 1
-                if is_marker(record.key):
+                if is_refusal(record.key):
+                    refusal_parts.append(codec.decode_value(record.value))
+                elif is_marker(record.key):
                     pending.update(unmarked)
                     unmarked.clear()
-                    last_marker = Marker.decode(record.value)
+                    last_marker = Marker.decode(record.value).joined(refusal_parts)
+                    refusal_parts = []
                     next_offset = record.offset + 1
                     if len(pending) >= write_every:
                         meta = self._write_replayed(pending, meta, last_marker, next_offset)

@@ -66,8 +66,10 @@ class WindowSpec:
         return anchor <= self.expiry_horizon(watermark)
 
     def closes_at(self, full_key: tuple, value, last_index: int | None) -> int:
-        """The watermark at which a window (or session) closes: its end plus grace."""
-        return self.anchor(full_key, value, last_index) + self.size_ms + self.grace_ms
+        """The watermark at which a window (or session) closes: its end plus grace. A session's
+        end is inclusive (an event exactly a gap after the last joins it, and is not late until
+        the watermark passes end plus grace), so it closes one millisecond later."""
+        return self.anchor(full_key, value, last_index) + self.size_ms + self.grace_ms + (1 if self.session else 0)
 
 
 def window_key(key: tuple, start: int) -> tuple:
@@ -126,8 +128,8 @@ def merge_sessions(partition: StatePartition, tx: Transaction, gap_ms: int, last
                    partials: list[tuple[tuple, object]]) -> tuple[dict[bytes, int], set[bytes]]:
     """Fold a batch's partial sessions ((key..., start), value) into the stored ones, within `tx`.
 
-    Sessions of a key, stored and new, are taken by start; one that starts before the previous
-    one's last event plus the gap joins it, so an event that bridges two stored sessions merges
+    Sessions of a key, stored and new, are taken by start; one that starts at or before the
+    previous one's last event plus the gap joins it (Kafka Streams' and ksqlDB's inclusive gap), so an event that bridges two stored sessions merges
     them. A merged session is stored under its first start with the aggregates merged (they are
     associative, see state.aggregates); the keys of the sessions it swallowed are deleted. A
     stored session that nothing reached is left as it is. Returns the sessions put (encoded key ->
@@ -142,7 +144,7 @@ def merge_sessions(partition: StatePartition, tx: Transaction, gap_ms: int, last
         spans.sort(key=lambda span: (span[0], not span[2]))
         groups: list[list] = []          # [start, last event, members]
         for start, value, stored in spans:
-            if groups and start < groups[-1][1] + gap_ms:
+            if groups and start <= groups[-1][1] + gap_ms:     # the gap is inclusive, as in Kafka Streams
                 groups[-1][1] = max(groups[-1][1], value[last_index])
                 groups[-1][2].append((start, value, stored))
             else:

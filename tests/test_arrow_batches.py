@@ -60,7 +60,7 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
     caplog.set_level(logging.INFO, logger="statetable.microbatch")
     (first,) = jobs.run(table, spark=spark, rt=rt, max_batches=1)
     # The sample takes partition 1's mean (the larger): 64 records of the same size.
-    cap = (1 << 20) // (len(large[0]) + 24)
+    cap = arrow_batches.bucket((1 << 20) // (len(large[0]) + 24))     # rounded down to a power of two
     assert f"up to {cap:,} records" in caplog.text and "128 sampled records" in caplog.text
     files = _bronze_files(rt, table, 0)
     assert len([f for f in files if "-p00001-" in f]) == math.ceil(500 / cap)
@@ -72,7 +72,7 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
         producer.produce(topic, value, partition=0)
     assert producer.flush(30) == 0
     (second,) = jobs.run(table, spark=spark, rt=rt, max_batches=1)
-    cap = int((1 << 20) // (first.counts["read_bytes"] / 1000 + 24))
+    cap = arrow_batches.bucket(int((1 << 20) // (first.counts["read_bytes"] / 1000 + 24)))
     assert "the last batch's 1,000 records" in caplog.text
     assert len(_bronze_files(rt, table, 1)) == math.ceil(500 / cap) > 1
     assert second.counts["read_bytes"] == sum(len(v) for v in small)

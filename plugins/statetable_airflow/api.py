@@ -11,6 +11,7 @@ seed's body exactly and name it in the header only).
 from __future__ import annotations
 
 import hmac
+import json
 import html
 import inspect
 import os
@@ -134,18 +135,41 @@ class _Followers:
         self.limit = int(os.environ.get("STATETABLE_API_MAX_FOLLOWERS", "32"))
         self.poll = float(os.environ.get("STATETABLE_API_FOLLOW_POLL_SECONDS", "0.5"))
         self.keepalive = 15.0
+        # A stream outlives the request's one authorisation: its token may be revoked or expire,
+        # its grant removed. Checked again at most this often, and before every batch sent.
+        self.recheck = min(30.0, float(os.environ.get("STATETABLE_API_RECHECK_SECONDS", "30")))
         self.count = 0
         self.threads = None
 
-    async def stream(self, request: Request, table, rt, after: int):
-        from serving.changes import next_batch, sse
+    def take(self) -> None:
+        """A follower's slot, taken before the request's first await: ten requests that arrive at
+        once must not all see the count below the limit."""
+        if self.count >= self.limit:
+            raise StateUnavailable(f"{self.count} clients already follow changes, the most this server "
+                                   f"allows (STATETABLE_API_MAX_FOLLOWERS)", retry_after=5)
+        self.count += 1
+
+    async def stream(self, request: Request, table, rt, after: int, allowed):
+        """The batches after `after`, while the client stays connected and `allowed()` (its token
+        and its grant, re-checked at least every RECHECK_SECONDS and before each batch) holds. The
+        slot was taken by `take`; it is given back here."""
+        from serving.changes import DefinitionMismatch, next_batch, sse
 
         self.threads = self.threads or anyio.CapacityLimiter(4)
-        self.count += 1
         try:
-            quiet_since = time.monotonic()
+            quiet_since = checked = time.monotonic()
             while not await request.is_disconnected():
-                found = await anyio.to_thread.run_sync(next_batch, table, rt, after, limiter=self.threads)
+                try:
+                    found = await anyio.to_thread.run_sync(next_batch, table, rt, after, limiter=self.threads)
+                except DefinitionMismatch as exc:
+                    yield _sse_error(str(exc))
+                    return
+                if found is not None or time.monotonic() - checked >= self.recheck:
+                    why = await allowed()
+                    checked = time.monotonic()
+                    if why is not None:
+                        yield _sse_error(why)
+                        return
                 if found is not None:
                     after, body = found
                     yield sse(after, body)
@@ -157,6 +181,11 @@ class _Followers:
                 await anyio.sleep(self.poll)
         finally:
             self.count -= 1
+
+
+def _sse_error(cause: str) -> str:
+    """The event that ends a stream, with its cause (a client sees why, not only a closed socket)."""
+    return f"event: error\ndata: {json.dumps({'error': cause})}\n\n"
 
 
 def _answer(body, batch: int | None, status: int = 200) -> JSONResponse:
@@ -176,6 +205,16 @@ def _definition(name: str, rt):
         raise NoSuchTable(str(exc)) from None
 
 
+def _built_with(definition, rt) -> None:
+    """503 with the cause when the table's state was built under another definition."""
+    from serving.changes import DefinitionMismatch, check_definition
+
+    try:
+        check_definition(definition, rt)
+    except DefinitionMismatch as exc:
+        raise StateUnavailable(str(exc), retry_after=60) from None
+
+
 def create_app(auth, service_factory=QueryService) -> FastAPI:
     holder = _Service(service_factory)
 
@@ -186,6 +225,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
         if principal is None:
             raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
         request.state.principal = principal
+        request.state.token = token
 
     async def authorize(request: Request, table: str) -> None:
         if not await auth.may_read(request.state.principal, table):
@@ -300,13 +340,27 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
         await authorize(request, table)
         if last_event_id is not None and not re.fullmatch(r"-1|\d{1,18}", last_event_id.strip()):
             raise BadQuery(f"Last-Event-ID must be a batch id (a whole number), not {last_event_id!r}")
-        if followers.count >= followers.limit:
-            raise StateUnavailable(f"{followers.count} clients already follow changes, the most this server "
-                                   f"allows (STATETABLE_API_MAX_FOLLOWERS)", retry_after=5)
-        rt = (holder.service or await run_in_threadpool(holder.get)).rt
-        definition = await run_in_threadpool(_definition, table, rt)
+        followers.take()
+        try:
+            rt = (holder.service or await run_in_threadpool(holder.get)).rt
+            definition = await run_in_threadpool(_definition, table, rt)
+            await run_in_threadpool(_built_with, definition, rt)
+        except BaseException:
+            followers.count -= 1
+            raise
         after = int(last_event_id) if last_event_id is not None else after_batch
-        return StreamingResponse(followers.stream(request, definition, rt, after), media_type="text/event-stream",
+        token = request.state.token
+
+        async def allowed() -> str | None:
+            principal = await auth.check(token, request)
+            if principal is None:
+                return "the stream's token is no longer valid (expired or revoked); reconnect with a new one"
+            if not await auth.may_read(principal, table):
+                return f"you may no longer read table {table!r}"
+            return None
+
+        return StreamingResponse(followers.stream(request, definition, rt, after, allowed),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/leaderboard", summary="every game's top 3, in the seed's shape")
