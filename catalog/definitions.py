@@ -232,7 +232,12 @@ def _quoted(node: exp.Expression | None, message: str) -> str:
     if node is None:
         return message
     user = _user_text(node) if isinstance(node, exp.Func) else None   # sqlglot renames calls, not operators
-    for rendering in {node.sql(), node.sql(dialect="spark")}:
+    renderings = {_sql_or_none(node)}
+    try:
+        renderings.add(node.sql(dialect="spark"))
+    except (AttributeError, TypeError, ValueError):
+        pass
+    for rendering in renderings - {None}:
         if user and rendering != user and rendering in message:
             message = message.replace(rendering, user)
     return message
@@ -955,10 +960,19 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
 
 def _located(original: exp.Expression, copied: exp.Expression) -> exp.Expression:
     """The node of `original` that `copied` (from a transformed copy) stands for, for its line:col."""
+    wanted = _sql_or_none(copied)
     for child in original.walk():
-        if child.sql() == copied.sql():
+        if wanted is not None and _sql_or_none(child) == wanted:
             return child
     return original
+
+
+def _sql_or_none(node: exp.Expression) -> str | None:
+    """A node's SQL, or None for one sqlglot cannot write back (a call with its argument missing)."""
+    try:
+        return node.sql()
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 _INPUT_TABLES: contextvars.ContextVar[dict] = contextvars.ContextVar("input_tables", default={})

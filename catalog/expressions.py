@@ -419,7 +419,7 @@ def _argument(node: exp.Expression, child):
     """A function's argument, which the definition must give: CEIL() is refused when the table
     loads, not raised for every row."""
     if child is None:
-        raise Unsupported(node, f"{node.key.upper()} needs an argument ({node.sql()})")
+        raise Unsupported(node, f"{node.key.upper()}() needs an argument")
     return child
 
 
