@@ -327,8 +327,9 @@ def _compile(node: exp.Expression, columns: set[str]) -> Callable[[dict], object
     if function is not None:
         if isinstance(node, _COMBINING) and isinstance(columns, dict):
             kind = _kind(node, columns)
+            scale = _scale(node, columns) if kind == "decimal" else None
             if kind in ("double", "decimal", "string"):
-                return lambda row: _as_kind(function(row), kind)
+                return lambda row: _as_kind(function(row), kind, scale)
         return function
     raise Unsupported(node, f"{node.key.upper()} ({node.sql()})")
 
@@ -405,14 +406,51 @@ def _kind(node, columns: dict) -> str | None:
     return None
 
 
-def _as_kind(value, kind: str):
+def _scale(node, columns: dict) -> int | None:
+    """The scale of a DECIMAL `node` as Spark types it (digits after the point), or None."""
+    if isinstance(node, exp.Paren):
+        return _scale(node.this, columns)
+    kind = _kind(node, columns)
+    if kind in ("int", "bigint"):
+        return 0
+    if kind != "decimal":
+        return None
+    if isinstance(node, exp.Column):
+        match = re.search(r",\s*(\d+)\s*\)", columns.get(node.name) or "")
+        return int(match.group(1)) if match else 0
+    if isinstance(node, exp.Literal):
+        return max(-_literal(node).as_tuple().exponent, 0)
+    if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Mod)):
+        left, right = _scale(node.left, columns), _scale(node.right, columns)
+        if left is None or right is None:
+            return None
+        return left + right if isinstance(node, exp.Mul) else max(left, right)
+    if isinstance(node, (exp.Neg, exp.Abs)):
+        return _scale(node.this, columns)
+    if isinstance(node, exp.Round):
+        return max(_round_digits(node), 0)
+    if isinstance(node, (exp.Floor, exp.Ceil)):
+        return 0
+    if isinstance(node, _COMBINING):
+        parts = [node.this, *node.expressions] if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)) else \
+            [b.args["true"] for b in node.args["ifs"]] + [node.args.get("default")] if isinstance(node, exp.Case) else \
+            [node.args["true"], node.args.get("false")] if isinstance(node, exp.If) else [node.this]
+        scales = [_scale(p, columns) for p in parts if p is not None and _kind(p, columns) != "null"]
+        return None if any(x is None for x in scales) or not scales else max(scales)
+    return None
+
+
+def _as_kind(value, kind: str, scale: int | None = None):
     if not _is_number(value):
         return value
     if kind == "string":
         return _to_text(value)
     if kind == "double":
         return float(value)
-    return _DECIMALS.create_decimal(value) if isinstance(value, int) else value
+    value = _DECIMALS.create_decimal(value) if isinstance(value, int) else value
+    if scale is not None and isinstance(value, decimal.Decimal) and value.is_finite():
+        return value.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP, context=_DECIMALS)
+    return value
 
 
 def _argument(node: exp.Expression, child):

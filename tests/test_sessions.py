@@ -37,7 +37,7 @@ def _reference():
         watermark = max([watermark or 0] + [m for m, _, _ in on_time])
         marks.append(watermark)
     frame = pd.DataFrame(accepted, columns=["minute", "visitor", "v", "batch"]).sort_values(["visitor", "minute"])
-    frame["session"] = (frame.groupby("visitor")["minute"].diff().fillna(GAP) >= GAP).cumsum()
+    frame["session"] = (frame.groupby("visitor")["minute"].diff().fillna(GAP + 1) > GAP).cumsum()   # inclusive gap
     sessions = frame.groupby(["visitor", "session"]).agg(start=("minute", "min"), end=("minute", "max"),
                                                        n=("v", "size"), total=("v", "sum")).reset_index()
     return accepted, sessions, marks
