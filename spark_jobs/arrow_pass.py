@@ -304,12 +304,10 @@ class _Number(str):
     text as written, as Spark's reader does; a huge integer is judged, never overflowed)."""
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads(value: bytes):
-    return json.loads(value, parse_int=_Number, parse_float=_Number, parse_constant=_no_constant)
+    """JSON with numbers as their text. NaN and Infinity (not JSON, but Spark's reader takes them)
+    are numbers too, so a numeric field holding one is wrong_type on both passes."""
+    return json.loads(value, parse_int=_Number, parse_float=_Number, parse_constant=_Number)
 
 
 def _compact(item) -> str:

@@ -6,6 +6,7 @@ spark-submit, Airflow and tests.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -186,6 +187,19 @@ def engine() -> tuple[str | None, str]:
 
 _remote_sessions: dict[str, object] = {}
 SESSION_GENERATIONS = 1000
+
+
+@atexit.register
+def _close_remote_sessions() -> None:
+    """Close this process's Connect clients while the interpreter is whole: a second client's
+    gRPC channel closed from `SparkSession.__del__` at interpreter teardown waits forever, and
+    the process never exits. The Arrow sessions first, then the shared one; the server's
+    sessions stay open for the next run."""
+    for held in sorted(_remote_sessions, key=lambda h: "#" not in h):
+        try:
+            _remote_sessions.pop(held).client.close()
+        except Exception as exc:       # noqa: BLE001 - a server already gone has nothing to close
+            log.debug("closing the Spark Connect client %s: %s", held.split(";")[0], exc)
 
 
 def session_id(generation: int = 0, purpose: str = "jobs") -> str:
