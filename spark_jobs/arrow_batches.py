@@ -99,19 +99,6 @@ def bucket(records: int) -> int:
     return 1 << (max(records, 1).bit_length() - 1)
 
 
-def session_for(spark, records: int | None):
-    """The session a batch's Arrow pass runs in. On a Spark Connect server every table's jobs
-    share one session, so no job may change its confs: a batch with a record cap runs in a
-    session of its own cap (`arrow-<cap>`), whose confs are set once when it is made, and never
-    touched again. A local session belongs to its one process: it is `sized` around the job."""
-    from spark_jobs import session
-
-    if records is None or not session.is_connect(spark):
-        return spark
-    return session.sibling_session(spark, f"arrow-{records}", {MAX_BYTES_CONF: NO_BYTE_CHECK,
-                                                               MAX_RECORDS_CONF: str(records)})
-
-
 def applied(spark) -> int | None:
     """The record cap `spark`'s Arrow batches run with now, or None for Spark's default."""
     value = spark.conf.get(MAX_RECORDS_CONF, None)
@@ -123,9 +110,7 @@ def sized(spark, records: int | None):
     """Spark's Arrow batches of at most `records`, with its per-row byte check off, for the jobs
     run inside; the session's own settings come back after (a Connect session is shared by the
     client's later batches)."""
-    from spark_jobs import session
-
-    if records is None or session.is_connect(spark):     # a Connect batch has its own session (session_for)
+    if records is None:
         yield
         return
     before = {key: spark.conf.get(key, None) for key in (MAX_BYTES_CONF, MAX_RECORDS_CONF)}

@@ -31,7 +31,7 @@ from state import codec
 from state.aggregates import OFFSET_BITS
 from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
-from spark_jobs.parse import MAX_VALUE_BYTES
+from spark_jobs.parse import LONE_SURROGATE, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_EPOCH_MS
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
 INTEGERS = set(INT_RANGES)
@@ -40,9 +40,6 @@ DIGITS = r"^-?[0-9]{1,18}$"
 INT_TEXT = re.compile(r"-?[0-9]+\Z")                 # ASCII digits only: int() takes any script's
 EPOCH_TEXT = re.compile(r"-?[0-9]{1,18}\Z")
 FLOAT_MAX = 3.4028234663852886e38
-# TIMESTAMP's range, years 1 to 9999 (what Spark and Python both hold); epochs outside it are
-# wrong_type on both engines rather than wrapped or overflowed.
-MIN_EPOCH_MS, MAX_EPOCH_MS = -62135596800000, 253402300799999
 SPLIT_BELOW = 8           # blocks this small are judged record by record
 
 
@@ -550,10 +547,6 @@ def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str
     return _from_rows([], schema), pa.array([], pa.int64()), bad
 
 
-# A JSON \u escape of a UTF-16 surrogate with no partner (an even run of backslashes before it
-# is text, not an escape). Python's and Java's regex read it alike: both engines use it.
-LONE_SURROGATE = (r"(?<!\\)(?:\\\\)*(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-                  r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 _LONE_SURROGATE = re.compile(LONE_SURROGATE.encode())
 
 

@@ -342,12 +342,12 @@ class MicroBatchRunner:
 
     def _arrow_batch(self, plan: BatchPlan, started: float) -> dict:
         """The Arrow pass, in the session whose Arrow batches fit this table's records
-        (arrow_batches.session_for): every job of the pass's step runs there."""
-        from spark_jobs import arrow_batches
+        (session.arrow_session): every job of the pass's step runs there."""
+        from spark_jobs import arrow_batches, session
 
         records, why = arrow_batches.records_for(self.log.last_commit(), self.rt.bootstrap, plan.topic, plan.ranges)
         log.info("%s batch %d: Arrow batches of %s", self.table.name, plan.batch_id, why)
-        shared, self.spark = self.spark, arrow_batches.session_for(self.spark, records)
+        shared, self.spark = self.spark, session.arrow_session(self.spark, records)
         try:
             return self._arrow_pass(plan, started, records)
         finally:
@@ -374,7 +374,10 @@ class MicroBatchRunner:
             .persist(StorageLevel.MEMORY_AND_DISK)
         stats: dict[str, int] = {}
         files: dict[str, dict[str, int]] = {}
-        with arrow_batches.sized(self.spark, records):     # the job that runs the pass (out is persisted)
+        from spark_jobs.session import is_connect
+
+        # A Connect batch runs in its cap's own session (arrow_session); a local one is sized here.
+        with arrow_batches.sized(self.spark, None if is_connect(self.spark) else records):
             applied = arrow_batches.applied(self.spark)
             stat_rows = out.where(F.col("_kind").isin("stat", "file")) \
                 .select("_kind", "file", "stat", "stat_value").collect()

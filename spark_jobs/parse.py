@@ -36,6 +36,13 @@ MAX_VALUE_BYTES = 1 << 20
 # re-run. Longer values keep their first KiB, and the `truncated` header says so.
 DEAD_LETTER_VALUE_BYTES = MAX_VALUE_BYTES - (64 << 10)
 CORRUPT = "_corrupt_record"
+# TIMESTAMP's range, years 1 to 9999 (what Spark and Python both hold); epochs outside it are
+# wrong_type on both passes rather than wrapped or overflowed.
+MIN_EPOCH_MS, MAX_EPOCH_MS = -62135596800000, 253402300799999
+# A JSON \u escape of a UTF-16 surrogate with no partner (an even run of backslashes before it
+# is text, not an escape). Python's and Java's regex read it alike: both engines use it.
+LONE_SURROGATE = (r"(?<!\\)(?:\\\\)*(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                  r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 
 
 def schema_ddl(table: TableDefinition) -> str:
@@ -57,8 +64,6 @@ def _timestamp(text):
     """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither
     form or falls outside years 1-9999 (arrow_pass.MIN_EPOCH_MS..MAX_EPOCH_MS, both engines' rule)."""
     from pyspark.sql import functions as F
-
-    from spark_jobs.arrow_pass import MAX_EPOCH_MS, MIN_EPOCH_MS
 
     millis = text.try_cast("bigint")
     stamp = F.when(text.rlike(r"^-?[0-9]{1,18}$"),
@@ -115,8 +120,6 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     for name in key_fields:
         missing_key = missing_key | F.col(f"_parsed.`{name}`").isNull()
     corrupt = F.col(f"_parsed.`{CORRUPT}`").isNotNull()
-    from spark_jobs.arrow_pass import LONE_SURROGATE
-
     reason = (
         F.when(F.col("_value").isNull() | (F.col("_size") > max_value_bytes), F.lit("too_large"))
         .when(~F.is_valid_utf8(F.col("_value").cast("string")) | F.col("_value").cast("string").rlike(LONE_SURROGATE),

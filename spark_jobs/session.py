@@ -263,6 +263,20 @@ def sibling_session(spark, purpose: str, confs: dict[str, str]):
     return remote_session(url, purpose, confs)
 
 
+def arrow_session(spark, records: int | None):
+    """The session a batch's Arrow step runs in. On a Spark Connect server every table's jobs
+    share one session, so no job may change its confs: a batch with a record cap runs in a
+    session of its own cap (`arrow-<cap>`), whose confs are set once, when it is made, and never
+    touched again. A local session belongs to its one process: the caller sizes it around the
+    job (arrow_batches.sized)."""
+    from spark_jobs import arrow_batches
+
+    if records is None or not is_connect(spark):
+        return spark
+    return sibling_session(spark, f"arrow-{records}", {arrow_batches.MAX_BYTES_CONF: arrow_batches.NO_BYTE_CHECK,
+                                                        arrow_batches.MAX_RECORDS_CONF: str(records)})
+
+
 def done(spark) -> None:
     """End a job's use of `spark`: a local session stops; a Connect client lets go of its channel
     and leaves the server's session (and its warm Python workers) to the table's next run."""
