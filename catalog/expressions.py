@@ -564,7 +564,7 @@ def _to_bool(value):
     return None
 
 
-def _java_double(value: float) -> str:
+def java_double(value: float) -> str:
     """A DOUBLE as Spark writes it as text (Java's Double.toString): 100.0, 1.0E20, 1.0E-5."""
     if math.isnan(value):
         return "NaN"
@@ -585,7 +585,7 @@ def _to_text(value):
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return _java_double(value)
+        return java_double(value)
     if isinstance(value, decimal.Decimal):
         return format(value, "f")
     return str(value)

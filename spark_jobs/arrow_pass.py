@@ -31,6 +31,7 @@ from state import codec
 from state.aggregates import OFFSET_BITS
 from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
+from catalog.expressions import java_double
 from spark_jobs.parse import LONE_SURROGATE, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_EPOCH_MS
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
@@ -310,7 +311,12 @@ def _loads(value: bytes):
 def _compact(item) -> str:
     """A JSON value as Spark's reader gives it to a STRING field: compact JSON text."""
     if isinstance(item, _Number):
-        return str(item)
+        # As Spark's reader (Jackson) writes a number into text: an integer as written, any other
+        # number as the DOUBLE it reads (1e2 is 100.0), NaN and infinities quoted.
+        if INT_TEXT.match(item):
+            return str(item)
+        number = float(item)
+        return java_double(number) if math.isfinite(number) else json.dumps(java_double(number))
     if isinstance(item, dict):
         return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_compact(v)}" for k, v in item.items()) + "}"
     if isinstance(item, list):

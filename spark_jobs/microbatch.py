@@ -805,14 +805,24 @@ class MicroBatchRunner:
             frame = frame.join(refused, key_aliases + ["batch_id"], "left_anti")
         plain, topks = [], []
         stored = _state_columns(frame)
+        integral = {f.name for f in frame.schema.fields if f.dataType.typeName() in ("long", "integer", "short", "byte")}
+
+        def summed(name: str, column):
+            # Integer sums as DECIMAL(38,0), as the Arrow pass sums them: a SUM past 64 bits reaches
+            # the state, which refuses that key (sum_overflow) and goes on, where Spark's own
+            # BIGINT sum would fail the batch on every re-run.
+            return F.sum(column.cast("decimal(38,0)") if name in integral else column)
+
         for i, agg in enumerate(table.aggregates):
             args = [stored(_q(table, a)) for a in agg.args]
             if agg.function == "count":
                 plain.append(F.count(args[0] if args else F.lit(1)).alias(f"_a{i}"))
-            elif agg.function in ("sum", "min", "max"):
+            elif agg.function == "sum":
+                plain.append(summed(_q(table, agg.args[0]), args[0]).alias(f"_a{i}"))
+            elif agg.function in ("min", "max"):
                 plain.append(getattr(F, agg.function)(args[0]).alias(f"_a{i}"))
             elif agg.function == "avg":
-                plain.append(F.struct(F.coalesce(F.sum(args[0]), F.lit(0)).alias("s"),
+                plain.append(F.struct(F.coalesce(summed(_q(table, agg.args[0]), args[0]), F.lit(0)).alias("s"),
                                       F.count(args[0]).alias("n")).alias(f"_a{i}"))
             elif agg.function == "count_distinct":
                 plain.append(F.array_sort(F.collect_set(args[0])).alias(f"_a{i}"))

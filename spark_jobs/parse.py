@@ -99,7 +99,10 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         F.from_json(F.col("_value").cast("string"),
                     ", ".join(f"`{n}` STRING" for n, _ in table.schema) + f", `{CORRUPT}` STRING",
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})))
-    wrong_type = F.lit(False)
+    # A field that failed to type marks the record corrupt even when a duplicate of it before did
+    # type (from_json keeps partial results): the record is then wrong_type, as alone it is.
+    wrong_type = F.col(f"_parsed.`{CORRUPT}`").isNotNull() & F.col("_present").isNotNull() \
+        & F.col(f"_present.`{CORRUPT}`").isNull()
     for name, _ in table.schema:
         wrong_type = wrong_type | (F.col(f"_present.`{name}`").isNotNull() & F.col(f"_parsed.`{name}`").isNull())
     if timestamps:
@@ -126,6 +129,12 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
               F.lit("invalid_unicode"))
         .when(F.col("_parsed").isNull() | corrupt & (F.col("_present").isNull()
                                                      | F.col(f"_present.`{CORRUPT}`").isNotNull()),
+              F.lit("malformed_json"))
+        # from_json reads the first JSON value and ignores what follows: `{...}{...}` must be
+        # malformed here too, as the Arrow pass judges it. Inside brackets, a second value is a
+        # syntax error.
+        .when(F.coalesce(F.size(F.from_json(F.concat(F.lit("["), F.col("_value").cast("string"), F.lit("]")),
+                                            "ARRAY<STRING>")), F.lit(-1)) != 1,
               F.lit("malformed_json"))
         .when(wrong_type, F.lit("wrong_type"))
         .when(missing_key, F.lit("missing_key"))

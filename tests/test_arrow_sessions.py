@@ -24,8 +24,6 @@ SQL = ("-- topic: {topic}\n-- schema: k STRING, v BIGINT, pad STRING\n-- partiti
 
 @pytest.mark.timeout(900)
 def test_overlapping_batches_each_run_with_their_own_tables_arrow_cap(kafka, engine, tmp_path):
-    from spark_jobs.session import remote_session
-
     rt, suffix = isolated_runtime(kafka, tmp_path)
     shapes = {"small_rows": (3000, 0), "large_rows": (24, 300_000)}      # records, pad bytes
     expected = {}
@@ -59,9 +57,20 @@ def test_overlapping_batches_each_run_with_their_own_tables_arrow_cap(kafka, eng
     assert small == arrow_batches.max_records()
     assert large == arrow_batches.bucket(arrow_batches.BATCH_BYTES // (300_000 + 40 + arrow_batches.POSITION_BYTES))
 
-    shared = remote_session(engine)         # the session every job attaches to: nothing leaked into it
-    assert shared.conf.get(arrow_batches.MAX_RECORDS_CONF) == "10000"
-    assert shared.conf.get(arrow_batches.MAX_BYTES_CONF) in ("67108864", "64m", "64MB", "67108864b")
+    # The session every job attaches to keeps what a fresh session of the server has: nothing
+    # leaked into it. Asked from a process of its own (a Connect client in this one would turn
+    # the tests' later local sessions into Connect ones).
+    probe = ("import json, sys, uuid\n"
+             "from spark_jobs import arrow_batches as a\n"
+             "from spark_jobs.session import remote_session\n"
+             "keys = (a.MAX_RECORDS_CONF, a.MAX_BYTES_CONF)\n"
+             "shared, fresh = remote_session(sys.argv[1]), remote_session(sys.argv[1], 'probe-' + uuid.uuid4().hex)\n"
+             "print(json.dumps([[s.conf.get(k, None) for k in keys] for s in (shared, fresh)]))\n")
+    done = subprocess.run([sys.executable, "-c", probe, engine], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared, fresh = json.loads(done.stdout.strip().splitlines()[-1])
+    assert shared == fresh and arrow_batches.NO_BYTE_CHECK not in shared, (shared, fresh)
 
     from spark_jobs import jobs
 

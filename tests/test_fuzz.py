@@ -125,25 +125,51 @@ CREATE TABLE {table} AS SELECT k, COUNT(*) AS n, SUM(v) AS s, MAX(x) AS mx, COUN
 """
 
 
+def _double_text(text: str) -> str:
+    """A JSON number with a fraction or exponent as Java writes the double it is (1e2 -> 100.0)."""
+    number = float(text)
+    if not math.isfinite(number):
+        return json.dumps("Infinity" if number > 0 else "-Infinity")
+    if number == 0 or 1e-3 <= abs(number) < 1e7:
+        shown = repr(number)
+        return shown if "." in shown else shown + ".0"
+    shortest = decimal.Decimal(repr(number)).normalize()
+    sign, figures, power = shortest.as_tuple()
+    figures = "".join(map(str, figures))
+    return f"{'-' if sign else ''}{figures[0]}.{figures[1:] or '0'}E{power + len(figures) - 1}"
+
+
+def _as_text(value) -> str:
+    """A JSON value as a STRING field holds it: compact JSON text, integers as written, other
+    numbers as Java writes their double (Spark's reader)."""
+    if isinstance(value, tuple):
+        return value[1] if value[0] in ("int", "const") else _double_text(value[1])
+    if isinstance(value, list):
+        return "[" + ",".join(_as_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_as_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _reference(applied: list[bytes]) -> dict[str, tuple]:
     """pandas over the records the table applied, read with json (not the product's parser): a
     STRING field keeps a number's text as written."""
     rows = []
     for value in applied:
-        obj = json.loads(value, parse_int=lambda t: ("int", t), parse_float=lambda t: ("float", t))
-        k = obj["k"]
-        k = k[1] if isinstance(k, tuple) else ("true" if k is True else "false" if k is False else k)
+        obj = json.loads(value, parse_int=lambda t: ("int", t), parse_float=lambda t: ("float", t),
+                         parse_constant=lambda t: ("const", json.dumps(t)))    # NaN in text: '"NaN"', as Spark
+        k = obj["k"] if isinstance(obj["k"], str) else _as_text(obj["k"])
         v = obj.get("v")
         x = obj.get("x")
         rows.append({"k": k, "v": None if v is None else int(v[1]), "x": None if x is None else float(x[1]),
                      "flag": obj.get("flag")})
-    frame = pd.DataFrame(rows, columns=["k", "v", "x", "flag"])
+    frame = pd.DataFrame(rows, columns=["k", "v", "x", "flag"], dtype=object)   # object: ints past 2**53 stay exact
     out = {}
     for key, group in frame.groupby("k", dropna=False, sort=False):
         v = group["v"].dropna()
         x = group["x"].dropna()
-        out[key] = (len(group), int(sum(int(i) for i in v)) if len(v) else None,
-                    float(x.max()) if len(x) else None, int(group["flag"].notna().sum()))
+        out[key] = (len(group), sum(int(i) for i in v) if len(v) else None,
+                    max(float(i) for i in x) if len(x) else None, int(group["flag"].notna().sum()))
     return out
 
 

@@ -83,25 +83,18 @@ def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | N
     frame = session.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], schema)
     frame = frame.withColumn("_row", __import__("pyspark.sql.functions", fromlist=["x"]).monotonically_increasing_id())
     out: dict[str, list | None] = {}
-
-    def run(batch: list[str]) -> None:
-        if not batch:
-            return
-        try:
-            result = frame.selectExpr("_row", *[f"{e} AS e{i}" for i, e in enumerate(batch)]).orderBy("_row").collect()
-            types = [f.dataType for f in frame.selectExpr(*[f"{e} AS e{i}" for i, e in enumerate(batch)]).schema]
+    accepted, types = [], {}
+    for expression in dict.fromkeys(expressions):
+        try:                            # analysis only: is it an expression Spark takes, and of what type
+            types[expression] = frame.selectExpr(f"{expression} AS v").schema[0].dataType
+            accepted.append(expression)
         except AnalysisException:
-            if len(batch) == 1:
-                out[batch[0]] = None
-                return
-            mid = len(batch) // 2
-            run(batch[:mid])
-            run(batch[mid:])
-            return
+            out[expression] = None
+    for start in range(0, len(accepted), 100):
+        batch = accepted[start:start + 100]
+        result = frame.selectExpr("_row", *[f"{e} AS e{i}" for i, e in enumerate(batch)]).orderBy("_row").collect()
         for i, e in enumerate(batch):
-            out[e] = ([r[f"e{i}"] for r in result], types[i])
-
-    run(list(dict.fromkeys(expressions)))
+            out[e] = ([r[f"e{i}"] for r in result], types[e])
     return out
 
 
