@@ -130,3 +130,22 @@ def produce_minutes(producer, topic: str, events: list[tuple[int, str]]) -> None
         ts = f"2026-11-01T{minute // 60:02d}:{minute % 60:02d}:00Z"
         producer.produce(topic, json.dumps({"title": title, "amount": 1.0, "ts": ts}).encode())
     assert producer.flush(10) == 0
+
+
+def sse_events(response, until) -> list[dict]:
+    """Server-sent events off a streamed response, each as its fields (event, id, data), until
+    `until(events)` holds or the stream ends."""
+    events, fields = [], {}
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            continue
+        if line == "":
+            if "data" in fields:
+                events.append(fields)
+                if until(events):
+                    return events
+            fields = {}
+            continue
+        name, _, value = line.partition(": ")
+        fields[name] = value
+    return events

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from spark_jobs import jobs
-from tests.table_env import isolated_runtime, new_table
+from tests.table_env import isolated_runtime, new_table, sse_events
 
 PORT = 28391
 SQL = """-- topic: {topic}
@@ -70,20 +70,14 @@ def served(kafka, spark, tmp_path_factory):
 
 def _events(response, until) -> list[tuple[str, str]]:
     """(event, data) of a stream until `until(events)` holds or the stream ends."""
-    events, fields = [], {}
-    for line in response.iter_lines():
-        if line.startswith(":"):
-            continue
-        if line == "":
-            if "data" in fields:
-                events.append((fields.get("event", "message"), fields["data"]))
-                if until(events):
-                    return events
-            fields = {}
-            continue
-        name, _, value = line.partition(": ")
-        fields[name] = value
-    return events
+    pairs = []
+
+    def enough(events) -> bool:
+        pairs[:] = [(e.get("event", "message"), e["data"]) for e in events]
+        return until(pairs)
+
+    sse_events(response, enough)
+    return pairs
 
 
 @pytest.mark.parametrize("take_away", ["revoke the token", "remove the grant"])

@@ -367,21 +367,11 @@ def _sse_events(response, want: int) -> list[tuple[int, dict]]:
     """Server-sent events off a streamed response until `want` have come, as (id, data)."""
     import json
 
-    events, fields = [], {}
-    for line in response.iter_lines():
-        if line.startswith(":"):
-            continue
-        if line == "":
-            if "data" in fields:
-                assert fields.get("event") == "batch", fields
-                events.append((int(fields["id"]), json.loads(fields["data"])))
-                if len(events) == want:
-                    return events
-            fields = {}
-            continue
-        name, _, value = line.partition(": ")
-        fields[name] = value
-    return events
+    from tests.table_env import sse_events
+
+    events = sse_events(response, lambda seen: len(seen) == want)
+    assert all(e.get("event") == "batch" for e in events), events
+    return [(int(e["id"]), json.loads(e["data"])) for e in events]
 
 
 def test_a_push_query_follows_batches_once_in_order_and_resumes_from_last_event_id(server, env, spark):
