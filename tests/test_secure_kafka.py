@@ -277,7 +277,9 @@ def _refused(env: dict, rt, config: Path) -> str:
                 timeout=180)
     assert done.returncode != 0, done.stdout
     assert "Traceback" not in done.stderr, done.stderr
-    return done.stderr.strip().splitlines()[-1]
+    # The CLI's own last line: librdkafka's log lines (`%<level>|...`) come from its threads, and
+    # one can land after the message the CLI printed.
+    return [line for line in done.stderr.strip().splitlines() if not line.startswith("%")][-1]
 
 
 def _private(path: Path, text: str) -> Path:
