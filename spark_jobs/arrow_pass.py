@@ -308,20 +308,43 @@ def _loads(value: bytes):
     return json.loads(value, parse_int=_Number, parse_float=_Number, parse_constant=_Number)
 
 
+class _Raw(str):
+    """Text `_compact` writes as it is (brackets, commas, a key and its colon)."""
+
+
+def _number_text(item: "_Number") -> str:
+    """A number as Spark's reader (Jackson) writes it into text: an integer as written, any other
+    number as the DOUBLE it reads (1e2 is 100.0), NaN and infinities quoted."""
+    if INT_TEXT.match(item):
+        return str(item)
+    number = float(item)
+    return java_double(number) if math.isfinite(number) else json.dumps(java_double(number))
+
+
 def _compact(item) -> str:
-    """A JSON value as Spark's reader gives it to a STRING field: compact JSON text."""
-    if isinstance(item, _Number):
-        # As Spark's reader (Jackson) writes a number into text: an integer as written, any other
-        # number as the DOUBLE it reads (1e2 is 100.0), NaN and infinities quoted.
-        if INT_TEXT.match(item):
-            return str(item)
-        number = float(item)
-        return java_double(number) if math.isfinite(number) else json.dumps(java_double(number))
-    if isinstance(item, dict):
-        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_compact(v)}" for k, v in item.items()) + "}"
-    if isinstance(item, list):
-        return "[" + ",".join(_compact(v) for v in item) + "]"
-    return json.dumps(item, ensure_ascii=False)
+    """A JSON value as Spark's reader gives it to a STRING field: compact JSON text. Without
+    recursion: a value nested as deep as the JSON parser allows must not raise here."""
+    parts, stack = [], [item]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            parts.append(item)
+        elif isinstance(item, _Number):
+            parts.append(_number_text(item))
+        elif isinstance(item, (dict, list)):
+            pieces = [_Raw("{" if isinstance(item, dict) else "[")]
+            for n, entry in enumerate(item.items() if isinstance(item, dict) else item):
+                if n:
+                    pieces.append(_Raw(","))
+                if isinstance(item, dict):
+                    pieces.append(_Raw(json.dumps(entry[0], ensure_ascii=False) + ":"))
+                    entry = entry[1]
+                pieces.append(entry)
+            pieces.append(_Raw("}" if isinstance(item, dict) else "]"))
+            stack.extend(reversed(pieces))
+        else:
+            parts.append(json.dumps(item, ensure_ascii=False))
+    return "".join(parts)
 
 
 def _finite(text: str, limit: float | None = None) -> float:
@@ -508,7 +531,9 @@ def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str
     bad += [(i, "invalid_unicode") for i in unicode_rejects(values)]
     usable = pc.is_valid(values)
     if bad:
-        usable = pc.and_(usable, pc.invert(pa.array(np.isin(np.arange(len(values)), [i for i, _ in bad]))))
+        unicode_ok = np.ones(len(values), dtype=bool)
+        unicode_ok[[i for i, _ in bad]] = False
+        usable = pc.and_(usable, pa.array(unicode_ok))
     simple = pc.and_(usable, looks_like_object(values))
     block_index = pc.indices_nonzero(simple).cast(pa.int64())
     alone_index = pc.indices_nonzero(pc.and_(usable, pc.invert(simple))).cast(pa.int64())

@@ -79,6 +79,7 @@ def _same(a, b) -> bool:
 @example([b'{"k":"a"}{"k":"b"}', b""] + [b'{"k":"x"}'] * 10)            # two objects beside an empty value
 @example([b"null"] + [b'{"k":"x"}'] * 10)                              # null in a block: malformed_json, not nulls
 @example([b'{"k":"\\ud800","v":1}'] + [b'{"k":"x"}'] * 10)              # issue 45's 40-byte record
+@example([b'{"k":' + b"[" * 900 + b"]" * 900 + b"}"] + [b'{"k":"x"}'] * 10)   # deep nesting in a STRING field (review)
 @example([b'{"t":"1969-12-31T23:59:59.999500"}'] + [b'{"t":"2026-01-01T00:00:00Z"}'] * 10)
 def test_a_record_gets_the_same_verdict_and_value_alone_as_in_a_block(values):
     together = _verdicts(values)

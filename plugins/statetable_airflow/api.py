@@ -149,6 +149,9 @@ class _Followers:
                                    f"allows (STATETABLE_API_MAX_FOLLOWERS)", retry_after=5)
         self.count += 1
 
+    def release(self) -> None:
+        self.count -= 1
+
     async def stream(self, request: Request, table, rt, after: int, allowed):
         """The batches after `after`, while the client stays connected and `allowed()` (its token
         and its grant, re-checked at least every RECHECK_SECONDS and before each batch) holds. The
@@ -180,7 +183,7 @@ class _Followers:
                     quiet_since = time.monotonic()
                 await anyio.sleep(self.poll)
         finally:
-            self.count -= 1
+            self.release()
 
 
 def _sse_error(cause: str) -> str:
@@ -346,7 +349,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
             definition = await run_in_threadpool(_definition, table, rt)
             await run_in_threadpool(_built_with, definition, rt)
         except BaseException:
-            followers.count -= 1
+            followers.release()
             raise
         after = int(last_event_id) if last_event_id is not None else after_batch
         token = request.state.token
