@@ -56,6 +56,7 @@ class StackSettings:
     connect_port: int = 15002
     s3_port: int = 19000
     master_port: int = 17077
+    postgres_port: int = 15432
 
     def as_env(self) -> dict[str, str]:
         """The environment that makes `load()` in a child process return these settings."""
@@ -64,7 +65,8 @@ class StackSettings:
                 "STATETABLE_KAFKA_CONTROLLER_PORT": str(self.kafka_controller_port),
                 "STATETABLE_AIRFLOW_PORT": str(self.airflow_port),
                 "STATETABLE_SPARK_CONNECT_PORT": str(self.connect_port), "STATETABLE_S3_PORT": str(self.s3_port),
-                "STATETABLE_SPARK_MASTER_PORT": str(self.master_port)}
+                "STATETABLE_SPARK_MASTER_PORT": str(self.master_port),
+                "STATETABLE_POSTGRES_PORT": str(self.postgres_port)}
 
     @property
     def s3_url(self) -> str:
@@ -126,6 +128,11 @@ class StackSettings:
         return self.state_dir / "airflow"
 
     @property
+    def postgres_dir(self) -> Path:
+        """Airflow's metadata database: a PostgreSQL cluster of the stack's own."""
+        return self.state_dir / "postgres"
+
+    @property
     def data_dir(self) -> Path:
         """Table state, snapshots and Delta tables of the local deployment."""
         return self.state_dir / "data"
@@ -141,6 +148,7 @@ def load() -> StackSettings:
         connect_port=_port("STATETABLE_SPARK_CONNECT_PORT", 15002),
         s3_port=_port("STATETABLE_S3_PORT", 19000),
         master_port=_port("STATETABLE_SPARK_MASTER_PORT", 17077),
+        postgres_port=_port("STATETABLE_POSTGRES_PORT", 15432),
         state_dir=state_dir,
     )
 

@@ -16,6 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from deploy import postgres_server
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 from catalog.settings import PROJECT_ROOT, StackSettings
 
@@ -85,10 +86,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "deploy.airflow_sqlite.CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "deploy.airflow_sqlite.ASYNC_CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER": "deploy.airflow_sqlite.session_maker",
+        # psycopg 3 for the async engine too (Airflow would pick asyncpg for `postgresql`).
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres_server.url(settings),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": postgres_server.url(settings),
         "AIRFLOW__API__HOST": settings.host,
         "AIRFLOW__API__PORT": str(settings.airflow_port),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,
@@ -105,6 +105,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "NO_PROXY": "*",
     })
+    env.update(postgres_server.client_env(settings))
     env.update(connections(settings))
     return env
 
@@ -125,7 +126,11 @@ def start(settings: StackSettings) -> None:
     if not process(settings, "api-server").is_running():
         require_free_ports("airflow api-server", settings.host, settings.airflow_port)
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
-    airflow_cli(settings, "db", "migrate", capture=True)
+    postgres_server.start(settings)
+    migrated = airflow_cli(settings, "db", "migrate", capture=True, check=False)
+    if migrated.returncode != 0:
+        raise SystemExit(f"airflow db migrate against {postgres_server.url(settings)} failed: "
+                         f"{(migrated.stderr.strip().splitlines() or ['no output'])[-1]}")
     env = airflow_env(settings)
     for component in COMPONENTS:
         args = [component]
@@ -142,6 +147,7 @@ def start(settings: StackSettings) -> None:
 def stop(settings: StackSettings) -> None:
     for component in reversed(COMPONENTS):
         process(settings, component).stop(timeout=15)
+    postgres_server.stop(settings)
 
 
 def health(settings: StackSettings, timeout: float = 3.0) -> dict:

@@ -65,13 +65,13 @@ class ManagedProcess:
         self.pid_file.write_text(f"{proc.pid} {stat['started'] if stat else ''}".strip())
         return proc.pid
 
-    def stop(self, timeout: float = 20.0) -> bool:
-        """SIGTERM the process group, SIGKILL it after `timeout`. True if it was running."""
+    def stop(self, timeout: float = 20.0, sig: int = signal.SIGTERM) -> bool:
+        """`sig` (SIGTERM) to the process group, SIGKILL after `timeout`. True if it was running."""
         pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        _signal_group(pid, signal.SIGTERM)
+        _signal_group(pid, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _group_alive(pid):
             time.sleep(0.1)

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from deploy import airflow_server, connect_server, kafka_server, object_store, spark_cluster
+from deploy import airflow_server, connect_server, kafka_server, object_store, postgres_server, spark_cluster
 from catalog.settings import StackSettings, cluster_env_file, kafka_layout
 from state.kafka_config import CONFIG_ENV
 from deploy.processes import write_private
@@ -45,6 +45,8 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
     connect_server.wait_healthy(settings)
     print(f"spark-connect {settings.connect_url} answers ({time.monotonic() - started:.1f}s)", flush=True)
     print(f"{connect_server.warm(settings)} ({time.monotonic() - started:.1f}s)", flush=True)
+    print(f"{postgres_server.status_line(settings)} (Airflow's metadata database; "
+          f"{time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
     print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
     password = airflow_server.admin_password(settings)
@@ -186,6 +188,7 @@ def status_lines(settings: StackSettings) -> list[str]:
         *cluster,
         f"spark-connect {settings.connect_url} {'up' if connect_server.is_healthy(settings) else 'down'}",
         *filter(None, [connect_server.warmup_line(settings)]),
+        postgres_server.status_line(settings),
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
     ]
 
@@ -212,7 +215,7 @@ def _durability_lines(settings: StackSettings, kafka: list[str]) -> list[str]:
 def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
     procs = [*kafka_server.processes(settings), connect_server.process(settings), object_store.process(settings),
-             *spark_cluster.all_processes(settings)] + [
+             *spark_cluster.all_processes(settings), postgres_server.process(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

@@ -24,6 +24,7 @@ os.environ.update({
     "STATETABLE_SPARK_CONNECT_PORT": os.environ.get("STATETABLE_TEST_SPARK_CONNECT_PORT", "28002"),
     "STATETABLE_S3_PORT": os.environ.get("STATETABLE_TEST_S3_PORT", "28900"),
     "STATETABLE_SPARK_MASTER_PORT": os.environ.get("STATETABLE_TEST_SPARK_MASTER_PORT", "28077"),
+    "STATETABLE_POSTGRES_PORT": os.environ.get("STATETABLE_TEST_POSTGRES_PORT", "28432"),
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-import subprocess
-import threading
 import time
 import uuid
 
@@ -35,9 +32,20 @@ def test_dags_test_runs_every_task_with_spark_submit(stack_settings_, smoke_topi
     if dag_id != DAG:
         samples.produce("movie_tickets_sold", stack_settings_.kafka_bootstrap, 20)
     # Its own Airflow home and database, so no scheduler can pick up this run.
-    isolated = dataclasses.replace(stack_settings_, state_dir=tmp_path)
-    airflow_server.airflow_cli(isolated, "db", "migrate", capture=True)
-    done = airflow_server.airflow_cli(isolated, "dags", "test", dag_id, capture=True, check=False)
+    from deploy import postgres_server
+
+    isolated = dataclasses.replace(stack_settings_, state_dir=tmp_path,
+                                   postgres_port=stack_settings_.postgres_port + 2)
+    postgres_server.start(isolated)
+    try:
+        airflow_server.airflow_cli(isolated, "db", "migrate", capture=True)
+        done = airflow_server.airflow_cli(isolated, "dags", "test", dag_id, capture=True, check=False)
+        _check_dags_test(isolated, dag_id, done)
+    finally:
+        postgres_server.stop(isolated)
+
+
+def _check_dags_test(isolated, dag_id: str, done) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     runs = airflow_server.airflow_json(isolated, "dags", "list-runs", dag_id)
@@ -83,62 +91,29 @@ def test_backfill_three_dates_creates_three_successful_runs(airflow, smoke_topic
     assert [r["state"] for r in backfill_runs] == ["success"] * 3
 
 
-def test_cli_write_waits_out_a_long_sqlite_write_lock(airflow):
-    """The CI failure "database is locked" came from a CLI write that gave up after SQLite's
-    default 5 s while the scheduler held the lock. Hold the lock 15 s: the write must wait."""
-    holder = sqlite3.connect(airflow.airflow_home / "airflow.db", isolation_level=None, check_same_thread=False)
-    holder.execute("BEGIN IMMEDIATE")
-    release = threading.Timer(15, holder.execute, args=("COMMIT",))
-    release.start()
-    try:
-        written = airflow_server.airflow_cli(
-            airflow, "variables", "set", "statetable_lock_probe", "waited", capture=True, check=False,
-        )
-    finally:
-        release.join()
-        holder.close()
-    assert written.returncode == 0, written.stdout[-2000:] + written.stderr[-2000:]
-    read = airflow_server.airflow_cli(airflow, "variables", "get", "statetable_lock_probe", capture=True)
-    assert read.stdout.strip().splitlines()[-1] == "waited"
+def test_the_metadata_database_is_the_stacks_own_postgres(airflow):
+    """Airflow's metadata lives in the stack's PostgreSQL: reached with psycopg over loopback,
+    the password in mode-600 files only, never in Airflow's config, the URL or a log."""
+    from deploy import postgres_server
 
+    env = airflow_server.airflow_env(airflow)
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://statetable@127.0.0.1:")
+    password = (airflow.postgres_dir / ".password").read_text().strip()
+    assert len(password) >= 32
+    for secret in (airflow.postgres_dir / ".password", postgres_server.passfile(airflow)):
+        assert secret.stat().st_mode & 0o777 == 0o600, secret
+    assert postgres_server.data_dir(airflow).stat().st_mode & 0o777 == 0o700
+    shown = airflow_server.airflow_cli(airflow, "config", "get-value", "database", "sql_alchemy_conn", capture=True)
+    assert shown.stdout.strip().splitlines()[-1] == postgres_server.url(airflow)
+    with postgres_server.connect(airflow) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
+        assert conn.execute("SELECT count(*) FROM dag").fetchone()[0] >= 1      # Airflow's own tables
+        server_major = conn.execute("SHOW server_version_num").fetchone()[0][:2]
+    assert server_major == str(postgres_server.MAJOR)
+    import psycopg
 
-# Runs inside an Airflow process of the stack, through Airflow's own session factory.
-_SAVEPOINT_RACE = """
-import sqlite3, sys
-from sqlalchemy import text
-from airflow import settings
-
-with settings.Session() as session:
-    session.execute(text("SELECT 1"))
-    with session.begin_nested():
-        session.execute(text("SELECT count(*) FROM statetable_savepoint_probe")).scalar()
-        other = sqlite3.connect(sys.argv[1], timeout=0.5)
-        try:
-            other.execute("INSERT INTO statetable_savepoint_probe VALUES ('other')")
-            other.commit()
-            print("other-committed-in-between")
-        except sqlite3.OperationalError:
-            print("other-waited")
-        other.close()
-        session.execute(text("INSERT INTO statetable_savepoint_probe VALUES ('savepoint')"))
-    session.commit()
-"""
-
-
-def test_savepoint_write_survives_a_commit_between_its_read_and_its_write(airflow):
-    """CI lost `backfill create` to SQLITE_BUSY_SNAPSHOT: Airflow opens a savepoint, reads, and
-    inserts; a scheduler commit in between fails the insert at once, whatever the busy timeout.
-    Commit from another connection at exactly that moment: the savepoint's write must land."""
-    database = airflow.airflow_home / "airflow.db"
-    with sqlite3.connect(database, timeout=60) as setup:
-        setup.execute("CREATE TABLE IF NOT EXISTS statetable_savepoint_probe (writer TEXT)")
-        setup.execute("DELETE FROM statetable_savepoint_probe")
-    race = subprocess.run(
-        [str(airflow_server.VENV_BIN / "python"), "-c", _SAVEPOINT_RACE, str(database)],
-        env=airflow_server.airflow_env(airflow), capture_output=True, text=True, timeout=300,
-    )
-    assert race.returncode == 0, race.stdout[-2000:] + race.stderr[-3000:]
-    assert race.stdout.strip().splitlines()[-1] == "other-waited"
-    with sqlite3.connect(database, timeout=60) as check:
-        writers = [row[0] for row in check.execute("SELECT writer FROM statetable_savepoint_probe")]
-    assert writers == ["savepoint"]
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(host=airflow.host, port=airflow.postgres_port, user=postgres_server.USER,
+                        dbname="airflow", passfile="/dev/null", password="wrong", connect_timeout=5)
+    for log in airflow.state_dir.rglob("*.log"):
+        assert password not in log.read_text(errors="replace"), log

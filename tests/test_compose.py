@@ -27,7 +27,10 @@ def test_has_every_component_of_the_cluster():
     services = _services()
     assert services["kafka"]["image"].startswith("apache/kafka:4.")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
-    assert services["postgres"]["image"].startswith("postgres:")
+    from deploy import postgres_server
+
+    # The local stack's PostgreSQL and compose's are the same major version.
+    assert services["postgres"]["image"] == f"postgres:{postgres_server.MAJOR}"
     assert services["minio"]["image"].startswith("minio/minio:")
     assert "org.apache.spark.deploy.master.Master" in services["spark-master"]["command"]
     workers = [name for name, svc in services.items() if "org.apache.spark.deploy.worker.Worker" in svc.get("command", [])]
@@ -38,7 +41,8 @@ def test_has_every_component_of_the_cluster():
     for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
         svc = services[f"airflow-{component}"]
         assert svc["command"][:2] == ["airflow", component]
-        assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
+        assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://")
+        assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"].startswith("postgresql+psycopg://")
         assert svc["environment"]["STATETABLE_SNAPSHOT_URI"].startswith("s3://")
         assert '"host": "spark-connect"' in svc["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
         assert svc["environment"]["STATETABLE_SPARK_MODE"] == "connect"

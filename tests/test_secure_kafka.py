@@ -31,7 +31,8 @@ from tests.table_env import assert_each_batch_once_and_in_order, fold_change_top
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 TABLE = "payments_per_customer"
 PORTS = {"STATETABLE_KAFKA_PORT": "26392", "STATETABLE_KAFKA_CONTROLLER_PORT": "26393",
-         "STATETABLE_AIRFLOW_PORT": "26080", "STATETABLE_SPARK_CONNECT_PORT": "26002"}
+         "STATETABLE_AIRFLOW_PORT": "26080", "STATETABLE_SPARK_CONNECT_PORT": "26002",
+         "STATETABLE_POSTGRES_PORT": "26432"}
 EVENTS = 40000          # 20 batches of 2000: three broker kills land mid-run
 BAD_RECORDS = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b"{}"]
 

@@ -14,7 +14,8 @@ from deploy import stack
 from catalog import settings as stack_settings
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
-DOWN = ["kafka 127.0.0.1:27092 down", "spark-connect sc://127.0.0.1:27002 down", "airflow http://127.0.0.1:27080 down"]
+DOWN = ["kafka 127.0.0.1:27092 down", "spark-connect sc://127.0.0.1:27002 down", "postgres 127.0.0.1:27432 down",
+        "airflow http://127.0.0.1:27080 down"]
 
 
 @pytest.fixture
@@ -27,6 +28,7 @@ def own_stack_env(tmp_path):
         "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
         "STATETABLE_AIRFLOW_PORT": "27080",
         "STATETABLE_SPARK_CONNECT_PORT": "27002",
+        "STATETABLE_POSTGRES_PORT": "27432",
     })
     yield env
     subprocess.run([STATETABLE, "stack", "down"], env=env, capture_output=True)
@@ -94,9 +96,10 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     assert re.fullmatch(r"spark-connect warmed in [0-9.]+s \(100,000 records\)", lines.pop(2)), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN]
     cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]),
-                                       connect_port=27002)
+                                       connect_port=27002, postgres_port=27432)
     listening = _listening_addresses(stack.running_pids(cfg).values())
-    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080), ("127.0.0.1", 27002)} <= listening
+    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080), ("127.0.0.1", 27002),
+            ("127.0.0.1", 27432)} <= listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
     # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.
