@@ -76,7 +76,7 @@ def main() -> None:
                 tis = [ti for ti in api.task_instances(dag_id, result["run_id"]).values() if ti.get("start_date")]
                 stamp = lambda value: datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()  # noqa: E731
                 tasks = {ti["task_id"]: round(stamp(ti["end_date"]) - stamp(ti["start_date"]), 2) for ti in tis}
-                stats = api.xcom(dag_id, result["run_id"], "record_stats")
+                stats = api.xcom(dag_id, result["run_id"], "run_batches")
                 first = min(stamp(ti["start_date"]) for ti in tis)
                 return {"seconds": result["seconds"], "tasks_s": tasks, "tasks_total_s": round(sum(tasks.values()), 2),
                         "airflow_before_first_task_s": round(first - triggered_at, 2),

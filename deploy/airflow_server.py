@@ -73,6 +73,10 @@ def _public_kafka_settings() -> dict[str, str]:
             if name != "bootstrap.servers" and not any(word in name for word in SECRET_WORDS)}
 
 
+def parallelism() -> int:
+    return max(4, 4 * (os.cpu_count() or 1))
+
+
 def airflow_env(settings: StackSettings) -> dict[str, str]:
     home = settings.airflow_home
     env = dict(os.environ)
@@ -81,7 +85,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
+        # Task processes mostly wait on the Spark Connect server, so four per core; a deployment's
+        # own setting wins.
+        "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", str(parallelism())),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",

@@ -46,8 +46,8 @@ def run(settings: StackSettings, events: int = 20000) -> None:
     api = AirflowApi(settings)
     for table, _ in ORDER:
         run_id, states = _run(api, f"{table}__incremental")
-        if states.get("record_stats") == "success":
-            print(f"    stats: {json.dumps(api.xcom(f'{table}__incremental', run_id, 'record_stats'))}", flush=True)
+        if states.get("run_batches") == "success":
+            print(f"    stats: {json.dumps(api.xcom(f'{table}__incremental', run_id, 'run_batches'))}", flush=True)
     _run(api, "movie_tickets_sold__restore_verify", {"failure": "wipe_local_store"})
     from serving.presenters import leaderboard_entries
     from serving.query import lookup

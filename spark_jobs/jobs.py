@@ -176,7 +176,7 @@ def _write_result(path: str | None, result: dict) -> None:
         os.replace(tmp, target)
 
 
-def _commit_summary(commit) -> dict:
+def commit_summary(commit) -> dict:
     return {"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}
 
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             commits = run(args.table, args.max_batches, args.until_caught_up, rt=rt,
                           snapshots=not args.no_snapshot)
             _write_result(args.result_file, {
-                "table": args.table, "batches": [_commit_summary(c) for c in commits],
+                "table": args.table, "batches": [commit_summary(c) for c in commits],
                 "read": sum(c.counts["read"] for c in commits), "seconds": round(time.monotonic() - started, 3)})
             return 0
         if args.action == "rebuild":
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 except (ValueError, AssertionError):
                     raise ValueError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
             commit = batch.rebuild(args.table, rt=rt, window_range=window)
-            _write_result(args.result_file, _commit_summary(commit))
+            _write_result(args.result_file, commit_summary(commit))
             return 0
         from spark_jobs import batch, session
 

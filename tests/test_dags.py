@@ -20,6 +20,7 @@ from deploy import samples
 from catalog.definitions import load_all
 from ops.failures import FAILURES
 from catalog.runtime import Runtime
+from statetable_airflow.timetables import spread
 from tests.table_env import read_topic
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
@@ -36,26 +37,35 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
     tables = load_all(TABLES_DIR)
     for name, table in tables.items():
         inc, reb, rv = (bag.dags[f"{name}__{kind}"] for kind in ("incremental", "rebuild", "restore_verify"))
-        assert _edges(inc) == {("wait_for_offsets", "run_batches"), ("run_batches", "snapshot_if_due"),
-                               ("snapshot_if_due", "record_stats")}
+        assert [t.task_id for t in inc.tasks] == ["run_batches"]      # one task process per run
         assert _edges(reb) == {("plan_rebuild", "rebuild")}
         assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
         assert inc.max_active_runs == 1 and inc.catchup is False
         timetable = getattr(inc.timetable, "timetable", inc.timetable)    # AssetOrTimeSchedule wraps the cron
-        assert timetable.expression == table.schedule
+        assert timetable.expression == spread(table.schedule, name)
         assert [a.uri for a in inc.get_task("run_batches").outlets] == [f"statetable://tables/{name}"]
         upstream = [u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic]
         upstream += [j.table for j in table.joins] if table.table_join else []    # a join of tables: its joined one
         if upstream:        # a table on another table's change topic also runs when that one commits
             assert {a.uri for a in inc.timetable.asset_condition.objects} == \
                 {f"statetable://tables/{u}" for u in upstream}
-        assert type(inc.get_task("run_batches")).__name__ == "SparkConnectJobOperator"     # the default mode
+        assert type(inc.get_task("run_batches")).__name__ == "TableBatchesOperator"     # the default mode
         assert inc.get_task("run_batches").conn_id == "spark_connect_default"
-        assert inc.get_task("wait_for_offsets").soft_fail is True
+        assert inc.get_task("run_batches").max_batches == table.max_batches_per_run
         assert "Retries are safe" in inc.doc_md
         assert set(rv.params.get_param("failure").schema["enum"]) == set(FAILURES)
         assert rv.get_task("record_result").trigger_rule == "all_done"
     assert len([d for d in bag.dag_ids if "__" in d]) == 3 * len(tables)
+
+
+def test_schedules_every_n_minutes_are_spread_over_their_interval():
+    crons = {name: spread("*/5 * * * *", name) for name in (f"table_{i}" for i in range(20))}
+    minutes = Counter(cron.split()[0] for cron in crons.values())
+    assert set(minutes) == {"*/5", "1-59/5", "2-59/5", "3-59/5", "4-59/5"}      # every minute of the five used
+    assert all(cron.endswith("/5 * * * *") for cron in crons.values())
+    assert spread("*/5 * * * *", "table_0") == spread("*/5 * * * *", "table_0")       # stable
+    assert spread("0 * * * *", "t") == "0 * * * *" and spread("*/7 * * * *", "t") == "*/7 * * * *"
+    assert spread(None, "t") is None
 
 
 def _edges(dag) -> set[tuple[str, str]]:
@@ -123,7 +133,7 @@ def test_incremental_over_rest_equals_recomputation_then_skips_without_new_data(
     assert run["state"] == "success", states
     assert set(states.values()) == {"success"}
     assert _state(stack_rt) == _expected_movies(kafka)
-    stats = api.xcom(f"{MOVIES}__incremental", run_id, "record_stats")
+    stats = api.xcom(f"{MOVIES}__incremental", run_id, "run_batches")
     in_topic = len(read_topic(kafka, "movie_ticket_sales"))      # 5000, and what earlier tests produced
     assert stats["read"] == in_topic >= 5000 and stats["lag"] == 0
     log = api.task_log(f"{MOVIES}__incremental", run_id, "run_batches")
@@ -131,8 +141,7 @@ def test_incremental_over_rest_equals_recomputation_then_skips_without_new_data(
 
     _, run, states = _run(api, f"{MOVIES}__incremental")
     assert run["state"] == "success"
-    assert states == {"wait_for_offsets": "skipped", "run_batches": "skipped", "snapshot_if_due": "skipped",
-                      "record_stats": "skipped"}
+    assert states == {"run_batches": "skipped"}
 
 
 def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verifies(api, airflow, stack_rt, spark):

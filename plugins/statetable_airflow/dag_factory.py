@@ -16,22 +16,24 @@ from airflow.sdk import DAG, Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTi
 
 from catalog.definitions import TableDefinition
 from statetable_airflow.operators import (
-    BatchStatsOperator, InjectFailureOperator, RecordVerifyOperator, RestoreOperator, SnapshotOperator, result_file,
-    spark_job,
+    BatchStatsOperator, InjectFailureOperator, RecordVerifyOperator, RestoreOperator, SnapshotOperator,
+    TableBatchesOperator, result_file, spark_job, spark_mode,
 )
 from statetable_airflow.sensors import OffsetLagSensor
-from statetable_airflow.timetables import BackfillOnlyTimetable
+from statetable_airflow.timetables import BackfillOnlyTimetable, spread
 
 START = datetime(2026, 1, 1)
 
 INCREMENTAL_DOC = """
 ### {table}: incremental micro-batches
 
-Every `{schedule}`: `wait_for_offsets` skips the run at once when the topic has
-nothing new; `run_batches` spark-submits up to {cap} micro-batches of at most
-{budget} records each in one Spark session; `snapshot_if_due` snapshots
-partitions every {every} batches; `record_stats` logs read, dead-lettered,
-late, keys changed, duration and the lag left.
+Every `{schedule}`, one task, `run_batches`: it skips the run at once when the
+topic has nothing new, runs up to {cap} micro-batches of at most {budget}
+records each on the Spark Connect server, snapshots partitions every {every}
+batches, and logs and returns read, dead-lettered, late, keys changed,
+duration and the lag left. (With `STATETABLE_SPARK_MODE=submit` the same steps
+are four tasks: `wait_for_offsets` → `run_batches` (spark-submit) →
+`snapshot_if_due` → `record_stats`.)
 
 **Retries are safe.** Each batch is planned (exact offsets) before it reads and
 is idempotent after that: state partitions skip a batch id they have applied,
@@ -86,12 +88,13 @@ def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefiniti
     """The table's cron, and for a table on other tables, also each commit of theirs: a chain
     settles in one pass instead of one schedule per link (Airflow's AssetOrTimeSchedule)."""
     upstream = upstream_tables(table, tables)
+    cron = spread(table.schedule, table.name)
     if not upstream:
-        return table.schedule
+        return cron
     assets = AssetAny(*[table_asset(u) for u in upstream])
-    if table.schedule is None:
+    if cron is None:
         return assets
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(table.schedule, timezone="UTC"), assets=assets)
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=assets)
 
 
 def incremental_dag(table: TableDefinition, tables: dict[str, TableDefinition] | None = None) -> DAG:
@@ -110,6 +113,10 @@ def incremental_dag(table: TableDefinition, tables: dict[str, TableDefinition] |
         + (f"\nAlso runs when {', '.join(upstream)} commits (its change topic is this table's input).\n"
            if upstream else ""),
     ) as dag:
+        if spark_mode() == "connect":
+            TableBatchesOperator(task_id="run_batches", table=t, max_batches=table.max_batches_per_run,
+                                 outlets=[table_asset(t)])
+            return dag
         wait = OffsetLagSensor(task_id="wait_for_offsets", table=t, timeout=0, poke_interval=5, soft_fail=True,
                                retries=0)
         run = spark_job("run_batches", "run", t, "--until-caught-up", "--max-batches",
