@@ -344,6 +344,10 @@ class BatchLog:
     def commits(self) -> list[BatchCommit]:
         return [self.commit(i) for i in self._ids("commit")]
 
+    def commits_after(self, batch_id: int) -> list[BatchCommit]:
+        """The commits after `batch_id`, for readers that fold the log as it grows."""
+        return [c for i in self._ids("commit") if i > batch_id and (c := self.commit(i)) is not None]
+
     # -- where reading stopped -------------------------------------------------
     def write_acceptance(self, after_batch: int, entry: dict) -> None:
         """An operator's acceptance of a topic reset or gap: the next batch starts at `entry["starts"]`."""

@@ -38,6 +38,17 @@ def record_verify(rt: Runtime, name: str, record: dict) -> None:
         os.fsync(out.fileno())
 
 
+def verify_fields(verified: dict) -> dict:
+    """The verify result's part of a history record (`verified` is a VerifyResult as JSON, with
+    `ok`; empty when the verify never ran)."""
+    return {
+        "batch_id": verified.get("batch_id"), "keys_compared": verified.get("keys_compared"),
+        "differences": verified["missing"] + verified["unexpected"] + verified["different"] if verified else None,
+        "digest_mismatches": verified.get("digest_mismatches"), "examples": verified.get("examples", []),
+        "verify_seconds": verified.get("seconds"),
+    }
+
+
 def verify_history(rt: Runtime, name: str, limit: int = 20) -> list[dict]:
     if rt.store_uri:
         return _history_in_store(rt, name, limit)

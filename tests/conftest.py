@@ -28,6 +28,10 @@ os.environ.update({
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",
+    # Airflow's metrics to a UDP port a test may listen on (tests/test_airflow_smoke.py).
+    "AIRFLOW__METRICS__STATSD_ON": "True",
+    "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+    "AIRFLOW__METRICS__STATSD_PORT": os.environ.get("STATETABLE_TEST_STATSD_PORT", "28125"),
     # Tests trigger every run they check; scheduled runs would race them for the same tables.
     "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
 })

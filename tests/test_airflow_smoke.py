@@ -4,12 +4,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import os
+import threading
 import uuid
 
+import httpx
 import pytest
 
 from deploy import airflow_server, smoke
 from deploy.airflow_api import AirflowApi
+from deploy.processes import wait_until
 
 DAG = smoke.SMOKE_DAG
 
@@ -120,6 +124,48 @@ def test_the_metadata_database_is_the_stacks_own_postgres(airflow):
         assert password not in log.read_text(errors="replace"), log
 
 
+class _StatsdListener:
+    """A UDP socket where the stack's Airflow sends StatsD lines (see conftest)."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+
+        self.lines: list[str] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.settimeout(0.2)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.lines += self.sock.recv(65536).decode(errors="replace").splitlines()
+            except OSError:
+                continue
+
+    def _values(self, name: str, kind: str) -> list[float]:
+        found = []
+        for line in list(self.lines):
+            stat, _, rest = line.partition(":")
+            fields = rest.split("|")
+            if stat == name and len(fields) > 1 and fields[1] == kind:
+                found.append(float(fields[0]))
+        return found
+
+    def sum(self, name: str, kind: str) -> float:
+        return sum(self._values(name, kind))
+
+    def count(self, name: str, kind: str) -> int:
+        return len(self._values(name, kind))
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
 FOUR = ("players", "products", "movies", "payments_per_customer")
 DATABASE_TROUBLE = ("database is locked", "OperationalError", "deadlock detected", "could not serialize",
                     "ReadTimeout", "timed out", "too many clients")
@@ -146,13 +192,22 @@ def test_four_tables_at_once_with_the_scheduler_on_meet_no_database_error_or_tim
     api = AirflowApi(airflow)
     for table in FOUR:
         api.wait_for_dag(f"{table}__incremental")
-    runs = {table: api.trigger(f"{table}__incremental") for table in FOUR}
-    for table, run_id in runs.items():
-        run = api.wait_run(f"{table}__incremental", run_id, timeout=900)
-        states = api.task_states(f"{table}__incremental", run_id)
-        assert run["state"] == "success" and states == {"run_batches": "success"}, (table, states)
-        stats = api.xcom(f"{table}__incremental", run_id, "run_batches")
-        assert stats["lag"] == 0 and stats["batches"] >= 1, (table, stats)
+    statsd = _StatsdListener(int(os.environ["AIRFLOW__METRICS__STATSD_PORT"]))
+    try:
+        runs = {table: api.trigger(f"{table}__incremental") for table in FOUR}
+        for table, run_id in runs.items():
+            run = api.wait_run(f"{table}__incremental", run_id, timeout=900)
+            states = api.task_states(f"{table}__incremental", run_id)
+            assert run["state"] == "success" and states == {"run_batches": "success"}, (table, states)
+            stats = api.xcom(f"{table}__incremental", run_id, "run_batches")
+            assert stats["lag"] == 0 and stats["batches"] >= 1, (table, stats)
+            # The run's numbers also went out through Airflow's own metrics (StatsD here).
+            wait_until(lambda: statsd.sum(f"airflow.statetable.{table}.read", "c") == stats["read"], 30,
+                       what=f"{table}'s records read in StatsD")
+            assert statsd.sum(f"airflow.statetable.{table}.batches", "c") == stats["batches"]
+            assert statsd.count(f"airflow.statetable.{table}.batch_duration", "ms") == stats["batches"]
+    finally:
+        statsd.close()
 
     rt = dataclasses.replace(Runtime.from_env(), bootstrap=kafka, data_dir=airflow.data_dir,
                              snapshot_uri=str(airflow.data_dir / "snapshots"))
@@ -163,6 +218,20 @@ def test_four_tables_at_once_with_the_scheduler_on_meet_no_database_error_or_tim
     for (customer,), (count, total, largest) in rows.items():
         want = expected.loc[customer]
         assert (count, largest) == (want["count"], want["max"]) and abs(total - want["sum"]) < 1e-6, customer
+
+    # The Airflow-mounted API's /metrics (Airflow's JWT) agrees with the batch log.
+    from catalog.batch_log import BatchLog
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    token = airflow_server.api_token(airflow)
+    scraped = httpx.get(f"{airflow.airflow_url}/statetable/metrics", timeout=60,
+                        headers={"Authorization": f"Bearer {token}", "Accept": "application/openmetrics-text"})
+    assert scraped.status_code == 200, scraped.text[:500]
+    values = {(s.name, s.labels.get("table")): s.value
+              for f in text_string_to_metric_families(scraped.text) for s in f.samples if not s.labels.get("le")}
+    for table in FOUR:
+        assert values[("statetable_lag_records", table)] == 0
+        assert values[("statetable_last_batch", table)] == BatchLog(rt.batch_dir(table)).last_commit().batch_id
 
     for log in logs:
         with open(log, errors="replace") as handle:

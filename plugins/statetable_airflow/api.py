@@ -292,6 +292,17 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
                 "broken": {name: reason for name, reason in broken.items()
                            if await auth.may_read(request.state.principal, name)}}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request):
+        """OpenMetrics for Prometheus (scrape with the same bearer token), the tables this token
+        may read only."""
+        from serving.metrics import exposition
+
+        rows = await readable(request, await holder.ask("tables", blocking=True))
+        service = holder.service or await run_in_threadpool(holder.get)
+        body, content_type = await run_in_threadpool(exposition, service.rt, rows, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
     @app.get("/tables/{table}/rows/{key}", summary="one row")
     async def row(request: Request, table: str = table_path, key: str = key_path,
                   max_lag_batches: int | None = lag_query):

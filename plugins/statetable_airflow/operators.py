@@ -161,6 +161,20 @@ def batch_stats(log, table: str, result: dict, lag: int) -> dict:
     return stats
 
 
+def emit_stats(table: str, stats: dict, durations: list[float]) -> None:
+    """The run's numbers through Airflow's own metrics (StatsD or OpenTelemetry, whichever the
+    deployment configured for Airflow; nothing when neither is on): `statetable.<table>.*`, also
+    tagged with the table for backends that keep tags."""
+    from airflow.sdk.observability.stats import Stats
+
+    tags = {"table": table}
+    for name in ("batches", "read", "dead_lettered", "late", "keys_changed"):
+        Stats.incr(f"statetable.{table}.{name}", count=stats[name], tags=tags)
+    Stats.gauge(f"statetable.{table}.lag_records", stats["lag"], tags=tags)
+    for seconds in durations:
+        Stats.timing(f"statetable.{table}.batch_duration", seconds * 1000.0, tags=tags)
+
+
 class BatchStatsOperator(_TableOperator):
     """The last task of a spark-submit incremental run: the job's result file, as stats."""
 
@@ -171,7 +185,10 @@ class BatchStatsOperator(_TableOperator):
         self.result_path = result_path
 
     def execute(self, context) -> dict:
-        return batch_stats(self.log, self.table, read_result(self.result_path), self.hook.lag(self.table))
+        result = read_result(self.result_path)
+        stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
+        emit_stats(self.table, stats, [b["seconds"] for b in result["batches"]])
+        return stats
 
 
 class TableBatchesOperator(_TableOperator):
@@ -215,8 +232,9 @@ class TableBatchesOperator(_TableOperator):
         if snapshot["partitions"]:
             self.log.info("%s: snapshot of partitions %s at batch %s in %.2fs", self.table, snapshot["partitions"],
                           snapshot["batch"], snapshot["seconds"])
-        return {**batch_stats(self.log, self.table, result, self.hook.lag(self.table)),
-                "snapshot_partitions": snapshot["partitions"]}
+        stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
+        emit_stats(self.table, stats, [c.seconds for c in commits])
+        return {**stats, "snapshot_partitions": snapshot["partitions"]}
 
 
 class InjectFailureOperator(_TableOperator):
@@ -287,11 +305,7 @@ class RecordVerifyOperator(_TableOperator):
             "run_id": context["run_id"], "failure": self.failure, "ok": ok, "injected": injected,
             "restore_seconds": recovered.get("restore_seconds"),
             "restored_partitions": recovered.get("restored_partitions"),
-            "corrupt_snapshots": len(recovered.get("corrupt_snapshots") or []),
-            "batch_id": verified.get("batch_id"), "keys_compared": verified.get("keys_compared"),
-            "differences": verified["missing"] + verified["unexpected"] + verified["different"] if verified else None,
-            "digest_mismatches": verified.get("digest_mismatches"), "examples": verified.get("examples", []),
-            "verify_seconds": verified.get("seconds"),
+            "corrupt_snapshots": len(recovered.get("corrupt_snapshots") or []), **status.verify_fields(verified),
         }
         status.record_verify(self.hook.runtime(), self.table, record)
         self.log.info("%s restore-verify after %s: %s; restore %.3fs, %s keys compared, %s differences",
