@@ -6,6 +6,7 @@ by pid at the end of the session.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -32,6 +33,10 @@ os.environ.update({
     "AIRFLOW__METRICS__STATSD_ON": "True",
     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
     "AIRFLOW__METRICS__STATSD_PORT": os.environ.get("STATETABLE_TEST_STATSD_PORT", "28125"),
+    # OpenLineage events of every task to a file (tests/test_airflow_smoke.py reads it).
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "append": True,
+                                                   "log_file_path": str(_TEST_ROOT / "openlineage.jsonl")}),
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "statetable-tests",
     # Tests trigger every run they check; scheduled runs would race them for the same tables.
     "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
 })

@@ -7,6 +7,7 @@ import time
 import os
 import threading
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -218,6 +219,22 @@ def test_four_tables_at_once_with_the_scheduler_on_meet_no_database_error_or_tim
     for (customer,), (count, total, largest) in rows.items():
         want = expected.loc[customer]
         assert (count, largest) == (want["count"], want["max"]) and abs(total - want["sum"]) < 1e-6, customer
+
+    # Each run's task sent its OpenLineage events, with the table's inputs and outputs.
+    lineage_file = Path(json.loads(os.environ["AIRFLOW__OPENLINEAGE__TRANSPORT"])["log_file_path"])
+    events = [json.loads(line) for line in lineage_file.read_text().splitlines() if line.strip()]
+    for table, run_id in runs.items():
+        mine = [e for e in events if e["job"]["name"] == f"{table}__incremental.run_batches"
+                and json.dumps(e["run"]["facets"]).count(run_id)]
+        assert sorted(e["eventType"] for e in mine) == ["COMPLETE", "START"], (table, [e["eventType"] for e in mine])
+        complete = next(e for e in mine if e["eventType"] == "COMPLETE")
+        names = lambda side: {(d["namespace"], d["name"]) for d in complete[side]}     # noqa: E731
+        broker = f"kafka://{kafka.split(',')[0]}"
+        topic = {"players": "players", "products": "products", "movies": "movies",
+                 "payments_per_customer": "payments"}[table]
+        assert (broker, topic) in names("inputs"), complete["inputs"]
+        assert {(broker, f"{table}-changelog"), (broker, f"{table}-dlq"),
+                ("file", str(rt.delta_path(table, "mirror")))} <= names("outputs"), complete["outputs"]
 
     # The Airflow-mounted API's /metrics (Airflow's JWT) agrees with the batch log.
     from catalog.batch_log import BatchLog

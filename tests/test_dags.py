@@ -7,6 +7,7 @@ triggered (schedules are off in tests, see conftest), so each one is known.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -205,6 +206,27 @@ def test_restore_verify_succeeds_after_every_failure_and_records_restore_time(ap
         assert facts["engine_was_down"] is True and facts["engine_restart_seconds"] > 0
     assert _state(stack_rt) == _expected_movies(kafka)
     TIMINGS[f"restore_verify {failure}: restore seconds"] = record["restore_seconds"]
+    if failure == "wipe_local_store":
+        _assert_lineage(run_id, stack_rt, kafka)
+
+
+def _assert_lineage(run_id: str, rt, kafka: str) -> None:
+    """One START and one COMPLETE OpenLineage event per task of the run, each naming what the
+    task reads and writes (the provider's file transport, set in conftest)."""
+    lineage_file = Path(json.loads(os.environ["AIRFLOW__OPENLINEAGE__TRANSPORT"])["log_file_path"])
+    events = [json.loads(line) for line in lineage_file.read_text().splitlines() if line.strip()]
+    broker = f"kafka://{kafka.split(',')[0]}"
+    changelog = (broker, f"{MOVIES}-changelog")
+    bronze = ("file", str(rt.delta_path(MOVIES, "bronze")))
+    expected = {"inject_failure": (set(), set()), "restore": ({changelog}, set()),
+                "verify": ({bronze, changelog}, set()), "record_result": (set(), set())}
+    for task, (inputs, outputs) in expected.items():
+        mine = [e for e in events if e["job"]["name"] == f"{MOVIES}__restore_verify.{task}"
+                and run_id in json.dumps(e["run"]["facets"])]
+        assert sorted(e["eventType"] for e in mine) == ["COMPLETE", "START"], (task, [e["eventType"] for e in mine])
+        complete = next(e for e in mine if e["eventType"] == "COMPLETE")
+        assert {(d["namespace"], d["name"]) for d in complete["inputs"]} == inputs, (task, complete["inputs"])
+        assert {(d["namespace"], d["name"]) for d in complete["outputs"]} == outputs, (task, complete["outputs"])
 
 
 def test_restore_verify_fails_and_names_the_key_after_a_value_is_flipped_behind_its_back(api, stack_rt):

@@ -59,7 +59,21 @@ def spark_task(task_id: str, entry: str, application: str, app_name: str, applic
                                **session.submit_options(app_name), application_args=application_args, **kwargs)
 
 
-class SparkConnectJobOperator(BaseOperator):
+class _Lineage:
+    """OpenLineage datasets for Airflow's OpenLineage provider (see statetable_airflow.lineage)."""
+
+    lineage_kind = "none"
+
+    def lineage_table(self) -> str:
+        return self.table
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from statetable_airflow.lineage import operator_lineage
+
+        return operator_lineage(self.lineage_table(), self.lineage_kind)
+
+
+class SparkConnectJobOperator(_Lineage, BaseOperator):
     """Runs a job's `main(argv)` (spark_jobs.jobs by default, the file spark-submit would run) in
     the task process, as a client of the Spark Connect server of the provider's connection: the
     task starts no JVM, and the server's warm session does the Spark work. A non-zero exit code
@@ -83,6 +97,14 @@ class SparkConnectJobOperator(BaseOperator):
         code = importlib.import_module(self.entry).main(argv)
         if code:
             raise RuntimeError(f"{self.entry} {' '.join(argv[:2])} exited {code}; see the log above")
+
+    @property
+    def lineage_kind(self) -> str:
+        action = str(self.application_args[0]) if self.application_args else ""
+        return action if action in ("run", "verify", "rebuild") else "none"
+
+    def lineage_table(self) -> str:
+        return str(self.application_args[1]) if len(self.application_args) > 1 else ""
 
     def on_kill(self) -> None:
         """Airflow stops the task (timeout, marked failed): interrupt its operations on the server,
@@ -112,7 +134,7 @@ def read_result(path: str) -> dict:
     return json.loads(target.read_text())
 
 
-class _TableOperator(BaseOperator):
+class _TableOperator(_Lineage, BaseOperator):
     template_fields = ("table",)
     ui_color = "#e8f1fb"
 
@@ -204,6 +226,7 @@ class TableBatchesOperator(_TableOperator):
 
     template_fields = ("table",)
     ui_color = "#fde9d9"
+    lineage_kind = "run"
 
     def __init__(self, *, max_batches: int, conn_id: str = SPARK_CONNECT_CONN_ID, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -260,6 +283,8 @@ class InjectFailureOperator(_TableOperator):
 class RestoreOperator(_TableOperator):
     """Restores every partition that has no local store, and times it; after a snapshot drill,
     from the drill's scratch copy of the snapshot store."""
+
+    lineage_kind = "restore"
 
     def __init__(self, *, inject_task: str = "inject_failure", **kwargs) -> None:
         super().__init__(**kwargs)

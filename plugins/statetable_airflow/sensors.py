@@ -23,6 +23,11 @@ class OffsetLagSensor(BaseSensorOperator):
         self.min_records = min_records
         self.kafka_config_id = kafka_config_id
 
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from statetable_airflow.lineage import operator_lineage
+
+        return operator_lineage(self.table, "wait")
+
     def poke(self, context) -> PokeReturnValue | bool:
         lag = StateTableHook(self.kafka_config_id).lag(self.table)
         self.log.info("%s: %d records to read (waiting for %d)", self.table, lag, self.min_records)
