@@ -23,7 +23,7 @@ $(UV):
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
-	$(UV) sync --frozen
+	$(UV) sync --frozen --extra stack
 	$(VENV)/bin/python -m compileall -q -j 0 state catalog spark_jobs ops serving plugins deploy dags
 	touch $@
 

@@ -83,7 +83,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        # statetable's plugin comes through its `airflow.plugins` entry point, as from any installed
+        # provider; the plugins folder stays empty (the same plugin found twice is an import error).
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         # Task processes mostly wait on the Spark Connect server, so four per core; a deployment's
         # own setting wins.

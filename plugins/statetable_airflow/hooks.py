@@ -80,3 +80,39 @@ class StateTableHook(BaseHook):
         from ops import status
 
         return status.table_status(self.table(name), self.runtime())
+
+
+class StatetableApiHook(BaseHook):
+    """A statetable query API (`statetable serve`, or Airflow's api-server at /statetable) as an
+    Airflow connection of type `statetable`: host, port, schema `http`/`https`, the bearer token
+    as the password; `extra` may hold {"path": "/statetable"} for the Airflow-mounted API.
+
+    For a user's own tasks that read a table's committed rows (each answer names its batch)."""
+
+    conn_name_attr = "statetable_conn_id"
+    default_conn_name = "statetable_default"
+    conn_type = "statetable"
+    hook_name = "statetable query API"
+
+    def __init__(self, statetable_conn_id: str = "statetable_default") -> None:
+        super().__init__()
+        self.statetable_conn_id = statetable_conn_id
+
+    def _get(self, path: str) -> dict:
+        import json
+        import urllib.parse
+        import urllib.request
+
+        conn = self.get_connection(self.statetable_conn_id)
+        base = f"{conn.schema or 'http'}://{conn.host}:{conn.port or 8080}{conn.extra_dejson.get('path', '')}"
+        request = urllib.request.Request(base + urllib.parse.quote(path, safe="/?=&"),
+                                         headers={"Authorization": f"Bearer {conn.password}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)
+
+    def row(self, table: str, key: str) -> dict:
+        """One row and the batch it comes from."""
+        return self._get(f"/tables/{table}/rows/{key}")
+
+    def tables(self) -> list[dict]:
+        return self._get("/tables")["tables"]

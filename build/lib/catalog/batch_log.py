@@ -1,0 +1,370 @@
+"""The write-ahead batch log of a table: plans and commits, one JSON object each.
+
+A plan (`<id>.plan.json`) is written before anything is read: it fixes the
+batch's exact input offsets, so a re-run after a crash reads the same
+records. A commit (`<id>.commit.json`) is written last: it is the batch's
+commit point, with its input and changelog offsets, per-partition digests
+and counts. A plan without a commit is a batch to finish, never a batch to
+re-plan.
+
+The log lives in a folder or in an object store (s3://), so that any host can
+run a table's next batch. Plans, takeovers and commits are written with a
+conditional create (S3's `If-None-Match: *`, a hard link on a filesystem):
+of two drivers that race for a batch, exactly one creates each entry, and the
+other stops with BatchHeld before it changes anything (a plan) or after its
+work turned out to be the winner's (a commit: every state partition applies a
+batch once, see state.partition). That is what correctness rests on; the
+table's local file lock only saves a second driver on the same host the trip.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 600.0
+
+
+class BatchLogLost(RuntimeError):
+    """A table's changelog holds committed state its batch log knows nothing of: the log was lost
+    or another deployment writes under the same namespace. Going on would apply the first batches
+    again on top of the restored state (or skip them as already applied), so the writer stops."""
+
+    def __init__(self, table: str, folder, topic: str, records: int, namespace: str) -> None:
+        super().__init__(
+            f"{table}: its batch log ({folder}) holds no batch, but its changelog topic {topic} holds {records} "
+            f"records of committed state. The batch log was lost, or another deployment writes this table under "
+            f"the same namespace ({namespace!r}). Restore the batch log folder, give this deployment a namespace "
+            f"of its own (STATETABLE_NAMESPACE), or delete the changelog topic to start the table over.")
+
+
+class BatchHeld(RuntimeError):
+    """Another driver holds (or has just committed) the batch this one was about to write."""
+
+    def __init__(self, table: str, batch_id: int, holder: dict | None, what: str, location: str) -> None:
+        self.table, self.batch_id, self.holder = table, batch_id, holder or {}
+        super().__init__(
+            f"{table}: batch {batch_id} {what} {describe(holder)} (batch log {location}); this driver changed "
+            f"nothing and stops. Let that driver finish; if it is dead on another host, its claim lapses "
+            f"{lease_seconds():.0f} s after it was made ({LEASE_ENV}).")
+
+
+def lease_seconds() -> float:
+    raw = os.environ.get(LEASE_ENV, str(DEFAULT_LEASE_SECONDS))
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{LEASE_ENV}={raw!r} is not a number of seconds; set it to e.g. "
+                         f"{DEFAULT_LEASE_SECONDS:.0f}") from None
+
+
+def _start_ticks(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot: with the pid, it names one process
+    (a pid alone may have been reused)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]      # a zombie has finished: it holds nothing
+
+
+def this_driver() -> dict:
+    """Who is writing: enough to tell a live holder from a dead one on its host, and to name it."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_ticks(os.getpid()),
+            "run": _RUN, "at": time.time()}
+
+
+_RUN = uuid.uuid4().hex[:12]
+
+
+def describe(holder: dict | None) -> str:
+    if not holder:
+        return "by a driver that left no name (a log written before holders were recorded)"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(holder.get("at", 0)))
+    return f"by driver pid {holder.get('pid')} on {holder.get('host')} (run {holder.get('run')}, since {when} UTC)"
+
+
+def is_mine(holder: dict | None) -> bool:
+    me = this_driver()
+    return bool(holder) and all(holder.get(k) == me[k] for k in ("host", "pid", "run"))
+
+
+def is_alive(holder: dict | None) -> bool:
+    """Whether the holder may still be working. On this host the answer is exact (the process is
+    there or not); on another, the claim stands until its lease lapses."""
+    if not holder:
+        return False
+    if holder.get("host") == socket.gethostname():
+        return holder.get("started") is not None and _start_ticks(int(holder["pid"])) == holder["started"]
+    return time.time() - float(holder.get("at", 0)) < lease_seconds()
+
+
+@dataclass
+class BatchPlan:
+    batch_id: int
+    topic: str
+    ranges: dict[int, tuple[int, int]]     # source partition -> [start, end)
+    watermark_ms: int | None               # event-time watermark before this batch
+    created_at: float = field(default_factory=time.time)
+    topic_id: str | None = None            # the topic's incarnation (Kafka's topic id)
+    accepted: dict | None = None           # an operator's acceptance of a reset or gap before this batch
+    definition: dict | None = None         # {"fingerprint", "meaning"} of the definition the batch applies
+    joins: dict | None = None              # joined table -> {"batch", "file"}: its state the batch joins (see
+                                           # MicroBatchRunner._pin_joins)
+    holder: dict | None = None             # the driver that planned it (see this_driver)
+
+    @property
+    def record_count(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+
+@dataclass
+class BatchCommit:
+    batch_id: int
+    topic: str
+    ranges: dict[int, tuple[int, int]]
+    changelog_offsets: dict[int, int]
+    digests: dict[int, str]
+    key_counts: dict[int, int]
+    counts: dict[str, int]                  # read, parsed, dead_lettered, late, keys_changed, ...
+    watermark_ms: int | None
+    seconds: float
+    committed_at: float = field(default_factory=time.time)
+    topic_id: str | None = None
+    accepted: dict | None = None
+    definition: dict | None = None
+    changelog: str | None = None            # set when a rebuild moved the state to a new changelog topic
+    refused: list | None = None             # [[key, reason], ...] the state kept at their old values
+    holder: dict | None = None              # the driver that committed it
+    joins: dict | None = None               # the plan's pinned joined tables (a join of tables reads its
+                                            # next batch's changes of them against these)
+
+
+def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:
+    return {int(p): (int(r[0]), int(r[1])) for p, r in raw.items()}
+
+
+class _FolderStore:
+    """Entries as files; the conditional create is a hard link, which fails if the name exists."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.location = str(self.folder)
+
+    def _sync_folder(self) -> None:
+        # A rename or link is durable only once the folder's entry is on disk.
+        folder = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+    def _temporary(self, name: str, data: bytes) -> Path:
+        tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        return tmp
+
+    def put(self, name: str, data: bytes) -> None:
+        os.replace(self._temporary(name, data), self.folder / name)
+        self._sync_folder()
+
+    def create(self, name: str, data: bytes) -> bool:
+        tmp = self._temporary(name, data)
+        try:
+            os.link(tmp, self.folder / name)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+        self._sync_folder()
+        return True
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return (self.folder / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.folder.iterdir() if not p.name.startswith(".")]
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint: str | None, key: str | None):
+    """One client per store and identity in a process: a BatchLog is made per call, and a new
+    client reads its configuration anew and logs where it found the endpoint, every time."""
+    import logging
+
+    import boto3
+
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    return boto3.client("s3")
+
+
+class _S3Store:
+    """Entries as objects; the conditional create is a PUT with If-None-Match: *, which S3 (and
+    S3-compatible stores that implement it) refuses with 412 when the key exists. The endpoint
+    and credentials come from the AWS_* environment, as for every other S3 client here."""
+
+    def __init__(self, uri: str) -> None:
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/") + "/"
+        self.location = uri
+        self.client = _s3_client(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ACCESS_KEY_ID"))
+
+    def put(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data, IfNoneMatch="*")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def get(self, name: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"].read()
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def names(self) -> list[str]:
+        found = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix,
+                                                                           Delimiter="/"):
+            found += [item["Key"][len(self.prefix):] for item in page.get("Contents", [])]
+        return found
+
+
+class BatchLog:
+    def __init__(self, location: Path | str) -> None:
+        location = str(location)
+        self.store = _S3Store(location) if location.startswith("s3://") else _FolderStore(Path(location))
+        self.location = self.store.location
+
+    def _ids(self, suffix: str) -> list[int]:
+        return sorted(int(n.split(".")[0]) for n in self.store.names() if n.endswith(f".{suffix}.json"))
+
+    @staticmethod
+    def _encode(payload: dict) -> bytes:
+        return json.dumps(payload, indent=1, sort_keys=True).encode()
+
+    def _create(self, entry: BatchPlan | BatchCommit, suffix: str, table: str, lost: str) -> None:
+        """Create `entry` as its batch's `suffix` entry, in this driver's name; if another driver
+        created it first, stop (BatchHeld) naming that driver."""
+        entry.holder = this_driver()
+        if not self.store.create(f"{entry.batch_id:012d}.{suffix}.json", self._encode(asdict(entry))):
+            theirs = self._read(entry.batch_id, suffix)
+            raise BatchHeld(table or entry.topic, entry.batch_id, theirs.get("holder") if theirs else None, lost,
+                            self.location)
+
+    def write_plan(self, plan: BatchPlan, table: str = "") -> None:
+        self._create(plan, "plan", table, "was planned meanwhile")
+
+    def write_commit(self, commit: BatchCommit, table: str = "") -> None:
+        self._create(commit, "commit", table, "was committed meanwhile")
+
+    def _takeovers(self, batch_id: int) -> list[str]:
+        prefix = f"{batch_id:012d}.takeover-"
+        return sorted((n for n in self.store.names() if n.startswith(prefix)),
+                      key=lambda n: int(n[len(prefix):].split(".")[0]))
+
+    def holder(self, batch_id: int, takeovers: list[str] | None = None) -> dict | None:
+        """The driver working on a planned batch: the newest takeover's, else the plan's."""
+        takeovers = self._takeovers(batch_id) if takeovers is None else takeovers
+        if takeovers:
+            return json.loads(self.store.get(takeovers[-1]))
+        plan = self.plan(batch_id)
+        return plan.holder if plan else None
+
+    def take_over(self, plan: BatchPlan, table: str) -> None:
+        """Claim an unfinished batch before finishing it. A live holder keeps it (BatchHeld); a dead
+        one's batch goes to whichever driver creates the next takeover entry first."""
+        takeovers = self._takeovers(plan.batch_id)
+        holder = self.holder(plan.batch_id, takeovers)
+        if is_mine(holder):
+            return
+        if is_alive(holder):
+            raise BatchHeld(table, plan.batch_id, holder, "is being run", self.location)
+        if not self.store.create(f"{plan.batch_id:012d}.takeover-{len(takeovers) + 1}.json",
+                                 self._encode(this_driver())):
+            raise BatchHeld(table, plan.batch_id, self.holder(plan.batch_id), "was taken over meanwhile",
+                            self.location)
+
+    def _read(self, batch_id: int, suffix: str) -> dict | None:
+        data = self.store.get(f"{batch_id:012d}.{suffix}.json")
+        if data is None:
+            return None
+        raw = json.loads(data)
+        raw["ranges"] = _ranges_from_json(raw["ranges"])
+        return raw
+
+    def plan(self, batch_id: int) -> BatchPlan | None:
+        raw = self._read(batch_id, "plan")
+        return None if raw is None else BatchPlan(**raw)
+
+    def commit(self, batch_id: int) -> BatchCommit | None:
+        raw = self._read(batch_id, "commit")
+        if raw is None:
+            return None
+        for key in ("changelog_offsets", "digests", "key_counts"):
+            raw[key] = {int(p): v for p, v in raw[key].items()}
+        return BatchCommit(**raw)
+
+    def last_commit(self) -> BatchCommit | None:
+        ids = self._ids("commit")
+        return self.commit(ids[-1]) if ids else None
+
+    def pending_plan(self) -> BatchPlan | None:
+        """The newest plan without a commit: a batch a crash interrupted (or another driver runs)."""
+        plans, commits = self._ids("plan"), set(self._ids("commit"))
+        if plans and plans[-1] not in commits:
+            return self.plan(plans[-1])
+        return None
+
+    def commits(self) -> list[BatchCommit]:
+        return [self.commit(i) for i in self._ids("commit")]
+
+    def commits_after(self, batch_id: int) -> list[BatchCommit]:
+        """The commits after `batch_id`, for readers that fold the log as it grows."""
+        return [c for i in self._ids("commit") if i > batch_id and (c := self.commit(i)) is not None]
+
+    # -- where reading stopped -------------------------------------------------
+    def write_acceptance(self, after_batch: int, entry: dict) -> None:
+        """An operator's acceptance of a topic reset or gap: the next batch starts at `entry["starts"]`."""
+        self.store.put(f"{after_batch:012d}.accept.json", self._encode(entry))
+
+    def acceptance(self, after_batch: int) -> dict | None:
+        data = self.store.get(f"{after_batch:012d}.accept.json")
+        return None if data is None else json.loads(data)
+
+    def read_position(self) -> tuple[str, str | None, dict[int, int], dict | None] | None:
+        """(topic, topic id, end offset per partition, acceptance) where the next batch
+        continues; None before the first commit. An acceptance after the last commit wins."""
+        last = self.last_commit()
+        if last is None:
+            return None
+        accepted = self.acceptance(last.batch_id)
+        if accepted is not None:
+            return (accepted["topic"], accepted.get("topic_id"), {int(p): s for p, s in accepted["starts"].items()},
+                    accepted)
+        return last.topic, last.topic_id, {p: end for p, (_, end) in last.ranges.items()}, None

@@ -1,0 +1,1190 @@
+"""Table definitions: one file per table, a header of options plus SQL.
+
+    -- topic: movie_ticket_sales
+    -- schema: title STRING, ticket_total_value DOUBLE, sale_ts TIMESTAMP
+    -- partitions: 4
+    CREATE TABLE movie_tickets_sold AS
+    SELECT title, COUNT(ticket_total_value) AS tickets_sold
+    FROM movie_ticket_sales GROUP BY title;
+
+The SQL is parsed with sqlglot; anything outside the supported subset fails
+here, before any work is done, naming the file, line and column, the
+construct, and what is supported.
+"""
+from __future__ import annotations
+
+import contextvars
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.spark import Spark
+
+from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
+from state.windows import WindowSpec
+
+SUPPORTED = (
+    "CREATE TABLE t (col TYPE PRIMARY KEY, ...) WITH (topic='...') for source tables; "
+    "CREATE TABLE t AS SELECT key, AGG(...) AS name FROM stream [JOIN|LEFT JOIN table ON stream.col = table.key] "
+    "[WHERE ...] GROUP BY key [, TUMBLE(ts, size[, grace]) | HOP(ts, size, advance[, grace]) | SESSION(ts, gap[, grace])] "
+    "[HAVING ...] with AGG one of "
+    "COUNT, SUM, MIN, MAX, AVG, COUNT(DISTINCT x), LATEST_BY_OFFSET(x), TOPK(n, score, col, ...); "
+    "over a table's rows: ... FROM source_table GROUP BY col; "
+    "a join of tables: SELECT a.col, b.col FROM a [LEFT] JOIN b ON a.col = b.key"
+)
+HEADER_KEYS = {
+    "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
+    "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
+    "output_topic", "key_format", "emit", "ttl",
+}
+DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
+SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
+TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
+TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
+TTL_AGGREGATE = "_last_event_ms"                  # a TTL table's hidden MAX of its event time
+SESSION_LAST = "window_end"                       # a session's last event time: a MAX the rows show
+EVENT_MS = "_event_ms"                            # ... both over this per-event column (event time as epoch ms)
+MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
+
+
+class _DefinitionSQL(Spark):
+    """Spark SQL with SESSION as a plain name, so `SESSION(ts, gap)` in GROUP BY parses as a call
+    (Spark's tokenizer reserves the word for SET SESSION statements, which definitions never use)."""
+
+    class Tokenizer(Spark.Tokenizer):
+        KEYWORDS = {word: kind for word, kind in Spark.Tokenizer.KEYWORDS.items() if word != "SESSION"}
+
+
+class DefinitionError(ValueError):
+    """A table definition the product cannot run; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True)
+class AggregateColumn:
+    name: str
+    function: str            # count, sum, min, max, avg, count_distinct, latest_by_offset,
+                             # latest_keeping_nulls (LATEST_BY_OFFSET(x, false)), topk
+    args: tuple[str, ...]    # input columns (qualified "alias.col" where joins exist)
+    n: int | None = None     # TOPK's N
+    hidden: bool = False     # kept for a computed column (`SUM(a) / COUNT(*) AS r`), not shown
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    table: str               # a source table definition
+    alias: str
+    kind: str                # "inner" | "left"
+    stream_column: str
+    table_column: str
+
+
+@dataclass
+class TableDefinition:
+    name: str
+    path: Path
+    kind: str                                  # "source" | "aggregate"
+    topic: str
+    schema: list[tuple[str, str]]
+    key_columns: list[str]
+    partitions: int = 4
+    schedule: str | None = "*/5 * * * *"
+    max_records_per_batch: int = 1_000_000
+    max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
+    snapshot_every: int = 10
+    snapshot_keep: int = 3
+    mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
+    bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
+    output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
+    having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
+    derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
+    computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
+    emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
+    ttl_ms: int | None = None                  # keys idle this long in event time are deleted (see _ttl)
+    key_types: dict[str, str] = field(default_factory=dict)  # computed GROUP BY keys (in `derived`) -> type
+    key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
+                                               # (an object holding the primary key, as change topics write)
+    join_columns: list[tuple[str, str]] = field(default_factory=list)   # a table-table join's SELECT:
+                                               # (alias.column, output name), in order
+    input_table: str | None = None             # an aggregate over this source table's rows (FROM a table):
+                                               # a changed row retracts its old contribution (see
+                                               # spark_jobs/table_aggregate.py)
+    event_time: str | None = None
+    aggregates: list[AggregateColumn] = field(default_factory=list)
+    joins: list[JoinSpec] = field(default_factory=list)
+    where: str | None = None                   # a Spark SQL predicate over the stream
+    window: WindowSpec | None = None
+    stream_alias: str | None = None
+    value_columns: list[str] = field(default_factory=list)   # source tables
+    event_time_skew_ms: int = DEFAULT_EVENT_TIME_SKEW_MS      # how far ahead of the clock an event time may be
+    joined_refs: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
+
+    def meaning(self) -> dict:
+        """What the table's rows mean, normalised: two definitions with the same meaning serve the
+        same rows from the same state. Operational options (schedule, batch sizes, snapshots) and
+        formatting are left out, so changing them never invalidates state."""
+        return {
+            "kind": self.kind, "topic": self.topic, "schema": [list(c) for c in self.schema],
+            "key": list(self.key_columns), "partitions": self.partitions,
+            "aggregates": [[a.name, a.function, list(a.args), a.n] for a in self.aggregates],
+            "where": self.where, "joins": [[j.table, j.alias, j.kind, j.stream_column, j.table_column]
+                                           for j in self.joins],
+            "window": None if self.window is None else [self.window.size_ms, self.window.advance,
+                                                        self.window.grace_ms] + (["session"] if self.window.session else []),
+            "event_time": self.event_time, "value_columns": list(self.value_columns),
+            **({"key_format": self.key_format} if self.key_format != "plain" else {}),
+            **({"input_table": self.input_table} if self.input_table else {}),
+            **({"join_columns": [list(c) for c in self.join_columns]} if self.join_columns else {}),
+            **({"derived": dict(self.derived)} if self.derived else {}),
+            **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
+        }
+
+    @property
+    def over_table(self) -> bool:
+        """An aggregate over a table's rows (spark_jobs/table_aggregate.py)."""
+        return self.kind == "aggregate" and self.input_table is not None
+
+    @property
+    def table_join(self) -> bool:
+        """A join of two tables, keyed by the left one's key (spark_jobs/table_join.py)."""
+        return self.kind == "source" and self.input_table is not None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the table runs on event time (a window or a TTL): its events need one, and its
+        batches keep a watermark."""
+        return self.window is not None or self.ttl_ms is not None
+
+    @property
+    def event_ms(self) -> bool:
+        """Whether the passes add EVENT_MS to each event: the input of a TTL's or a session's MAX."""
+        return self.ttl_index is not None or self.session_last_index is not None
+
+    @property
+    def stream_key_fields(self) -> list[str]:
+        """The key columns an event carries (a null one dead-letters it as missing_key); a
+        computed key is not one: a NULL from it is a group, as SQL groups NULLs."""
+        return [k.split(".")[-1] for k in self.key_columns if k not in self.key_types]
+
+    @property
+    def routing_width(self) -> int | None:
+        """How many leading key parts pick the state partition: a session table's key without the
+        session start, so all sessions of a key meet in one merge task (None: the whole key)."""
+        return len(self.key_columns) if self.window is not None and self.window.session else None
+
+    @property
+    def session_last_index(self) -> int | None:
+        """Which aggregate holds a session's last event time, or None."""
+        return self._index_of(SESSION_LAST) if self.window is not None and self.window.session else None
+
+    @property
+    def ttl_index(self) -> int | None:
+        """Which aggregate holds a TTL table's newest event time (see _ttl), or None."""
+        return self._index_of(TTL_AGGREGATE) if self.ttl_ms is not None else None
+
+    def _index_of(self, aggregate: str) -> int:
+        return next(i for i, a in enumerate(self.aggregates) if a.name == aggregate)
+
+    @property
+    def fingerprint(self) -> str:
+        return definition_fingerprint(self.meaning())
+
+
+def _position(node: exp.Expression | None) -> str:
+    """line:col of a node, from the first of its parts that the tokenizer placed."""
+    if node is None:
+        return "?:?"
+    for child in node.walk():
+        meta = getattr(child, "meta", None) or {}
+        if "line" in meta:
+            return f"{meta['line']}:{meta.get('col', '?')}"
+    return "?:?"
+
+
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("definition_source", default=None)
+
+
+def _user_text(node: exp.Expression) -> str | None:
+    """The text the user wrote for `node`, from the definition being parsed: sqlglot rewrites some
+    calls (COLLECT_LIST(v) becomes ARRAY_AGG(v) FILTER(...)), and a message must quote the user."""
+    source = _SOURCE.get()
+    spans = [(m["start"], m["end"]) for child in node.walk() if "start" in (m := getattr(child, "meta", None) or {})]
+    if not source or not spans:
+        return None
+    low, high = min(s for s, _ in spans), max(e for _, e in spans) + 1
+    if re.match(r"\s*\(", source[high:]) and not source.count("(", low, high):
+        high = source.index("(", high)              # a call whose arguments carry no position (RAND())
+    depth = source.count("(", low, high) - source.count(")", low, high)
+    while (depth > 0 or source[high - 1] == "(") and high < len(source):   # close the call
+        depth += (source[high] == "(") - (source[high] == ")")
+        high += 1
+    text = " ".join(source[low:high].split())
+    return text if re.fullmatch(r"\w+\s*\(.*\)", text) and text.count("(") == text.count(")") else None
+
+
+def _quoted(node: exp.Expression | None, message: str) -> str:
+    """`message` with sqlglot's rendering of `node` replaced by the user's own text."""
+    if node is None:
+        return message
+    user = _user_text(node) if isinstance(node, exp.Func) else None   # sqlglot renames calls, not operators
+    renderings = {_sql_or_none(node)}
+    try:
+        renderings.add(node.sql(dialect="spark"))
+    except (AttributeError, TypeError, ValueError):
+        pass
+    for rendering in renderings - {None}:
+        if user and rendering != user and rendering in message:
+            message = message.replace(rendering, user)
+    return message
+
+
+def _fail(path: Path, node: exp.Expression | None, construct: str, hint: str = SUPPORTED) -> DefinitionError:
+    return DefinitionError(f"{path}:{_position(node)}: {_quoted(node, construct)} is not supported. Supported: {hint}")
+
+
+def _invalid(path: Path, node: exp.Expression | None, problem: str) -> DefinitionError:
+    return DefinitionError(f"{path}:{_position(node)}: {_quoted(node, problem)}")
+
+
+class _Header(dict):
+    """Options by name, remembering the line each came from for error messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, int] = {}
+
+    def where(self, path: Path, key: str) -> str:
+        return f"{path}:{self.lines.get(key, '?')}:1"
+
+
+def _parse_header(path: Path, text: str) -> _Header:
+    header = _Header()
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not stripped.startswith("--"):
+            break
+        # `-- word: value` is an option; prose comments have spaces before their colon.
+        match = re.match(r"--\s*([A-Za-z_][\w-]*)\s*:(.*)$", stripped)
+        if not match:
+            continue
+        key, value = match.group(1), match.group(2).strip()
+        if key not in HEADER_KEYS:
+            close = difflib.get_close_matches(key.lower().replace("-", "_"), sorted(HEADER_KEYS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise DefinitionError(f"{path}:{number}:1: unknown option {key!r}; {hint}options are lower case, "
+                                  f"one of {sorted(HEADER_KEYS)}")
+        if not value:
+            raise DefinitionError(f"{path}:{number}:1: option {key!r} has no value")
+        if key in header:
+            raise DefinitionError(f"{path}:{number}:1: option {key!r} is given twice")
+        header[key] = value
+        header.lines[key] = number
+    return header
+
+
+def _int_option(path: Path, header: _Header, key: str, default: int, low: int = 1, high: int | None = None) -> int:
+    raw = header.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be an integer, "
+                              f"e.g. {default}") from None
+    if value < low or high is not None and value > high:
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={value} must be {bound}")
+    return value
+
+
+def _switch_option(path: Path, header: _Header, key: str, default: bool) -> bool:
+    raw = header.get(key)
+    if raw is None:
+        return default
+    if raw.lower() not in ("on", "off"):
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} must be on or off")
+    return raw.lower() == "on"
+
+
+DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """'90s', '15m', '1h', '30d' as milliseconds; ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 1h or 7d")
+    return int(match.group(1)) * DURATION_UNITS[match.group(2)]
+
+
+def _duration_option(path: Path, header: _Header, key: str, default: int | None, table: str | None = None) -> int | None:
+    raw = header.get(key)
+    if raw is None:
+        return default
+    where = header.where(path, key) + (f": table {table!r}" if table else "")
+    try:
+        value = duration_ms(raw)
+    except ValueError as exc:
+        raise DefinitionError(f"{where}: option {key}: {exc}") from None
+    if value <= 0:
+        raise DefinitionError(f"{where}: option {key}={raw!r} must be positive, e.g. 1h")
+    return value
+
+
+SCHEDULE_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly"}
+
+
+def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
+    raw = header.get("emit")
+    if raw is None:
+        return "changes"
+    if raw not in ("changes", "final"):
+        raise DefinitionError(f"{header.where(path, 'emit')}: option emit={raw!r} must be changes (every committed "
+                              f"change) or final (each window once, when it closes)")
+    if raw == "final" and (table.window is None or table.output_topic is None):
+        raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
+                              f"(GROUP BY ..., TUMBLE, HOP or SESSION) with an output_topic, whose closed windows it emits")
+    return raw
+
+
+def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
+    """`-- ttl: 30d`: a key whose newest event is that much older than the table's watermark (the
+    newest event time it has read) is deleted, in the batch that moves the watermark there.
+
+    Event time, not the clock: a recomputation from bronze, a restore and a rebuild must delete
+    exactly what the batches deleted, and a clock-based expiry would depend on when each batch
+    happened to run. The newest event time per key is kept as a hidden MAX aggregate, so the
+    changelog, snapshots and restores carry it like any other column."""
+    ttl = _duration_option(path, header, "ttl", None, table.name)
+    if ttl is None:
+        return
+    where = header.where(path, "ttl")
+    if table.kind != "aggregate":
+        raise DefinitionError(f"{where}: table {table.name!r}: ttl is for aggregate tables; a source table's rows "
+                              f"go away with a tombstone (a null value for the key) on its topic")
+    if table.window is not None:
+        raise DefinitionError(f"{where}: table {table.name!r}: a windowed table drops old windows by itself (after "
+                              f"size + grace + retention); remove the ttl option, or the window")
+    fields = dict(table.schema)
+    if table.event_time is None or fields.get(table.event_time) != "TIMESTAMP":
+        found = f"event_time {table.event_time!r} is not a TIMESTAMP field of the schema" if table.event_time \
+            else "it has no event_time"
+        raise DefinitionError(f"{where}: table {table.name!r}: ttl counts in event time, and {found}; add "
+                              f"'-- event_time: <field>' naming a TIMESTAMP field of '-- schema:'")
+    if any(a.name == TTL_AGGREGATE for a in table.aggregates) or EVENT_MS in fields:
+        raise DefinitionError(f"{where}: table {table.name!r}: the names {TTL_AGGREGATE!r} and {EVENT_MS!r} are "
+                              f"the ttl's own; rename that column")
+    table.ttl_ms = ttl
+    table.aggregates.append(AggregateColumn(TTL_AGGREGATE, "max", (EVENT_MS,), hidden=True))
+
+
+def _topic_option(path: Path, header: _Header, key: str) -> str | None:
+    raw = header.get(key)
+    if raw is None:
+        return None
+    if not TOPIC_NAME.match(raw) or raw in (".", ".."):
+        raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} is not a Kafka topic name; use "
+                              f"1 to 249 of the characters a-z A-Z 0-9 . _ -")
+    return raw
+
+
+def _schedule(path: Path, header: _Header) -> str:
+    raw = header.get("schedule")
+    if raw is None:
+        return "*/5 * * * *"
+    from croniter import croniter
+
+    if raw in SCHEDULE_PRESETS or (len(raw.split()) == 5 and croniter.is_valid(raw)):
+        return raw
+    raise DefinitionError(f"{header.where(path, 'schedule')}: option schedule={raw!r} is not a 5-field cron expression (e.g. '*/5 * * * *') "
+                          f"or one of {sorted(SCHEDULE_PRESETS)}")
+
+
+def _parse_schema(path: Path, raw: str) -> list[tuple[str, str]]:
+    columns = []
+    for part in re.split(r",(?![^(]*\))", raw):      # DECIMAL(10,2) keeps its comma
+        bits = part.split()
+        if len(bits) != 2 or bits[1].upper().split("(")[0] not in SPARK_TYPES \
+                or not re.fullmatch(r"[A-Za-z_]\w*", bits[0]):
+            raise DefinitionError(
+                f"{path}: schema entry {part.strip()!r} must be 'name TYPE' with TYPE one of {sorted(SPARK_TYPES)}")
+        if any(bits[0] == name for name, _ in columns):
+            raise DefinitionError(f"{path}: schema declares field {bits[0]!r} twice")
+        columns.append((bits[0], bits[1].upper()))
+    return columns
+
+
+def _check_name(path: Path, name: str, node: exp.Expression | None = None) -> str:
+    if not TABLE_NAME.match(name or ""):
+        raise _invalid(path, node, f"table name {name!r} must match [a-z][a-z0-9_]* (it names folders, locks "
+                                   f"and topics); rename the table")
+    return name
+
+
+def _check_nesting(path: Path, text: str) -> None:
+    """Reject deep nesting before the parser recurses into it, pointing at where it gets too deep."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("--"):
+            continue
+        for col, char in enumerate(line, start=1):
+            depth += (char == "(") - (char == ")")
+            if depth > MAX_NESTING:
+                raise DefinitionError(f"{path}:{number}:{col}: parentheses nest deeper than {MAX_NESTING} levels; "
+                                      f"simplify the expression")
+
+
+def _interval_ms(path: Path, node: exp.Expression, what: str = "window length", zero: bool = False) -> int:
+    """An INTERVAL in milliseconds; a grace (`zero`) may be 0, as in Kafka Streams' ofSizeAndGrace."""
+    if isinstance(node, exp.Interval):
+        try:
+            amount = float(node.this.name)
+        except ValueError:
+            amount = None
+        unit = (node.unit.name if node.unit else "SECOND").upper().rstrip("S")
+        factor = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}.get(unit)
+        if factor and amount is not None:
+            if amount < 0 or amount == 0 and not zero:
+                raise _invalid(path, node, f"{what} {node.sql()} must be {'zero or ' if zero else ''}positive")
+            return int(amount * factor)
+    raise _fail(path, node, f"{what} {node.sql()}", "INTERVAL 'n' SECOND|MINUTE|HOUR|DAY")
+
+
+class _Scope:
+    """The names a SELECT can see: the stream's fields under its alias (or bare), and each
+    joined table's columns under its alias. Joined tables' columns are only known once every
+    file is read, so their references are kept and checked by `load_all`."""
+
+    def __init__(self, path: Path, stream_alias: str, stream_schema: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.stream_alias = stream_alias
+        self.stream_fields = dict(stream_schema)
+        self.aliases: dict[str, str] = {stream_alias: ""}
+        self.joined_refs: list[tuple[str, str, str]] = []    # (qualified name, joined table, "line:col")
+        self.derived: dict[str, str] = {}                     # "_x0" -> an aggregate argument's expression
+        self.hidden: dict[str, str] = {}                      # an aggregate's SQL -> its hidden column "_h0"
+
+    def argument(self, node: exp.Expression) -> str:
+        """An aggregate's input: a column, or an expression computed per event before the
+        aggregate folds it (named `_x<n>`; the Spark-SQL pass computes it)."""
+        if isinstance(node, exp.Column):
+            return self.column(node)
+        self.check_expression(node)
+        _check_functions(self.path, node, "in an aggregate's argument")
+        name = f"_x{len(self.derived)}"
+        self.derived[name] = node.sql(dialect="spark")
+        return name
+
+    def column(self, node: exp.Expression, what: str = "an aggregate input") -> str:
+        if not isinstance(node, exp.Column):
+            raise _fail(self.path, node, f"expression {node.sql()} as {what}", "a plain column")
+        table = node.table
+        if table and table not in self.aliases:
+            raise _fail(self.path, node, f"unknown table alias {table!r}", f"one of {sorted(self.aliases)}")
+        if not table or table == self.stream_alias:
+            if node.name not in self.stream_fields:
+                raise _invalid(self.path, node, f"unknown column {node.sql()}: the stream's fields are "
+                                                f"{sorted(self.stream_fields)}; declare it in '-- schema:'")
+        else:
+            self.joined_refs.append((f"{table}.{node.name}", self.aliases[table], _position(node)))
+        return f"{table}.{node.name}" if table else node.name
+
+    def check_expression(self, node: exp.Expression) -> None:
+        """Every column an expression reads exists."""
+        for column in node.find_all(exp.Column):
+            self.column(column)
+
+
+def _aggregate(scope: _Scope, alias: str, func: exp.Expression) -> AggregateColumn:
+    path = scope.path
+    if isinstance(func, exp.Count):
+        inner = func.this
+        if isinstance(inner, exp.Distinct):
+            if len(inner.expressions) != 1:
+                raise _fail(path, func, f"aggregate {func.sql()} over several columns", "COUNT(DISTINCT col)")
+            return AggregateColumn(alias, "count_distinct", (scope.argument(inner.expressions[0]),))
+        if isinstance(inner, exp.Star):
+            return AggregateColumn(alias, "count", ())
+        return AggregateColumn(alias, "count", (scope.argument(inner),))
+    simple = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
+    for cls, name in simple.items():
+        if isinstance(func, cls):
+            return AggregateColumn(alias, name, (scope.argument(func.this),))
+    if isinstance(func, exp.Anonymous):
+        name = func.name.upper()
+        args = func.expressions
+        if name == "LATEST_BY_OFFSET" and len(args) in (1, 2):
+            # ksqlDB's second argument: ignoreNulls, true by default; false keeps a NULL that
+            # arrives last as the latest value.
+            ignore_nulls = True
+            if len(args) == 2:
+                if not isinstance(args[1], exp.Boolean):
+                    raise _invalid(path, args[1], f"LATEST_BY_OFFSET's second argument {args[1].sql()} must be TRUE "
+                                                  f"(skip NULLs, the default) or FALSE (keep them)")
+                ignore_nulls = bool(args[1].this)
+            return AggregateColumn(alias, "latest_by_offset" if ignore_nulls else "latest_keeping_nulls",
+                                   (scope.argument(args[0]),))
+        if name == "TOPK" and len(args) >= 2:
+            n = args[0]
+            if not (isinstance(n, exp.Literal) and not n.is_string and re.fullmatch(r"\d+", n.name)
+                    and 1 <= int(n.name) <= TOPK_MAX):
+                raise _invalid(path, n, f"TOPK's first argument {n.sql()} must be a whole number from 1 to "
+                                        f"{TOPK_MAX}, the entries kept per key")
+            return AggregateColumn(alias, "topk", tuple(scope.argument(a) for a in args[1:]), n=int(n.name))
+    raise _fail(path, func, f"aggregate {func.sql()}")
+
+
+def _window(scope: _Scope, node: exp.Anonymous) -> tuple[str, WindowSpec]:
+    path = scope.path
+    name, args = node.name.upper(), node.expressions
+    if name == "TUMBLE" and len(args) in (2, 3):
+        size = _interval_ms(path, args[1])
+        grace = _interval_ms(path, args[2], "grace", zero=True) if len(args) == 3 else 0
+        spec = dict(size_ms=size, grace_ms=grace, retention_ms=size)
+    elif name == "HOP" and len(args) in (3, 4):
+        size, advance = _interval_ms(path, args[1]), _interval_ms(path, args[2])
+        grace = _interval_ms(path, args[3], "grace", zero=True) if len(args) == 4 else 0
+        spec = dict(size_ms=size, advance_ms=advance, grace_ms=grace, retention_ms=size)
+    elif name == "SESSION" and len(args) in (2, 3):
+        gap = _interval_ms(path, args[1])
+        grace = _interval_ms(path, args[2], "grace", zero=True) if len(args) == 3 else 0
+        spec = dict(size_ms=gap, grace_ms=grace, retention_ms=gap, session=True)
+    else:
+        raise _fail(path, node, f"GROUP BY {node.sql()}")
+    ts = scope.column(args[0], "a window's event time")
+    if scope.stream_fields.get(ts.split(".")[-1]) != "TIMESTAMP" or "." in ts and not ts.startswith(
+            scope.stream_alias + "."):
+        raise _invalid(path, args[0], f"window event time {args[0].sql()} must be a TIMESTAMP field of the stream")
+    try:
+        return ts.split(".")[-1], WindowSpec(**spec)
+    except ValueError as exc:
+        raise _fail(path, node, f"window {node.sql()} ({exc})") from None
+
+
+def _unparsed(path: Path, text: str) -> DefinitionError:
+    """sqlglot keeps a CREATE it cannot parse as an opaque command, without saying where: its
+    SELECT is parsed alone to find the place (a reserved word used as a name, most often)."""
+    match = re.search(r"\bAS\s+(SELECT\b)", text, flags=re.IGNORECASE)
+    where, problem = f"{path}", "the CREATE TABLE does not parse"
+    if match:
+        try:
+            sqlglot.parse_one(text[match.start(1):], dialect=_DefinitionSQL)
+        except sqlglot.errors.ParseError as exc:
+            err = exc.errors[0] if exc.errors else {}
+            line = text.count("\n", 0, match.start(1)) + err.get("line", 1)
+            col = err.get("col", 0) + (match.start(1) - text.rfind("\n", 0, match.start(1)) - 1
+                                       if err.get("line", 1) == 1 else 0)
+            where, problem = f"{path}:{line}:{col}", f"SQL does not parse ({err.get('description', exc)})"
+    return DefinitionError(f"{where}: {problem}; a word SQL reserves (order, date, set, ...) used as a "
+                           f"column or table name must be quoted in backticks, as `order`. Supported: {SUPPORTED}")
+
+
+def parse(path: Path | str, text: str | None = None) -> TableDefinition:
+    path = Path(path)
+    text = path.read_text() if text is None else text
+    token = _SOURCE.set(text)
+    try:
+        return _parse(path, text)
+    finally:
+        _SOURCE.reset(token)
+
+
+def _parse(path: Path, text: str) -> TableDefinition:
+    header = _parse_header(path, text)
+    _check_nesting(path, text)
+    try:
+        statements = [s for s in sqlglot.parse(text, dialect=_DefinitionSQL) if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        err = exc.errors[0] if exc.errors else {}
+        raise DefinitionError(f"{path}:{err.get('line', '?')}:{err.get('col', '?')}: SQL does not parse "
+                              f"({err.get('description', exc)}). Supported: {SUPPORTED}") from None
+    if len(statements) == 1 and isinstance(statements[0], exp.Command):
+        raise _unparsed(path, text)
+    if len(statements) != 1 or not isinstance(statements[0], exp.Create):
+        raise DefinitionError(f"{path}: expected exactly one CREATE TABLE statement. Supported: {SUPPORTED}")
+    create = statements[0]
+    common = dict(
+        partitions=_int_option(path, header, "partitions", 4, high=1024),
+        max_records_per_batch=_int_option(path, header, "max_records_per_batch", 1_000_000),
+        max_batches_per_run=_int_option(path, header, "max_batches_per_run", 10),
+        snapshot_every=_int_option(path, header, "snapshot_every", 10),
+        snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
+        mirror_every=_int_option(path, header, "mirror_every", 10),
+        bronze=_switch_option(path, header, "bronze", True),
+        output_topic=_topic_option(path, header, "output_topic"),
+        schedule=_schedule(path, header),
+        event_time=header.get("event_time"),
+        event_time_skew_ms=_duration_option(path, header, "event_time_skew", DEFAULT_EVENT_TIME_SKEW_MS),
+    )
+    table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
+        else _aggregate_table(path, create, header, common)
+    table.emit = _emit(path, header, table)
+    _ttl(path, header, table)
+    if table.output_topic is not None and table.output_topic == table.topic:
+        raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
+                              f"to its own input topic {table.topic!r}; name another output_topic")
+    return table
+
+
+def _source_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
+    schema_node = create.this
+    name = _check_name(path, schema_node.this.name, schema_node)
+    columns, keys = [], []
+    for col in schema_node.expressions:
+        if not isinstance(col, exp.ColumnDef):
+            raise _fail(path, col, f"table element {col.sql()}", "column definitions with one PRIMARY KEY")
+        if any(col.name == c for c, _ in columns):
+            raise _invalid(path, col, f"column {col.name!r} is declared twice")
+        columns.append((col.name, col.args["kind"].sql(dialect="spark").upper()))
+        if any(isinstance(c.args.get("kind"), exp.PrimaryKeyColumnConstraint) for c in col.constraints or []):
+            keys.append(col.name)
+    if len(keys) != 1:
+        raise DefinitionError(f"{path}: source table {name!r} needs exactly one PRIMARY KEY column, found {keys}")
+    topic = header.get("topic")
+    props = create.args.get("properties")
+    for prop in props.expressions if props else []:
+        if prop.name.lower() == "topic":
+            topic = prop.args["value"].name
+        else:
+            raise _fail(path, prop, f"table property {prop.sql()}", "WITH (topic='...')")
+    if not topic:
+        raise DefinitionError(f"{path}: source table {name!r} needs a topic: WITH (topic='...') or '-- topic: ...'")
+    key_format = header.get("key_format", "plain")
+    if key_format not in ("plain", "json"):
+        raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format={key_format!r} must be plain "
+                              f"(the Kafka key is the primary key's value) or json (an object holding it, as a "
+                              f"table's output_topic writes)")
+    return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=columns, key_columns=keys,
+                           value_columns=[c for c, _ in columns], key_format=key_format, **common)
+
+
+def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:
+    name = _check_name(path, create.this.name, create.this)
+    select = create.expression
+    if not isinstance(select, exp.Select):
+        raise _fail(path, select, "a CREATE TABLE without AS SELECT or a column list")
+    for unsupported in ("order", "limit", "distinct", "with"):
+        if select.args.get(unsupported):
+            raise _fail(path, select.args[unsupported], unsupported.upper())
+    source = select.args.get("from") or select.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table):
+        raise _fail(path, select, "a SELECT without FROM <stream>")
+    stream = source.this
+    schema_raw = header.get("schema")
+    input_table = _INPUT_TABLES.get().get(stream.name) if not schema_raw else None
+    if input_table is not None and select.args.get("group") is None and select.args.get("joins"):
+        return _join_table(path, header, common, name, select, input_table)
+    if input_table is not None:
+        _check_over_table(path, header, name, select, input_table)
+        schema = list(input_table.schema)
+    elif not schema_raw:
+        raise _NeedsSchema(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
+                           f"with '-- schema: field TYPE, ...', or name a source table in FROM to aggregate "
+                           f"its rows", stream.name)
+    else:
+        schema = _parse_schema(header.where(path, "schema"), schema_raw)
+    stream_alias = stream.alias or stream.name
+    scope = _Scope(path, stream_alias, schema)
+    joins = []
+    for join in select.args.get("joins") or []:
+        table = join.this
+        if not isinstance(table, exp.Table):
+            raise _fail(path, join, f"JOIN {join.this.sql()}", "JOIN <source table> [alias] ON stream.col = table.key")
+        kind = (join.side or "").lower() or "inner"
+        if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
+            raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
+        alias = table.alias or table.name
+        if alias in scope.aliases:
+            raise _invalid(path, table, f"alias {alias!r} is used twice; give each joined table its own alias")
+        scope.aliases[alias] = table.name
+        on = join.args.get("on")
+        if not isinstance(on, exp.EQ) or not all(isinstance(s, exp.Column) for s in (on.left, on.right)):
+            raise _fail(path, on or join, f"join condition {on.sql() if on else '(none)'}", "ON stream.col = table.key")
+        left, right = on.left, on.right
+        if left.table == alias:
+            left, right = right, left
+        if right.table != alias:
+            raise _fail(path, on, f"join condition {on.sql()}", f"ON stream.col = {alias}.key")
+        joins.append(JoinSpec(table.name, alias, kind, scope.column(left, "a join column"),
+                              scope.column(right, "a join column").split(".")[-1]))
+
+    group = select.args.get("group")
+    if group is None:
+        raise _fail(path, select, "an aggregate without GROUP BY")
+    keys, window, key_types = [], None, {}
+    event_time = common.get("event_time")
+    selected = {p.this.unnest().sql(dialect="spark"): p.alias for p in select.expressions
+                if isinstance(p, exp.Alias) and not isinstance(p.this, exp.Column)}
+    by_alias = {p.alias: p.this for p in select.expressions if isinstance(p, exp.Alias)}
+    for item in group.expressions:
+        item = item.unnest()                    # GROUP BY (a + b) groups by a + b
+        if isinstance(item, exp.Column) and not item.table and item.name not in scope.stream_fields \
+                and item.name in by_alias and not isinstance(by_alias[item.name], exp.Column):
+            item = by_alias[item.name]          # GROUP BY an alias of SELECT: its expression
+        if isinstance(item, exp.Anonymous) and item.name.upper() in ("TUMBLE", "HOP", "SESSION"):
+            if window is not None:
+                raise _invalid(path, item, "a table has at most one window in GROUP BY")
+            event_time, window = _window(scope, item)
+            continue
+        if isinstance(item, exp.Column):
+            key = scope.column(item, "a GROUP BY key")
+        elif not _is_aggregate_call(item) and not item.find(exp.AggFunc):
+            key = _computed_key(scope, item, selected)
+            key_types[key] = _key_type(path, item, schema)
+        else:
+            raise _fail(path, item, f"GROUP BY {item.sql()}")
+        if key in keys:
+            raise _invalid(path, item, f"GROUP BY {item.sql()} is listed twice")
+        keys.append(key)
+    shown_keys = [k.split(".")[-1] for k in keys] + (["window_start"] if window else []) \
+        + ([SESSION_LAST] if window and window.session else [])
+    key_names = set(shown_keys)
+    if len(key_names) != len(shown_keys):
+        raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
+    aggregates, seen, computed_nodes = [], {}, {}
+    for projection in select.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(target, exp.Column) and window is not None and not target.table \
+                and target.name in ("window_start", SESSION_LAST) and target.name not in scope.stream_fields:
+            alias = projection.alias if isinstance(projection, exp.Alias) else target.name
+            if alias != target.name or alias not in key_names:     # renamed, or a TUMBLE/HOP window_end
+                computed_nodes[alias] = exp.alias_(target, alias)
+            continue
+        if isinstance(target, exp.Column):
+            if scope.column(target, "a selected column") not in keys:
+                raise _fail(path, target, f"column {target.sql()} outside GROUP BY and outside an aggregate")
+            if isinstance(projection, exp.Alias) and projection.alias != target.name:
+                raise _fail(path, projection, f"renaming the key column {target.sql()}", "the key's own name")
+            continue
+        if not isinstance(projection, exp.Alias):
+            raise _fail(path, projection, f"aggregate {projection.sql()} without an alias", "AGG(...) AS name")
+        alias = projection.alias
+        if alias in key_types:
+            continue                            # a computed GROUP BY key
+        if alias in key_names:
+            raise _invalid(path, projection, f"aggregate alias {alias!r} is also a key column; rows would show "
+                                             f"only one of them. Rename the aggregate")
+        if alias in seen or alias in computed_nodes:
+            raise _invalid(path, projection, f"aggregate alias {alias!r} is used twice; rows would show only one "
+                                             f"of them. Give each aggregate its own name")
+        if _is_aggregate_call(target):
+            seen[alias] = projection
+            aggregates.append(_aggregate(scope, alias, target))
+        else:
+            computed_nodes[alias] = projection
+    computed = {alias: _computed(scope, projection, key_names, seen, aggregates, window)
+                for alias, projection in computed_nodes.items()}
+    if not aggregates:
+        raise _fail(path, select, "a GROUP BY without aggregates")
+    having = select.args.get("having")
+    having_sql = _having(path, having.this, key_names | set(computed), seen, scope, aggregates) \
+        if having is not None else None
+    where = select.args.get("where")
+    if where is not None:
+        scope.check_expression(where.this)
+        _check_functions(path, where.this, "in WHERE")
+        if where.find(exp.AggFunc):
+            raise _fail(path, where, "an aggregate in WHERE", "conditions on event fields")
+    common["event_time"] = event_time
+    if window is not None and window.session:        # a session ends by its last event: shown as window_end
+        aggregates.append(AggregateColumn(SESSION_LAST, "max", (EVENT_MS,)))
+    if "key_format" in header:
+        raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format is for source tables (CREATE "
+                              f"TABLE t (... PRIMARY KEY) WITH (topic=...)); an aggregate table's key comes from "
+                              f"its GROUP BY")
+    if input_table is not None:
+        _check_over_table_select(path, name, window, scope, aggregates, where)
+        common["event_time"] = None
+        common["bronze"] = False        # verify recomputes from the input topic, whose compaction keeps each key's last row
+    return TableDefinition(
+        name=name, path=path, kind="aggregate", schema=schema,
+        topic=input_table.topic if input_table is not None else header.get("topic", stream.name),
+        input_table=input_table.name if input_table is not None else None,
+        key_format=input_table.key_format if input_table is not None else "plain",
+        key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
+        where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
+        derived=scope.derived, computed=computed, key_types=key_types,
+        **common,
+    )
+
+
+# What WHERE may use: Spark evaluates it (the Spark-SQL pass takes a WHERE the Arrow pass cannot
+# translate), so anything here must mean the same in Spark SQL on every batch: no subqueries, no
+# clocks, no randomness.
+WHERE_FUNCTIONS = {
+    "arithmetic": (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren),
+    "comparisons and logic": (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not, exp.Is,
+                              exp.In, exp.Between, exp.Like, exp.ILike),
+    "CASE, IF, CAST, TRY_CAST, COALESCE, NULLIF, GREATEST, LEAST": (exp.Case, exp.If, exp.Cast, exp.TryCast,
+                                                                    exp.Coalesce, exp.Nullif, exp.Greatest,
+                                                                    exp.Least),
+    "UPPER, LOWER, LENGTH, SUBSTRING, CONCAT, ||, TRIM, REPLACE": (exp.Upper, exp.Lower, exp.Length, exp.Substring,
+                                                                   exp.Concat, exp.DPipe, exp.Trim, exp.Replace),
+    "ABS, ROUND, FLOOR, CEIL": (exp.Abs, exp.Round, exp.Floor, exp.Ceil),
+    "YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC": (exp.Year, exp.Month, exp.Day, exp.Hour,
+                                                                       exp.Minute, exp.DayOfWeek, exp.TsOrDsToDate,
+                                                                       exp.TimestampTrunc, exp.DateTrunc),
+}
+_WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.DataTypeParam, exp.Var,
+                exp.Star)
+_ALLOWED = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
+
+
+def _check_functions(path: Path, node: exp.Expression, where: str) -> None:
+    """Every node of an event-level expression (WHERE, an aggregate's argument) is one Spark
+    evaluates alike on every batch; `where` says where it is ("in WHERE")."""
+    for child in node.walk():
+        if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, _ALLOWED):
+            what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
+            raise _fail(path, child, f"{what} {where}", f"{where}: columns, literals, " + "; ".join(WHERE_FUNCTIONS))
+
+
+KEY_TYPES = ("STRING", "BIGINT", "INT", "DOUBLE", "BOOLEAN")
+
+
+def _computed_key(scope: "_Scope", node: exp.Expression, selected: dict[str, str]) -> str:
+    """A GROUP BY expression (`GROUP BY UPPER(country)`, or the alias of one in SELECT): computed
+    per event before grouping, by the Spark-SQL pass, and named as SELECT names it (ksqlDB asks
+    the same: a grouping expression must be selected, so its rows have a column for it)."""
+    text = node.sql(dialect="spark")
+    if text not in selected:
+        raise _invalid(scope.path, node, f"GROUP BY {node.sql()} must also be in SELECT with a name, e.g. "
+                                         f"SELECT {node.sql()} AS name, ...; the rows show it under that name")
+    scope.check_expression(node)
+    _check_functions(scope.path, node, "in GROUP BY")
+    scope.derived[selected[text]] = text
+    return selected[text]
+
+
+def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -> str:
+    """A computed key's type, from sqlglot's type inference over the stream's schema: URL keys
+    are parsed by it, and the state keys only plain values."""
+    from sqlglot.optimizer.annotate_types import annotate_types
+
+    # Columns qualified by their table: unqualified ones stay UNKNOWN to the inference, and so
+    # does any arithmetic or SUBSTRING over them.
+    query = exp.select(node.copy().transform(
+        lambda n: exp.column(n.name, table="events") if isinstance(n, exp.Column) else n).as_("k")).from_("events")
+    try:
+        kind = annotate_types(query, schema={"events": dict(schema)}, dialect="spark").selects[0].type.sql(dialect="spark")
+    except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type below
+        kind = "UNKNOWN"
+    kind = {"VARCHAR": "STRING", "TEXT": "STRING", "FLOAT": "DOUBLE", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+    if kind not in KEY_TYPES:
+        raise _invalid(path, node, f"GROUP BY {node.sql()} is {kind}; a computed key must be one of {list(KEY_TYPES)}: "
+                                   f"CAST it, e.g. CAST({node.sql()} AS STRING)")
+    return kind
+
+
+def _is_aggregate_call(node: exp.Expression) -> bool:
+    return isinstance(node, exp.AggFunc) or isinstance(node, exp.Anonymous) and \
+        node.name.upper() in ("LATEST_BY_OFFSET", "TOPK")
+
+
+def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named: dict, aggregates: list,
+              window: WindowSpec | None = None) -> str:
+    """A SELECT column computed from the aggregates and keys when a row is shown, e.g.
+    `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED).
+    An aggregate in it that SELECT does not name is kept hidden in the state (`_h<n>`). Returns
+    it as SQL over the row's columns."""
+    from catalog.expressions import SUPPORTED as ROW_SUPPORTED, Unsupported, compile_value
+
+    path, target = scope.path, projection.this
+    by_sql = {p.this.sql(dialect="spark"): alias for alias, p in named.items()}
+
+    def to_columns(child: exp.Expression) -> exp.Expression:
+        if _is_aggregate_call(child):
+            text = child.sql(dialect="spark")
+            return exp.column(by_sql[text] if text in by_sql else _hidden_aggregate(scope, child, aggregates))
+        if isinstance(child, exp.Column) and child.name == SESSION_LAST and window is not None \
+                and not window.session and child.name not in scope.stream_fields:
+            # A TUMBLE or HOP window ends size after it starts (rows keep only the start).
+            return exp.paren(exp.Add(this=exp.column("window_start"), expression=exp.Literal.number(window.size_ms)))
+        if isinstance(child, exp.Column):
+            return exp.column(child.name)
+        return child
+
+    expression = target.copy().transform(to_columns)
+    try:
+        compile_value(expression, set(key_names) | {a.name for a in aggregates})
+    except Unsupported as exc:
+        raise _fail(path, _located(target, exc.node), f"column {projection.alias!r}: {exc}", ROW_SUPPORTED) from None
+    return expression.sql(dialect="spark")
+
+
+def _hidden_aggregate(scope: "_Scope", node: exp.Expression, aggregates: list) -> str:
+    """The column of an aggregate SELECT does not name (`SUM(v)` in `SUM(v) / COUNT(*) AS mean`, or
+    in HAVING): kept in the state, hidden from rows, once however often it is used."""
+    text = node.sql(dialect="spark")
+    if text not in scope.hidden:
+        scope.hidden[text] = f"_h{sum(a.hidden for a in aggregates)}"
+        aggregates.append(replace(_aggregate(scope, scope.hidden[text], node), hidden=True))
+    return scope.hidden[text]
+
+
+def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: dict,
+            scope: "_Scope", columns: list) -> str:
+    """HAVING over the rows' columns: an aggregate SELECT names becomes its alias, so the predicate
+    reads the row as the API shows it. Returns it as Spark SQL text."""
+    from catalog.expressions import SUPPORTED as HAVING_SUPPORTED, Unsupported, compile_predicate
+
+    named = {projection.this.sql(dialect="spark"): alias for alias, projection in aggregates.items()}
+
+    def to_columns(child: exp.Expression) -> exp.Expression:
+        if _is_aggregate_call(child):       # one SELECT does not name is kept hidden, as ksqlDB allows
+            return exp.column(named.get(child.sql(dialect="spark")) or _hidden_aggregate(scope, child, columns))
+        if isinstance(child, (exp.AggFunc, exp.Anonymous)):
+            alias = named.get(child.sql(dialect="spark"))
+            if alias is None:
+                raise _fail(path, child, f"HAVING over {child.sql()}, an aggregate SELECT does not name",
+                            f"{HAVING_SUPPORTED}; name it in SELECT (AGG(...) AS name)")
+            return exp.column(alias)
+        if isinstance(child, exp.Column):
+            return exp.column(child.name)
+        return child
+
+    predicate = node.copy().transform(to_columns)
+    try:
+        compile_predicate(predicate, set(key_names) | set(aggregates) | {a.name for a in columns})
+    except Unsupported as exc:
+        raise _fail(path, _located(node, exc.node), f"HAVING: {exc}", HAVING_SUPPORTED) from None
+    return predicate.sql(dialect="spark")
+
+
+def _located(original: exp.Expression, copied: exp.Expression) -> exp.Expression:
+    """The node of `original` that `copied` (from a transformed copy) stands for, for its line:col."""
+    wanted = _sql_or_none(copied)
+    for child in original.walk():
+        if wanted is not None and _sql_or_none(child) == wanted:
+            return child
+    return original
+
+
+def _sql_or_none(node: exp.Expression) -> str | None:
+    """A node's SQL, or None for one sqlglot cannot write back (a call with its argument missing)."""
+    try:
+        return node.sql()
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+_INPUT_TABLES: contextvars.ContextVar[dict] = contextvars.ContextVar("input_tables", default={})
+
+
+def as_change_topic_source(join: TableDefinition) -> TableDefinition:
+    """A join of tables as the tables on it read it: its change topic (`output_topic`), keyed by
+    the key as a JSON object, with its rows as values, like any source table on a change topic."""
+    return replace(join, topic=join.output_topic, key_format="json", input_table=None, joins=[], join_columns=[],
+                   output_topic=None)
+
+
+def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
+    """The source table an aggregate over a table or a join of tables reads."""
+    source = tables[table.input_table]
+    return as_change_topic_source(source) if source.table_join else source
+
+
+class _NeedsSchema(DefinitionError):
+    """A stream without '-- schema:' that may yet be a source table (load_all knows them all)."""
+
+    def __init__(self, message: str, stream: str) -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
+OVER_TABLE = ("an aggregate over a source table's rows: SELECT keys, COUNT/SUM/AVG/MIN/MAX/COUNT(DISTINCT)/"
+              "TOPK ... FROM table [WHERE ...] GROUP BY columns [HAVING ...]")
+
+
+TABLE_JOIN = ("a join of two tables: SELECT a.col [AS name], b.col [AS name], ... FROM a [alias] [LEFT] JOIN b [alias] "
+              "ON a.col = b.<b's primary key>, with a and b source tables; the rows have a's key")
+
+
+def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.Select,
+                left: TableDefinition) -> TableDefinition:
+    """A join of two tables (`FROM a JOIN b ON a.fk = b.id`): a row per row of `a`, keyed by a's
+    key, with b's columns from the row whose key a's column names (a foreign key, or a's own key
+    for a primary-key join). A change on either side updates exactly the rows it touches."""
+    for option in ("topic", "schema", "event_time", "ttl", "emit", "key_format"):
+        if option in header:
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r} joins tables, so option {option!r} "
+                                  f"does not apply (it reads {left.name}'s topic {left.topic!r} with its schema); "
+                                  f"remove it")
+    for unsupported in ("where", "having"):
+        if select.args.get(unsupported):
+            raise _fail(path, select.args[unsupported], f"table {name!r}: {unsupported.upper()} in a join of tables",
+                        TABLE_JOIN)
+    source = select.args.get("from") or select.args.get("from_")
+    left_alias = source.this.alias or source.this.name
+    (join,) = select.args["joins"] if len(select.args["joins"]) == 1 else (None,)
+    if join is None:
+        raise _fail(path, select.args["joins"][1], f"table {name!r}: a second JOIN in a join of tables", TABLE_JOIN)
+    right_node = join.this
+    right = _INPUT_TABLES.get().get(right_node.name) if isinstance(right_node, exp.Table) else None
+    if right is None:
+        raise _fail(path, join, f"table {name!r}: JOIN {right_node.sql()} (not a source table defined beside it)",
+                    TABLE_JOIN)
+    kind = (join.side or "").lower() or "inner"
+    if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
+        raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
+    right_alias = right_node.alias or right_node.name
+    if right_alias == left_alias:
+        raise _invalid(path, right_node, f"alias {right_alias!r} is used twice; give each table its own alias")
+    sides = {left_alias: left, right_alias: right}
+
+    def column(node: exp.Expression) -> tuple[str, str]:
+        if not isinstance(node, exp.Column) or node.table not in sides:
+            raise _fail(path, node, f"table {name!r}: {node.sql()} (columns are named alias.column, aliases "
+                                    f"{sorted(sides)})", TABLE_JOIN)
+        if node.name not in dict(sides[node.table].schema):
+            raise _invalid(path, node, f"unknown column {node.sql()}: table {sides[node.table].name!r} has columns "
+                                       f"{[c for c, _ in sides[node.table].schema]}")
+        return node.table, node.name
+
+    on = join.args.get("on")
+    if not isinstance(on, exp.EQ):
+        raise _fail(path, on or join, f"join condition {on.sql() if on else '(none)'}", TABLE_JOIN)
+    a, b = column(on.left), column(on.right)
+    if a[0] == right_alias:
+        a, b = b, a
+    if a[0] != left_alias or b[0] != right_alias or [b[1]] != right.key_columns:
+        raise _fail(path, on, f"table {name!r}: join condition {on.sql()}",
+                    f"ON {left_alias}.<column> = {right_alias}.{right.key_columns[0]} (b's primary key)")
+    a_type, b_type = dict(left.schema)[a[1]], dict(right.schema)[b[1]]
+    if a_type != b_type:
+        raise _invalid(path, on, f"table {name!r}: {on.sql()} compares {a_type} with {b_type}, so no row would "
+                                 f"match; declare {left_alias}.{a[1]} as {b_type}")
+    columns, schema = [], []
+    for projection in select.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        side, col = column(target)
+        out = projection.alias if isinstance(projection, exp.Alias) else col
+        if any(out == o for _, o in columns):
+            raise _invalid(path, projection, f"column {out!r} is selected twice; rename one with AS")
+        columns.append((f"{side}.{col}", out))
+        schema.append((out, dict(sides[side].schema)[col]))
+    key = f"{left_alias}.{left.key_columns[0]}"
+    if not any(source_column == key and out == left.key_columns[0] for source_column, out in columns):
+        raise _invalid(path, select, f"table {name!r}: SELECT {key} (under its own name): the rows of a join of "
+                                     f"tables have {left.name}'s key")
+    return TableDefinition(
+        name=name, path=path, kind="source", topic=left.topic, schema=schema, key_columns=list(left.key_columns),
+        value_columns=[o for _, o in columns], key_format=left.key_format, input_table=left.name,
+        joins=[JoinSpec(right.name, right_alias, kind, f"{left_alias}.{a[1]}", b[1])], stream_alias=left_alias,
+        join_columns=columns, **{**common, "bronze": False, "event_time": None})
+
+
+def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, input_table: TableDefinition) -> None:
+    """What an aggregate over a table's rows cannot have, each refused in one line: it reads the
+    table's own topic with its schema, and its rows have no event time or arrival order."""
+    for option in ("topic", "event_time", "ttl", "emit", "key_format"):
+        if option in header:
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r} aggregates the rows of table "
+                                  f"{input_table.name!r}, so option {option!r} does not apply (it reads "
+                                  f"{input_table.name}'s topic {input_table.topic!r} with its schema); remove it")
+    if select.args.get("joins"):
+        raise _fail(path, select.args["joins"][0], f"table {name!r}: a JOIN in an aggregate over table "
+                                                    f"{input_table.name!r}", OVER_TABLE)
+
+
+def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", aggregates: list, where) -> None:
+    from catalog.expressions import Unsupported, compile_predicate, compile_value
+
+    if window is not None:
+        raise DefinitionError(f"{path}: table {name!r}: a window in an aggregate over a table's rows is not "
+                              f"supported (rows have no event time); GROUP BY columns. Supported: {OVER_TABLE}")
+    for column in aggregates:
+        if column.function in ("latest_by_offset", "latest_keeping_nulls"):
+            raise DefinitionError(f"{path}: table {name!r}: LATEST_BY_OFFSET({', '.join(column.args)}) over a "
+                                  f"table's rows: rows have no arrival order; use MAX or TOPK. Supported: {OVER_TABLE}")
+    for derived, sql in scope.derived.items():      # computed per row in Python (table_aggregate.RowStage)
+        try:
+            compile_value(sqlglot.parse_one(sql, dialect="spark"), set(scope.stream_fields))
+        except Unsupported as exc:
+            raise DefinitionError(f"{path}: table {name!r}: {sql!r}: {exc}; an aggregate over a table's rows "
+                                  f"computes expressions with catalog.expressions") from None
+
+
+def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
+    for join in table.joins:
+        other = tables.get(join.table)
+        if other is None or other.kind != "source" or other.input_table is not None:
+            raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
+                                  f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
+        if join.table_column not in other.key_columns:
+            raise DefinitionError(f"{table.path}: JOIN {join.table} ON ...{join.table_column}: "
+                                  f"a table joins on its key {other.key_columns}")
+    for qualified, joined, where in table.joined_refs:
+        column = qualified.split(".")[-1]
+        other = tables[joined]
+        if column not in other.value_columns:
+            raise DefinitionError(f"{table.path}:{where}: unknown column {qualified}: table {joined!r} has columns "
+                                  f"{other.value_columns}")
+
+
+def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[str, TableDefinition]:
+    """Every *.sql definition in `folder`, by table name; joined tables must exist.
+
+    Without `broken`, the first bad definition raises. With it, a bad definition costs only
+    its own table (and the tables that join it): each goes into `broken` as name -> reason,
+    named by its file's stem when it does not parse far enough to have a name.
+
+    A table FROM a source table (an aggregate over its rows) takes that table's schema, so it
+    is parsed once the source tables are known."""
+    tables: dict[str, TableDefinition] = {}
+    paths = sorted(Path(folder).glob("*.sql"))
+    parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
+    sources = {t.name: t for t in reversed(parsed.values())
+               if isinstance(t, TableDefinition) and t.kind == "source" and t.input_table is None}
+    token = _INPUT_TABLES.set(sources)
+    try:
+        # Twice: a join of tables reads source tables, and is read through its change topic by the
+        # tables on it.
+        for _ in range(2):
+            for path, result in parsed.items():
+                if isinstance(result, _NeedsSchema):
+                    parsed[path] = _parsed(path)
+            for table in parsed.values():
+                if isinstance(table, TableDefinition) and table.table_join and table.output_topic:
+                    sources.setdefault(table.name, as_change_topic_source(table))
+    finally:
+        _INPUT_TABLES.reset(token)
+    _load_each(parsed, tables, broken)
+    for table in list(tables.values()):
+        try:
+            _check_joins(table, tables)
+        except DefinitionError as exc:
+            if broken is None:
+                raise
+            broken[table.name] = str(exc)
+            del tables[table.name]
+    return tables
+
+
+def _parsed(path: Path) -> "TableDefinition | DefinitionError":
+    try:
+        return parse(path)
+    except DefinitionError as exc:
+        return exc
+
+
+def _load_each(parsed: dict, tables: dict, broken: dict | None) -> None:
+    for path, table in parsed.items():
+        try:
+            if isinstance(table, DefinitionError):
+                raise table
+            if table.name in tables:
+                raise DefinitionError(f"{path}: table {table.name!r} is also defined in {tables[table.name].path}")
+        except DefinitionError as exc:
+            if broken is None:
+                raise
+            broken[path.stem] = str(exc)
+            continue
+        tables[table.name] = table

@@ -1,0 +1,142 @@
+"""From a table definition to the state library's table spec and back to rows."""
+from __future__ import annotations
+
+import decimal
+import math
+
+from state.aggregates import (RETRACTING, Avg, Count, CountDistinct, LatestByOffset, LatestKeepingNulls, Max, Min, RetractingAggregator,
+                              RetractingTopN, RowAggregator, Sum, TopN)
+from state.table import TableSpec, freeze_meaning
+from catalog.definitions import AggregateColumn, TableDefinition
+
+
+def aggregate_of(column: AggregateColumn):
+    if column.function == "topk":
+        return TopN(column.n)
+    return {"count": Count, "sum": Sum, "min": Min, "max": Max, "avg": Avg,
+            "count_distinct": CountDistinct, "latest_by_offset": LatestByOffset,
+            "latest_keeping_nulls": LatestKeepingNulls}[column.function]()
+
+
+def retracting_of(column: AggregateColumn):
+    return RetractingTopN(column.n) if column.function == "topk" else RETRACTING[column.function]()
+
+
+ROWS_STAGE = ".rows"     # an aggregate over a table keeps its input's rows under `<table>.rows` (no table
+                         # name has a dot): its first state stage, see spark_jobs/table_aggregate.py
+
+
+def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
+    """The first state stage of an aggregate over a table: each input row by the input's key, so
+    that a changed row's old contribution is known and taken out of its old group."""
+    name = table.name + ROWS_STAGE
+    meaning = table.meaning()
+    # The input's rows, whatever the aggregate makes of them: a rebuild adopting a changed
+    # aggregate (another GROUP BY or column) keeps this stage as it is.
+    rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format")
+                                if k in meaning}}
+    if table.table_join:        # its schema is the join's output; the rows are a's, indexed by the join column
+        rows.pop("schema")
+        rows["index"] = table.joins[0].stream_column.split(".")[-1]
+    return TableSpec(name, table.partitions, None, snapshot_keep=table.snapshot_keep,
+                     changelog=f"{namespace}{name}-changelog", meaning=freeze_meaning(rows))
+
+
+def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
+    aggregator = None
+    if table.kind == "aggregate" and table.input_table:
+        aggregator = RetractingAggregator({c.name: retracting_of(c) for c in table.aggregates})
+    elif table.kind == "aggregate":
+        aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
+    return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
+                     changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()),
+                     routing_width=table.routing_width)
+
+
+def key_names(table: TableDefinition) -> list[str]:
+    """Key column names as rows show them (without a stream alias), plus window_start."""
+    names = [k.split(".")[-1] for k in table.key_columns]
+    return names + (["window_start"] if table.window else [])
+
+
+def finite_value(value):
+    """NaN and infinities as None: JSON has no such numbers, and state written before they
+    were dead-lettered may still hold them."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, decimal.Decimal):      # a DECIMAL is a JSON number, as ksqlDB writes it
+        return float(value) if value.is_finite() else None
+    if isinstance(value, (tuple, list)):
+        return type(value)(finite_value(v) for v in value)
+    return value
+
+
+def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator | None = None) -> dict:
+    """One table row as users see it: key columns and final aggregate values.
+
+    Pass the table's `aggregator` when converting many rows; building it is the costly part."""
+    row = dict(zip(key_names(table), key))
+    if value is None:
+        return row
+    if table.kind == "source":
+        row.update(zip(table.value_columns, value))
+    else:
+        row.update((aggregator or state_spec(table).aggregator).result(value))
+        if table.computed:
+            row = _with_computed(table, row)
+        if table.having is None:        # else `shown` hides them, after HAVING has read them
+            _hide(table, row)
+    for name, item in row.items():
+        if type(item) is float or isinstance(item, (tuple, list, decimal.Decimal)):
+            row[name] = finite_value(item)
+    return row
+
+
+_COMPILED: dict[tuple, object] = {}
+
+
+def _compiled(compile_name: str, sql: str, columns: set[str]):
+    """catalog.expressions' `compile_name` of `sql` over `columns`, once per process."""
+    key = (compile_name, sql, frozenset(columns))
+    if key not in _COMPILED:
+        import sqlglot
+
+        from catalog import expressions
+
+        _COMPILED[key] = getattr(expressions, compile_name)(sqlglot.parse_one(sql, dialect="spark"), columns)
+    return _COMPILED[key]
+
+
+def _row_columns(table: TableDefinition) -> set[str]:
+    """What HAVING and computed columns may read: the keys and every aggregate, hidden ones too."""
+    return set(key_names(table)) | {a.name for a in table.aggregates}
+
+
+def shown_columns(table: TableDefinition) -> list[str]:
+    """The columns of a row as the API shows it."""
+    if table.kind == "source":
+        return key_names(table) + [c for c in table.value_columns if c not in key_names(table)]
+    return key_names(table) + [a.name for a in table.aggregates if not a.hidden] + list(table.computed)
+
+
+def _with_computed(table: TableDefinition, row: dict) -> dict:
+    """The row with its computed SELECT columns."""
+    row.update({name: _compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()})
+    return row
+
+
+def shown(table: TableDefinition, row: dict | None) -> dict | None:
+    """`row` if the table shows it: HAVING (catalog/expressions.py) hides a row that does not pass,
+    while the state keeps its aggregate."""
+    if row is None or table.having is None:
+        return row
+    passes = _compiled("compile_predicate", table.having, _row_columns(table) | set(table.computed))
+    return _hide(table, row) if passes(row) else None
+
+
+def _hide(table: TableDefinition, row: dict) -> dict:
+    """The row without the aggregates kept only for computed columns, HAVING or the TTL."""
+    for aggregate in table.aggregates:
+        if aggregate.hidden:
+            row.pop(aggregate.name, None)
+    return row

@@ -1,0 +1,208 @@
+"""The table catalog: a table's definition, its state spec and local store, and the lock that
+keeps one writer per table. No Spark here; the jobs, the batch path, the query service and
+the status page all start from these.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from state.table import StateTable
+from catalog.mapping import state_spec
+from catalog.definitions import DefinitionError, TableDefinition, load_all
+from catalog.runtime import Runtime
+
+log = logging.getLogger("statetable.catalog")
+
+
+def load_table(name: str, rt: Runtime) -> tuple[TableDefinition, dict[str, TableDefinition]]:
+    """A table and the tables it may join; another table's broken definition does not stop this one."""
+    broken: dict[str, str] = {}
+    tables = load_all(rt.tables_dir, broken=broken)
+    if name in broken:
+        raise DefinitionError(broken[name])
+    if name not in tables:
+        raise DefinitionError(f"no table {name!r} in {rt.tables_dir}; defined tables: {sorted(tables)}")
+    return tables[name], tables
+
+
+def spec_of(table: TableDefinition, rt: Runtime):
+    """The table's state spec, on the changelog its batch log names: a rebuild that adopted a
+    changed definition moved the state to a changelog topic of its own."""
+    from dataclasses import replace
+
+    from catalog.batch_log import BatchLog
+
+    spec = state_spec(table, rt.namespace)
+    changelog = None
+    for commit in reversed(BatchLog(rt.batch_dir(table.name)).commits()):
+        if commit.changelog:
+            changelog = commit.changelog
+            break
+        if commit.definition and commit.definition.get("fingerprint") != spec.fingerprint:
+            break
+    return replace(spec, changelog=changelog) if changelog else spec
+
+
+def state_table(table: TableDefinition, rt: Runtime) -> StateTable:
+    spec = spec_of(table, rt)
+    drop_stale_cache(spec, rt)
+    return StateTable(spec, rt.state_dir, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+
+
+def stage_tables(table: TableDefinition, rt: Runtime) -> list[StateTable]:
+    """Every state table a table keeps: its own, and for a table of tables its rows stage too
+    (catalog.mapping.rows_spec), which restores, snapshots and the wipe drill treat alike."""
+    tables = [state_table(table, rt)]
+    if table.input_table:
+        from catalog.mapping import rows_spec
+
+        tables.append(StateTable(rows_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,
+                                 snapshot_uri=rt.snapshot_uri))
+    return tables
+
+
+def drop_stale_cache(spec, rt: Runtime) -> None:
+    """A local store of an older definition, where the batch log says a rebuild already committed
+    this one (a crash between the rebuild's commit and its folder swap, or another machine's
+    rebuild): it is a stale cache, dropped so that opening a partition restores the new state."""
+    import json
+    import shutil
+
+    from catalog.batch_log import BatchLog
+
+    path = rt.state_dir / spec.name / "table.json"
+    try:
+        recorded = json.loads(path.read_text()).get("fingerprint")
+    except (FileNotFoundError, ValueError):
+        return
+    last = BatchLog(rt.batch_dir(spec.name)).last_commit()
+    committed = (last.definition or {}).get("fingerprint") if last else None
+    if recorded and committed == spec.fingerprint and recorded != committed:
+        log.warning("%s: the local store is of definition %s but batch %d committed %s; dropping it to restore",
+                    spec.name, recorded, last.batch_id, committed)
+        shutil.rmtree(rt.state_dir / spec.name)
+
+
+_held: dict[Path, list[int]] = {}     # lock path -> [descriptor, depth] held by this process
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def table_lock(name: str, rt: Runtime):
+    """One writer per table across processes: micro-batches, rebuilds, restores and verifies.
+
+    Airflow may start an incremental run, a backfill of rebuilds and a
+    restore-verify of one table at the same time; each would be correct alone
+    but not interleaved (a verify must not see a half-finished batch). A
+    blocking flock serialises them, is released by the kernel when a killed
+    job dies, and is re-entrant within a process.
+    """
+    path = rt.data_dir / "locks" / f"{name}.lock"
+    with _held_guard:
+        entry = _held.get(path)
+        if entry is not None:
+            entry[1] += 1
+    if entry is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("%s: another job holds the table lock %s; waiting", name, path)
+            waited = time.monotonic()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            log.info("%s: got the table lock after %.1fs", name, time.monotonic() - waited)
+        with _held_guard:
+            entry = _held[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        with _held_guard:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[path]
+                os.close(entry[0])   # closing the descriptor releases the flock
+
+
+def due_snapshots(table: TableDefinition, rt: Runtime, batch_id: int) -> list[int]:
+    """Partitions whose newest snapshot is `snapshot_every` or more batches behind `batch_id`."""
+    from state.snapshots import SnapshotStore
+
+    store = SnapshotStore(rt.snapshot_uri)
+    due = []
+    for p in range(table.partitions):
+        manifests = store.list(table.name, p)
+        if not manifests or batch_id - manifests[0].batch_id >= table.snapshot_every:
+            due.append(p)
+    return due
+
+
+def readonly_partitions(table: TableDefinition, rt: Runtime):
+    """Each local partition of `table` that has state, opened read-only (no writer, no catch-up)."""
+    st = state_table(table, rt)
+    try:
+        for p in range(table.partitions):
+            if st.has_local_state(p):
+                part = st.open_readonly(p)
+                try:
+                    yield part
+                finally:
+                    part.close()
+    finally:
+        st.close()
+
+
+def state_rows(name: str, rt: Runtime | None = None) -> dict[tuple, object]:
+    """Every key's committed state value."""
+    rt = rt or Runtime.from_env()
+    table, _ = load_table(name, rt)
+    return {key: value for part in readonly_partitions(table, rt) for key, value in part.items()}
+
+
+_INT_RANGES = {"BIGINT": 64, "LONG": 64, "INT": 32}
+
+
+def coerce_key(table: TableDefinition, key: tuple) -> tuple:
+    """CLI/HTTP keys arrive as strings; give each component its declared type, or raise
+    ValueError (never a codec error) for a value no key of that type can have."""
+    types = {**dict(table.schema), **table.key_types}
+    out = []
+    for name, value in zip(table.key_columns, key):
+        dtype = types.get(name.split(".")[-1], "STRING")
+        if isinstance(value, str) and dtype in _INT_RANGES:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
+        elif isinstance(value, str) and dtype in ("DOUBLE", "FLOAT"):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
+        bits = _INT_RANGES.get(dtype, 64)
+        if type(value) is int and not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise ValueError(f"table {table.name}: key {name} is {dtype}; {value} is outside its range")
+        out.append(value)
+    rest = tuple(key[len(out):])
+    if any(type(v) is int and not -(1 << 63) <= v < 1 << 63 for v in rest):
+        raise ValueError(f"table {table.name}: a key part is outside the 64-bit integer range")
+    return tuple(out) + rest
+
+
+def ensure_output_topic(bootstrap: str, table: TableDefinition) -> None:
+    """The table's change topic (`-- output_topic`), compacted like an upsert topic, with a
+    partition per state partition. One that exists with another partition count is an error: its
+    readers would have seen keys placed by another count."""
+    from state.kafka_admin import ensure_topic
+
+    try:
+        ensure_topic(bootstrap, table.output_topic, table.partitions,
+                     {"cleanup.policy": "compact", "min.compaction.lag.ms": "86400000"})
+    except ValueError as exc:
+        raise DefinitionError(f"{table.path}: table {table.name!r}, option output_topic: {exc}") from None

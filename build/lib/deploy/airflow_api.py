@@ -1,0 +1,95 @@
+"""A small client for Airflow's REST API (v2), used by the CLI and the tests.
+
+Only what statetable needs: trigger a DAG run, wait for it, read task states
+and XComs. Every call carries a bearer token from /auth/token.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from deploy import airflow_server
+from catalog.settings import StackSettings
+
+TERMINAL_RUN_STATES = {"success", "failed"}
+
+
+class AirflowApi:
+    def __init__(self, settings: StackSettings, token: str | None = None) -> None:
+        self.base = settings.airflow_url
+        self.token = token or airflow_server.api_token(settings)
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120.0) -> dict:
+        """Wait until the dag-processor has parsed `dag_id` into the database."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._call("GET", f"/api/v2/dags/{dag_id}")
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        run = self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+
+    def runs(self, dag_id: str) -> list[dict]:
+        return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 600.0, on_poll=None) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.run(dag_id, run_id)
+            if on_poll:
+                on_poll(run)
+            if run["state"] in TERMINAL_RUN_STATES:
+                return run
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{dag_id} run {run_id} still {run['state']} after {timeout:.0f}s")
+            time.sleep(2)
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        quoted = urllib.parse.quote(run_id, safe="")
+        items = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
+        return {ti["task_id"]: ti["state"] for ti in items}
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
+        quoted = urllib.parse.quote(run_id, safe="")
+        entry = self._call(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true"
+        )
+        return entry["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task's log as text (Airflow 3 returns structured events; their text is joined)."""
+        quoted = urllib.parse.quote(run_id, safe="")
+        body = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/"
+                                 f"{try_number}?full_content=true")
+        content = body.get("content", "")
+        if isinstance(content, list):
+            return "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in content)
+        return str(content)
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        quoted = urllib.parse.quote(run_id, safe="")
+        items = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
+        return {ti["task_id"]: ti for ti in items}

@@ -1,0 +1,205 @@
+"""Airflow 3.3 for the local stack: api-server, scheduler, dag-processor and
+triggerer as four processes, each stopped by its own pid.
+
+`airflow standalone` is not used: it does not stop its children on SIGTERM.
+One environment (airflow_env) is shared by the servers, the CLI wrapper and
+the tests, so `dags test`, `backfill create` and the scheduler all see the
+same database, DAG folder and connections.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from deploy import postgres_server
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready
+from catalog.settings import PROJECT_ROOT, StackSettings
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _secret(settings: StackSettings, name: str) -> str:
+    """A per-stack random secret kept under the git-ignored state folder."""
+    path = settings.airflow_home / f".{name}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def connections(settings: StackSettings) -> dict[str, str]:
+    """Airflow connections, given to Airflow through the environment."""
+    spark = {
+        "conn_type": "spark",
+        "host": os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"),
+        "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"},
+    }
+    kafka = {
+        "conn_type": "kafka",
+        "extra": {"bootstrap.servers": settings.kafka_bootstrap, **_public_kafka_settings()},
+    }
+    from deploy import connect_server
+
+    # The provider's Spark Connect connection: the token is the password (the hook sends it as a
+    # bearer token), the host `localhost`, to which pyspark sends a token without TLS.
+    spark_connect = {
+        "conn_type": "spark_connect",
+        "host": "localhost" if settings.host in ("127.0.0.1", "localhost") else settings.host,
+        "port": settings.connect_port,
+        "password": connect_server.token(settings),
+    }
+    return {
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(spark_connect),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
+    }
+
+
+def _public_kafka_settings() -> dict[str, str]:
+    """The shared client config's settings that are no secret (protocol, mechanism, user, CA
+    path), for the kafka_default connection: the provider's own hooks then reach the same
+    brokers the same way, while the password stays in the mode-600 file, not the environment."""
+    from state.kafka_config import CONFIG_ENV, SECRET_WORDS, file_config
+
+    return {name: value for name, value in file_config(os.environ.get(CONFIG_ENV, ""))
+            if name != "bootstrap.servers" and not any(word in name for word in SECRET_WORDS)}
+
+
+def parallelism() -> int:
+    return max(4, 4 * (os.cpu_count() or 1))
+
+
+def airflow_env(settings: StackSettings) -> dict[str, str]:
+    home = settings.airflow_home
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        # statetable's plugin comes through its `airflow.plugins` entry point, as from any installed
+        # provider; the plugins folder stays empty (the same plugin found twice is an import error).
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # Task processes mostly wait on the Spark Connect server, so four per core; a deployment's
+        # own setting wins.
+        "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", str(parallelism())),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
+        # psycopg 3 for the async engine too (Airflow would pick asyncpg for `postgresql`).
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres_server.url(settings),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": postgres_server.url(settings),
+        "AIRFLOW__API__HOST": settings.host,
+        "AIRFLOW__API__PORT": str(settings.airflow_port),
+        "AIRFLOW__API__BASE_URL": settings.airflow_url,
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": _secret(settings, "api_secret_key"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": _secret(settings, "jwt_secret"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "STATETABLE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "STATETABLE_DATA_DIR": str(settings.data_dir),
+        "PYSPARK_PYTHON": sys.executable,
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "NO_PROXY": "*",
+    })
+    env.update(postgres_server.client_env(settings))
+    env.update(connections(settings))
+    return env
+
+
+def airflow_cli(settings: StackSettings, *args: str, check: bool = True, capture: bool = False):
+    """Run the `airflow` CLI against this stack's database and DAG folder."""
+    return subprocess.run(
+        [str(VENV_BIN / "airflow"), *args], env=airflow_env(settings), check=check,
+        capture_output=capture, text=True,
+    )
+
+
+def process(settings: StackSettings, component: str) -> ManagedProcess:
+    return ManagedProcess(f"airflow-{component}", settings.airflow_home)
+
+
+def start(settings: StackSettings) -> None:
+    if not process(settings, "api-server").is_running():
+        require_free_ports("airflow api-server", settings.host, settings.airflow_port)
+    settings.airflow_home.mkdir(parents=True, exist_ok=True)
+    postgres_server.start(settings)
+    migrated = airflow_cli(settings, "db", "migrate", capture=True, check=False)
+    if migrated.returncode != 0:
+        raise SystemExit(f"airflow db migrate against {postgres_server.url(settings)} failed: "
+                         f"{(migrated.stderr.strip().splitlines() or ['no output'])[-1]}")
+    env = airflow_env(settings)
+    for component in COMPONENTS:
+        args = [component]
+        if component == "api-server":
+            args += ["--host", settings.host, "--port", str(settings.airflow_port)]
+        elif component in ("scheduler", "triggerer"):
+            # Their log servers bind every interface on fixed ports (8793/8794), so a second
+            # stack on the machine cannot start one; the API server reads task logs from the
+            # shared local folder anyway.
+            args += ["--skip-serve-logs"]
+        process(settings, component).start([str(VENV_BIN / "airflow"), *args], env=env, cwd=settings.airflow_home)
+
+
+def stop(settings: StackSettings) -> None:
+    for component in reversed(COMPONENTS):
+        process(settings, component).stop(timeout=15)
+    postgres_server.stop(settings)
+
+
+def health(settings: StackSettings, timeout: float = 3.0) -> dict:
+    with urllib.request.urlopen(f"{settings.airflow_url}/api/v2/monitor/health", timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def is_healthy(settings: StackSettings) -> bool:
+    try:
+        report = health(settings)
+    except OSError:
+        return False
+    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    return all((report.get(p) or {}).get("status") == "healthy" for p in parts)
+
+
+def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
+    wait_ready([process(settings, c) for c in COMPONENTS], lambda: is_healthy(settings), timeout,
+               what=f"airflow health at {settings.airflow_url}", interval=1.0)
+
+
+def admin_password(settings: StackSettings) -> str:
+    path = settings.airflow_home / "simple_auth_manager_passwords.json.generated"
+    return json.loads(path.read_text())[ADMIN_USER]
+
+
+def api_token(settings: StackSettings) -> str:
+    """A bearer token for the REST API, from the generated admin password."""
+    body = json.dumps({"username": ADMIN_USER, "password": admin_password(settings)}).encode()
+    req = urllib.request.Request(
+        f"{settings.airflow_url}/auth/token", data=body, headers={"Content-Type": "application/json"}, method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)["access_token"]
+
+
+def airflow_json(settings: StackSettings, *args: str):
+    """Run an `airflow ... -o json` command and parse its JSON.
+
+    Airflow prints warnings on stdout before the JSON, so the JSON is taken
+    from the last line that starts a JSON value.
+    """
+    out = airflow_cli(settings, *args, "-o", "json", capture=True).stdout
+    for line in reversed(out.splitlines()):
+        if line.startswith(("[", "{")):
+            return json.loads(line)
+    raise ValueError(f"`airflow {' '.join(args)}` printed no JSON:\n{out[-2000:]}")

@@ -1,0 +1,359 @@
+"""The `statetable` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from catalog import settings as stack_settings
+
+
+def _stack(args) -> int:
+    from deploy import stack
+
+    cfg = stack_settings.load()
+    if args.action == "up":
+        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure)
+    elif args.action == "down":
+        stack.down(cfg)
+    elif args.action == "restart-broker":
+        stack.restart_broker(cfg, args.broker)
+    elif args.action == "restart-engine":
+        stack.restart_engine(cfg)
+    elif args.action == "restart-workers":
+        stack.restart_workers(cfg)
+    elif args.action == "supervise-workers":
+        from deploy import spark_cluster
+
+        spark_cluster.supervise(cfg)
+    elif args.action == "kill-engine":
+        stack.kill_engine(cfg)
+    elif args.action == "wipe-workers":
+        if not args.table:
+            raise SystemExit("stack wipe-workers: name the table whose worker state to wipe (--table NAME)")
+        stack.wipe_workers(cfg, args.table)
+    else:
+        lines = stack.status_lines(cfg)
+        print("\n".join(lines))
+        return 3 if any(line.endswith(" down") for line in lines) else 0
+    return 0
+
+
+def _engine(args) -> int:
+    from deploy import connect_server
+
+    connect_server.foreground(stack_settings.load(), args.host)
+    return 0
+
+
+def _smoke(args) -> int:
+    from deploy import smoke
+
+    smoke.run(stack_settings.load(), events=args.events)
+    return 0
+
+
+def _demo(args) -> int:
+    from deploy import demo
+
+    demo.run(stack_settings.load(), events=args.events)
+    return 0
+
+
+def _airflow(args) -> int:
+    from deploy import airflow_server
+
+    airflow_args = args.airflow_args[1:] if args.airflow_args[:1] == ["--"] else args.airflow_args
+    return airflow_server.airflow_cli(stack_settings.load(), *airflow_args, check=False).returncode
+
+
+def _logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _run(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    if args.follow:
+        import signal
+        import threading
+
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        done = jobs.follow(args.table, poll_seconds=args.poll_seconds, stop=stop,
+                           on_commit=lambda c: print(json.dumps({"batch": c.batch_id, **c.counts,
+                                                                 "seconds": c.seconds}), flush=True))
+        print(f"{args.table}: stopped after {done} batches")
+        return 0
+    commits = jobs.run(args.table, max_batches=args.max_batches, until_caught_up=args.until_caught_up,
+                       max_records_per_batch=args.max_records_per_batch)
+    for commit in commits:
+        print(json.dumps({"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}))
+    if not commits:
+        print(f"{args.table}: nothing new to read")
+    return 0
+
+
+def _produce_sample(args) -> int:
+    from deploy import samples
+    from catalog.runtime import Runtime
+
+    sent = samples.produce(args.name, Runtime.from_env().bootstrap, args.events)
+    for topic, count in sent.items():
+        print(f"produced {count} records to {topic}")
+    return 0
+
+
+def _query(args) -> int:
+    from serving.query import BadQuery, NoSuchTable, StateUnavailable, lookup
+
+    def progress(table: str, partition: int, text: str) -> None:
+        print(f"statetable query {table}: replica partition {partition} {text}", file=sys.stderr, flush=True)
+
+    try:
+        row = lookup(args.table, tuple(args.key), progress=progress)
+    except (StateUnavailable, NoSuchTable, BadQuery) as exc:
+        raise SystemExit(f"statetable query {args.table}: {exc}") from None
+    if row is None:
+        print(f"statetable query {args.table}: no row for key {args.key} in its committed state", file=sys.stderr)
+        return 4
+    print(json.dumps(present(args.table, row), indent=1, default=str))
+    return 0
+
+
+def present(table: str, row: dict):
+    """The seed's service shape for the leaderboard; rows as they are otherwise."""
+    if table == "leaderboard":
+        from serving.presenters import leaderboard_entries
+
+        return leaderboard_entries(row)
+    return row
+
+
+def api_token(token_file: str | None) -> str:
+    """The standalone API's token: STATETABLE_API_TOKEN, else a token file (--token-file or
+    STATETABLE_API_TOKEN_FILE). Never a default: an API without a token would be open."""
+    import os
+    from pathlib import Path
+
+    token = os.environ.get("STATETABLE_API_TOKEN")
+    path = token_file or os.environ.get("STATETABLE_API_TOKEN_FILE")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"statetable serve: cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise SystemExit("statetable serve: no API token; set STATETABLE_API_TOKEN or pass --token-file FILE "
+                         "(e.g. `export STATETABLE_API_TOKEN=$(python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))')`)")
+    return token
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from statetable_airflow.api import TokenAuth, create_app
+
+    try:
+        auth = TokenAuth(api_token(args.token_file))
+    except ValueError as exc:
+        raise SystemExit(f"statetable serve: {exc}") from None
+    _logging()
+    print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json)", flush=True)
+    if args.readers == 1 or args.readers < 0:
+        raise SystemExit(f"statetable serve: --readers {args.readers}: use 0 (read in the server process) or 2 "
+                         "or more (reader processes that take turns catching up)")
+    if args.readers:
+        from functools import partial
+
+        from serving.readers import ProcessQueryService
+
+        app = create_app(auth, service_factory=partial(ProcessQueryService, readers=args.readers))
+    else:
+        app = create_app(auth)
+    import gc
+
+    gc.collect()
+    gc.freeze()    # modules and the app live as long as the server: a full collection need not walk them
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _restore(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    for report in jobs.restore(args.table, args.batch):
+        print(json.dumps({"partition": report.partition, "applied_batch": report.applied_batch,
+                          "snapshot_batch": report.snapshot_batch, "replayed": report.replayed_records,
+                          "corrupt_snapshots": len(report.corrupt_snapshots), "keys": report.key_count,
+                          "seconds": round(report.seconds, 3)}))
+    return 0
+
+
+def _verify(args) -> int:
+    """A verify run by hand is part of the table's verify history too (the State tables page,
+    `/metrics`), as the `cli` run with no failure injected."""
+    from dataclasses import asdict
+
+    from catalog.runtime import Runtime
+    from ops import status
+    from spark_jobs import batch
+
+    _logging()
+    result = batch.verify(args.table)
+    print(result.summary())
+    status.record_verify(Runtime.from_env(), args.table, {
+        "run_id": "cli", "failure": "none", "ok": result.ok,
+        **status.verify_fields({**asdict(result), "ok": result.ok})})
+    return 0 if result.ok else 1
+
+
+def _rebuild(args) -> int:
+    from spark_jobs import batch
+
+    _logging()
+    commit = batch.rebuild(args.table)
+    print(json.dumps({"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}))
+    return 0
+
+
+def _accept_offsets(args) -> int:
+    from spark_jobs import jobs
+
+    _logging()
+    entry = jobs.accept_offsets(args.table, note=args.note)
+    print(json.dumps(entry, indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="statetable", description="Fault-tolerant, queryable state tables.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
+    p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine",
+                                          "restart-workers", "kill-engine", "wipe-workers", "supervise-workers"],
+                   help="kill-engine and wipe-workers are failure drills' deployment commands; "
+                        "supervise-workers is the process `up --workers` starts to restart dead workers")
+    p.add_argument("--table", help="wipe-workers: the table whose local state every worker loses")
+    p.add_argument("--brokers", type=int, default=None,
+                   help="up: run N KRaft brokers on loopback, with replication factor min(N, 3) and "
+                        "min.insync.replicas one less (default: as the stack was made, else 1)")
+    p.add_argument("--secure", action="store_true",
+                   help="up: brokers speak SASL_SSL (SCRAM-SHA-512) to clients and mutual TLS among themselves, "
+                        "with ACLs; the client config goes to .stack/kafka/client.properties (mode 600)")
+    p.add_argument("--broker", type=int, default=1, help="restart-broker: which broker (1..N)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
+                        "and point the Spark Connect server at them (default 0: local[*] on one disk)")
+    p.set_defaults(func=_stack)
+
+    p = sub.add_parser("engine", help="run the Spark Connect server in the foreground (a container's command; "
+                                      "the local stack starts its own with `stack up`)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (0.0.0.0 inside a container network)")
+    p.set_defaults(func=_engine)
+
+    p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")
+    p.add_argument("--events", type=int, default=1000)
+    p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("demo", help="produce every table's samples and run their DAGs on the local stack")
+    p.add_argument("--events", type=int, default=20000)
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser("run", help="run a table's micro-batches in one Spark session")
+    p.add_argument("table")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--max-batches", type=int)
+    group.add_argument("--until-caught-up", action="store_true")
+    group.add_argument("--follow", action="store_true",
+                       help="stay up in one warm Spark session and run a batch whenever there is new input")
+    p.add_argument("--poll-seconds", type=float, default=0.5, help="with --follow: how often to look for input")
+    p.add_argument("--max-records-per-batch", type=int, help="override the table's option for this run")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("produce-sample", help="produce a table's sample events")
+    p.add_argument("name")
+    p.add_argument("--events", type=int)
+    p.set_defaults(func=_produce_sample)
+
+    p = sub.add_parser("query", help="read one row of a table's committed state")
+    p.add_argument("table")
+    p.add_argument("key", nargs="+")
+    p.set_defaults(func=_query)
+
+    p = sub.add_parser("serve", help="serve the read-only query API (bearer token from STATETABLE_API_TOKEN)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=18081)
+    p.add_argument("--token-file", help="a file holding the API token (else STATETABLE_API_TOKEN)")
+    p.add_argument("--readers", type=int, default=0,
+                   help="reader processes that take turns catching up with the writer, so a catch-up never "
+                        "stalls an answer (2 or more; default 0 reads in the server process)")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")
+    p.add_argument("table")
+    p.add_argument("--batch", type=int)
+    p.set_defaults(func=_restore)
+
+    p = sub.add_parser("verify", help="compare a table's state with a batch recomputation")
+    p.add_argument("table")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("rebuild", help="replace a table's state with a batch recomputation")
+    p.add_argument("table")
+    p.set_defaults(func=_rebuild)
+
+    p = sub.add_parser("accept-offsets", help="after a topic was recreated, truncated or replaced, go on from "
+                                              "the offsets it holds now (recorded in the batch log)")
+    p.add_argument("table")
+    p.add_argument("--note", default="", help="why, for the batch log")
+    p.set_defaults(func=_accept_offsets)
+
+    p = sub.add_parser("airflow", help="run the airflow CLI against the local stack (e.g. backfill create ...)")
+    p.add_argument("airflow_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_airflow)
+    return parser
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its own first line (a Spark error's JVM stack and a definition's
+    caret display stay out), prefixed with its type unless it is one of ours that speaks for itself."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    ours = type(exc).__module__.split(".")[0] in ("catalog", "state", "spark_jobs", "serving", "ops", "deploy")
+    return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end as one line naming the command and table, with a non-zero exit
+    (2: the definition or the request is wrong, 1: anything else); STATETABLE_DEBUG=1 re-raises
+    for the traceback. A user never has to read Python to learn what to fix."""
+    import os
+
+    from catalog.definitions import DefinitionError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+        if os.environ.get("STATETABLE_DEBUG"):
+            raise
+        table = getattr(args, "table", None) or getattr(args, "name", None)
+        where = f"statetable {args.command}" + (f" {table}" if isinstance(table, str) else "")
+        hint = "" if isinstance(exc, (DefinitionError, LookupError)) or "statetable " in str(exc) else \
+            " (STATETABLE_DEBUG=1 shows the traceback)"
+        print(f"{where}: {one_line(exc)}{hint}", file=sys.stderr)
+        return 2 if isinstance(exc, (DefinitionError, LookupError)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

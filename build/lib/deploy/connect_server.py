@@ -1,0 +1,192 @@
+"""The stack's Spark Connect server: one warm engine that every job and Airflow task uses.
+
+A task that spark-submits pays a JVM start and Spark's cold start per run (25 s of a 36 s DAG
+run); a client of a warm server pays neither. The server is pyspark's own SparkConnectServer,
+started with spark-submit from the venv: local[*], the project's jars (Kafka source, Delta) on
+the driver's classpath, the Delta extensions, and the venv's Python for its workers, so a job's
+mapInArrow imports state/ and spark_jobs/ as a local session's would.
+
+It binds the stack's host only and takes a bearer token kept in its folder (mode 600): a server
+that runs its clients' Python must not serve every local user. The token reaches the server
+through its environment, never its command line (which every user can read).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from catalog.priority import batch_niceness
+from catalog.settings import StackSettings, adopt_cluster_env, connect_token
+from deploy import spark_cluster
+from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
+                              write_private)
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+VENV_BIN = Path(sys.executable).parent
+
+
+def process(settings: StackSettings) -> ManagedProcess:
+    return ManagedProcess("spark-connect", settings.connect_dir)
+
+
+def token(settings: StackSettings) -> str:
+    """The server's token, made on first use."""
+    existing = connect_token(settings)
+    if existing:
+        return existing
+    made = secrets.token_urlsafe(32)
+    write_private(settings.connect_dir / ".token", made)
+    return made
+
+
+def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
+    from spark_jobs.session import spark_conf
+
+    workers = spark_cluster.size(settings)
+    if workers:
+        adopt_cluster_env(settings)        # the store's address, for the s3a jars and conf below
+    conf = spark_conf("statetable-connect", settings.master_url if workers else
+                      os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"))
+    if workers:
+        # One executor per worker, one core each: tasks spread over the workers as over machines.
+        conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers),
+                     "spark.executor.memory": os.environ.get("STATETABLE_SPARK_EXECUTOR_MEMORY", "1g")})
+    conf.update({
+        "spark.connect.grpc.binding.address": host or settings.host,
+        "spark.connect.grpc.binding.port": str(settings.connect_port),
+        # A client killed mid-batch (an Airflow task) leaves its operation running; the server
+        # interrupts it soon after, so the next run's merge tasks find the partitions free.
+        "spark.connect.execute.manager.detachedTimeout": os.environ.get("STATETABLE_CONNECT_DETACHED_TIMEOUT",
+                                                                        "20s"),
+        "spark.connect.session.manager.defaultSessionTimeout": "7d",     # one shared session (see session_id)
+        # Python workers stay up between batches. The server keys its worker daemons by client
+        # session (artifact isolation or not), so every job attaches to one shared session
+        # (spark_jobs.session.session_id). Clients add no artifacts; their code is the
+        # project's, which every worker imports from PYTHONPATH.
+        "spark.python.worker.reuse": "true",
+    })
+    return conf
+
+
+def command(settings: StackSettings, host: str | None = None) -> list[str]:
+    conf = server_conf(settings, host)
+    cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
+           "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name"), "--jars", conf.pop("spark.jars")]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd + ["spark-internal"]
+
+
+def environment(settings: StackSettings, with_token: bool = True) -> dict[str, str]:
+    return spark_cluster.spark_env(settings, {"SPARK_CONNECT_AUTHENTICATE_TOKEN": token(settings)} if with_token else {})
+
+
+def start(settings: StackSettings) -> None:
+    if process(settings).is_running():
+        return
+    require_free_ports("spark-connect", settings.host, settings.connect_port)
+    settings.connect_dir.mkdir(parents=True, exist_ok=True)
+    process(settings).start(command(settings), env=environment(settings), cwd=settings.connect_dir)
+
+
+def foreground(settings: StackSettings, host: str) -> None:
+    """Run the server (a container's command): against STATETABLE_SPARK_MASTER, bound to `host`,
+    with the token in SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one. It is warmed
+    once it answers (see `warm`), and the container lives as long as the server; a stop signal
+    reaches the server."""
+    import signal
+    import subprocess
+
+    env = environment(settings, with_token=False)
+    cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
+    server = subprocess.Popen(cmd, env=env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: server.send_signal(signum))
+    from spark_jobs.session import answers
+
+    wait_until(lambda: server.poll() is not None or answers(settings.connect_url, timeout=1.0), 180.0,
+               what=f"Spark Connect at {settings.connect_url}")
+    if server.poll() is None:
+        print(warm(settings), flush=True)
+    sys.exit(server.wait())
+
+
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+
+
+def warm(settings: StackSettings) -> str:
+    """Run the warm-up batch on the server that just came up (spark_jobs/warmup.py), before it is
+    reported up; one line saying what it took. A warm-up that fails leaves a working, cold server:
+    the line says why, `stack status` repeats it, and the first batch pays the warm-up instead."""
+    import time
+
+    from catalog.runtime import Runtime
+    from spark_jobs import session, warmup
+
+    count = warmup.records()
+    folder = settings.connect_dir / "warmup"
+    if not count:
+        return f"spark-connect not warmed ({warmup.RECORDS_ENV}=0): the first batch pays the engine's warm-up"
+    started = time.monotonic()
+    # pyspark marks a process that made a Connect client as one for good (in its environment, which
+    # children inherit): the caller's later local sessions and child processes must not be.
+    mode = os.environ.get(CONNECT_MODE_ENV)
+    try:
+        spark = session.remote_session(session.client_url(settings.connect_url, connect_token(settings)))
+        try:
+            report = warmup.warm(spark, Runtime.from_env(), folder, count)
+        finally:
+            session.done(spark)
+            if mode is None:
+                os.environ.pop(CONNECT_MODE_ENV, None)
+            else:
+                os.environ[CONNECT_MODE_ENV] = mode
+    except Exception as exc:            # the server still serves; its first batch will be cold
+        cause = " ".join(str(exc).split())[:300]
+        warmup.record(folder, {"finished_at": time.time(), "error": cause})
+        return (f"spark-connect warm-up failed after {time.monotonic() - started:.1f}s, the server is up but cold "
+                f"(its first batch pays the warm-up): {type(exc).__name__}: {cause}")
+    return (f"spark-connect warmed in {report['seconds']:.1f}s: {report['read']:,} records through "
+            f"{warmup.WARMUP_TABLE} (batch {', '.join(map(str, report['batches']))})")
+
+
+def warmup_line(settings: StackSettings) -> str | None:
+    """What the running server's last warm-up did, for `stack status`; None before any."""
+    import json
+
+    from spark_jobs import warmup
+
+    path = settings.connect_dir / "warmup" / warmup.REPORT
+    proc = process(settings)
+    if not path.exists() or not proc.is_running():
+        return None
+    report = json.loads(path.read_text())
+    if report.get("error"):
+        return f"spark-connect warm-up failed: {report['error']}"
+    if report["finished_at"] < proc.pid_file.stat().st_mtime:
+        return "spark-connect not warmed since it started: its first batch pays the warm-up"
+    return f"spark-connect warmed in {report['seconds']:.1f}s ({report['read']:,} records)"
+
+
+def is_healthy(settings: StackSettings) -> bool:
+    """The gRPC port answers (the server opens it once its SparkContext is up)."""
+    from spark_jobs.session import answers
+
+    return process(settings).is_running() and answers(settings.connect_url, timeout=1.0)
+
+
+def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
+    from spark_jobs.session import answers
+
+    wait_ready([process(settings)], lambda: answers(settings.connect_url, timeout=1.0), timeout,
+               what=f"Spark Connect at {settings.connect_url}")
+
+
+def stop(settings: StackSettings) -> bool:
+    """Stop the server by its pid; returns once its port is free again (a JVM lets go of its
+    listening socket a moment after its process group is gone)."""
+    was_running = process(settings).stop(timeout=20)
+    wait_port_free(settings.host, settings.connect_port, "the Spark Connect server")
+    return was_running

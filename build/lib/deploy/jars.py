@@ -1,0 +1,86 @@
+"""The project's JVM artifacts: fetched once from Maven Central, then used offline.
+
+Maven resolves the dependency trees declared in deploy/maven/*.pom.xml into a
+repository inside the checkout (.cache/m2) and copies the jars into
+.cache/jars/<set>. Spark's set leaves out every artifact the pyspark wheel
+already ships, so a second, older copy of a class (jackson, scala-library,
+hadoop) can never shadow the one Spark was built against.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from catalog.settings import CACHE_DIR, JARS_DIR, PROJECT_ROOT
+
+MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
+JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "s3": "s3-extras.pom.xml",
+            "flink": "flink-kafka.pom.xml"}
+DEFAULT_SETS = ("kafka", "spark", "s3")  # flink: only `make bench` needs it
+_VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
+
+
+def artifact_id(jar_name: str) -> str:
+    """'jackson-core-2.13.5.jar' -> 'jackson-core'."""
+    return _VERSION_SUFFIX.sub("", jar_name)
+
+
+def pyspark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def _maven(pom: str, out_dir: Path, exclude: list[str]) -> None:
+    cmd = [
+        "mvn", "-q", "-B", "-Dstyle.color=never",
+        "-s", str(MAVEN_DIR / "settings.xml"),
+        f"-Dmaven.repo.local={CACHE_DIR / 'm2'}",
+        "-f", str(MAVEN_DIR / pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={out_dir}",
+    ]
+    if exclude:
+        cmd.append("-DexcludeArtifactIds=" + ",".join(sorted(exclude)))
+    subprocess.run(cmd, check=True)
+
+
+def fetch(names: tuple[str, ...] = DEFAULT_SETS) -> None:
+    """Copy the named jar sets into the cache; a no-op for a set already complete."""
+    provided = {artifact_id(p.name) for p in pyspark_jars_dir().glob("*.jar")}
+    for name in names:
+        pom = JAR_SETS[name]
+        out_dir = JARS_DIR / name
+        stamp = out_dir / ".complete"
+        pom_path = MAVEN_DIR / pom
+        if stamp.exists() and stamp.stat().st_mtime >= pom_path.stat().st_mtime:
+            print(f"jars: {name} cached ({len(jars(name))} jars in {out_dir})")
+            continue
+        started = time.monotonic()
+        for old in out_dir.glob("*.jar"):
+            old.unlink()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _maven(pom, out_dir, sorted(provided) if name in ("spark", "s3") else [])
+        stamp.touch()
+        print(f"jars: {name} fetched ({len(jars(name))} jars) in {time.monotonic() - started:.1f}s")
+
+
+def jars(name: str) -> list[Path]:
+    return sorted((JARS_DIR / name).glob("*.jar"))
+
+
+def kafka_classpath() -> str:
+    found = jars("kafka")
+    if not found:
+        raise SystemExit("the Kafka broker jars are missing from .cache/jars/kafka; run `make setup`")
+    return ":".join(str(p) for p in found)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["fetch"] or not set(sys.argv[2:]) <= set(JAR_SETS):
+        raise SystemExit(f"usage: python -m deploy.jars fetch [{'|'.join(JAR_SETS)} ...]")
+    fetch(tuple(sys.argv[2:]) or DEFAULT_SETS)

@@ -1,0 +1,197 @@
+"""Background processes owned by the stack: started with a pid file and a log,
+stopped by that pid only.
+
+Each process leads its own session (process group), so stopping it also stops
+the workers it forked (Airflow's LocalExecutor, Spark drivers) and nothing
+else on the machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    name: str
+    run_dir: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The recorded pid if that same process is still alive, else None.
+
+        The pid file holds the pid and the process's start time: after a reboot or a crash the
+        pid may belong to a stranger, whose process group `stop` must never signal."""
+        try:
+            fields = self.pid_file.read_text().split()
+            pid = int(fields[0])
+            started = int(fields[1]) if len(fields) > 1 else None
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+        stat = _stat(pid)
+        if stat is None or stat["state"] == "Z":
+            return None
+        if started is not None and stat["started"] != started:
+            return None         # the pid was reused by another process
+        if started is None and stat["pgrp"] != pid:
+            return None         # an old pid file: ours led its own process group
+        return pid
+
+    def is_running(self) -> bool:
+        return self.pid() is not None
+
+    def start(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
+        if (pid := self.pid()) is not None:
+            return pid
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n".encode())
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        stat = _stat(proc.pid)
+        self.pid_file.write_text(f"{proc.pid} {stat['started'] if stat else ''}".strip())
+        return proc.pid
+
+    def stop(self, timeout: float = 20.0, sig: int = signal.SIGTERM) -> bool:
+        """`sig` (SIGTERM) to the process group, SIGKILL after `timeout`. True if it was running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.1)
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+            while _group_alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def kill(self, timeout: float = 30.0) -> bool:
+        """SIGKILL the process's whole session at once, as a crash would (a failure drill): the
+        process led a session of its own, so its Python daemon's workers, outside its process
+        group, go too. True if it was running."""
+        from state.faults import kill_session
+
+        pid = self.pid()
+        if pid is None:
+            return False
+        kill_session(pid)
+        wait_until(lambda: self.pid() is None, timeout, 0.05, f"{self.name} (pid {pid}) to die")
+        return True
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any non-zombie process of the group remains."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
+
+
+def _stat(pid: int) -> dict | None:
+    """State, process group and start time (clock ticks since boot) from /proc, or None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return {"state": fields[0], "pgrp": int(fields[2]), "started": int(fields[19])}
+
+
+def port_in_use(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def require_free_ports(what: str, host: str, *ports: int) -> None:
+    """Refuse to start on a port someone else holds, rather than silently
+    talking to a stranger's server (an orphan from another checkout or run)."""
+    taken = [p for p in ports if port_in_use(host, p)]
+    if taken:
+        raise RuntimeError(
+            f"{what}: {host}:{','.join(map(str, taken))} already in use by another process; stop it "
+            f"(statetable stack down in its checkout) or choose other ports (see README, Ports)"
+        )
+
+
+class ProcessExited(RuntimeError):
+    """A process the stack waits for died while starting: waiting longer cannot help."""
+
+
+def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except ProcessExited:
+            raise
+        except Exception as exc:  # health probes fail in many ways while a server starts
+            last_error = exc
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout:.0f}s (last error: {last_error})")
+
+
+def wait_ready(procs: list[ManagedProcess], ready, timeout: float, what: str, interval: float = 0.5) -> None:
+    """Poll `ready` until it holds; fail at once, with its log's tail, when one of `procs` exits."""
+    def check() -> bool:
+        for proc in procs:
+            if not proc.is_running():
+                raise ProcessExited(f"{proc.name} exited; last log lines:\n{proc.log_tail()}")
+        return ready()
+
+    wait_until(check, timeout, interval=interval, what=what)
+
+
+def wait_port_free(host: str, port: int, what: str) -> None:
+    """A stopped JVM or server lets go of its listening socket a moment after its process is gone."""
+    wait_until(lambda: not port_in_use(host, port), 15, interval=0.1,
+               what=f"port {port} to be free after {what} stopped")
+
+
+def write_private(path: Path, text: str) -> None:
+    """A secret's file, readable by its owner only from before the secret is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(text)

@@ -1,0 +1,81 @@
+"""Push queries: a table's committed changes, one batch at a time, for `/tables/{table}/changes`.
+
+A batch's changes are read back from the table's changelog, between the offsets the batch log
+recorded for the previous commit and for this one, with read_committed. So a follower sees
+exactly what each committed batch changed, in batch order, and never a batch the log has not
+committed: what the rows API serves, as a stream. It works for every table, with or without an
+`output_topic`, and it costs the writer nothing: followers only read Kafka and the batch log.
+
+The changelog is compacted after a day (changelog.ensure_changelog): a follower that resumes
+from a batch older than that sees, for each such batch, only the changes no later batch
+superseded; from the newest day on, every change.
+"""
+from __future__ import annotations
+
+import json
+
+from state import codec
+from state.changelog import is_marker, partition_bounds, replay
+from catalog.batch_log import BatchCommit, BatchLog
+from catalog.definitions import TableDefinition
+from catalog.mapping import key_names, row_of, shown, state_spec
+from catalog.runtime import Runtime
+from state.table import DefinitionChanged
+
+
+class DefinitionMismatch(RuntimeError):
+    """The table's state was built under another definition than its .sql file now holds: its
+    changes decoded with the file's would put one aggregate's values under another's name."""
+
+
+def built_with(table: TableDefinition, commit: BatchCommit | None) -> None:
+    """Raise DefinitionMismatch when `commit` applied another definition than `table`."""
+    recorded = getattr(commit, "definition", None) or {}
+    if recorded.get("fingerprint") and table.fingerprint and recorded["fingerprint"] != table.fingerprint:
+        raise DefinitionMismatch(f"{DefinitionChanged(table.name, recorded.get('meaning'), table.meaning(), where=f'its batch {commit.batch_id}')} "
+                                 f"Its changes are not streamed under the new definition's names.")
+
+
+def check_definition(table: TableDefinition, rt: Runtime) -> None:
+    """Before a follower starts: the newest commit must have applied `table`'s definition."""
+    built_with(table, BatchLog(rt.batch_dir(table.name)).last_commit())
+
+
+def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[int, dict] | None:
+    """(batch id, event body) of the first committed batch past `after_batch`, or None yet.
+    Raises DefinitionMismatch for a batch built under another definition than `table`."""
+    spec = state_spec(table, rt.namespace)
+    topic, previous = spec.changelog, {}
+    for commit in BatchLog(rt.batch_dir(table.name)).commits():
+        if commit.changelog and commit.changelog != topic:      # a rebuild moved the state to a new topic
+            topic, previous = commit.changelog, {}
+        if commit.batch_id > after_batch:
+            built_with(table, commit)
+            return commit.batch_id, batch_changes(table, rt, spec.aggregator, topic, previous, commit)
+        previous = commit.changelog_offsets
+    return None
+
+
+def batch_changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previous: dict[int, int],
+                  commit: BatchCommit) -> dict:
+    names = key_names(table)
+    changes = []
+    for partition, end in sorted(commit.changelog_offsets.items()):
+        start = previous.get(partition)
+        if start is None:
+            bounds = partition_bounds(rt.bootstrap, topic, partition)
+            start = 0 if bounds is None else bounds[0]
+        for records in replay(rt.bootstrap, topic, partition, start, end):
+            for record in records:
+                if record.batch_id != commit.batch_id or is_marker(record.key):
+                    continue
+                key = codec.decode_key(record.key)
+                value = None if record.value is None else codec.decode_value(record.value)
+                changes.append({"key": dict(zip(names, key)),
+                                "row": None if value is None else shown(table, row_of(table, key, value, aggregator))})
+    return {"table": table.name, "batch": commit.batch_id, "committed_at": commit.committed_at, "changes": changes}
+
+
+def sse(batch_id: int, body: dict) -> str:
+    """One server-sent event: the batch id is the event id, so a client resumes with Last-Event-ID."""
+    return f"id: {batch_id}\nevent: batch\ndata: {json.dumps(body, default=str)}\n\n"

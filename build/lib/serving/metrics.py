@@ -1,0 +1,179 @@
+"""Per-table metrics in the OpenMetrics format, for `/metrics` on every query server.
+
+Operators scrape numbers, not JSON pages: lag, freshness, batch durations, dead letters by
+reason, state size, snapshot and verify ages. Everything here is read from what the tables
+already leave behind (the batch log, the snapshot store, the verify history, the state
+folders, the broker's offsets), so every host that serves queries exports the same values
+and a scrape never touches a writer.
+
+Counters and the batch-duration histogram fold the batch log: each scrape reads only the
+commits after the last one it folded, so its cost grows with the batches since the previous
+scrape, not with the table's age.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from catalog.batch_log import BatchLog
+from catalog.runtime import Runtime
+
+#: Batch durations, seconds: a warm batch takes well under a second, a cold or large one minutes.
+BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
+PREFIX = "statetable"
+
+
+@dataclass
+class _Folded:
+    """What the batch log's commits add up to, up to `last_batch`."""
+
+    last_batch: int = -1
+    read: int = 0
+    merged: int = 0
+    keys_changed: int = 0
+    dead: dict[str, int] = field(default_factory=dict)
+    buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
+    seconds_sum: float = 0.0
+    batches: int = 0
+    keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
+    committed_at: float | None = None
+
+    def add(self, commit) -> None:
+        counts = commit.counts
+        self.read += counts.get("read", 0)
+        self.merged += counts.get("parsed", 0)
+        self.keys_changed += counts.get("keys_changed", 0)
+        for name, n in counts.items():
+            if name.startswith("dead_") and name != "dead_lettered":
+                self.dead[name[5:]] = self.dead.get(name[5:], 0) + n
+        for index, bound in enumerate(BUCKETS):
+            if commit.seconds <= bound:
+                self.buckets[index] += 1
+        self.seconds_sum += commit.seconds
+        self.batches += 1
+        self.keys.update(commit.key_counts or {})
+        self.last_batch = commit.batch_id
+        self.committed_at = commit.committed_at
+
+
+class _Folds:
+    """One fold per batch log, kept for the life of the server process."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.folds: dict[str, _Folded] = {}
+
+    def fold(self, rt: Runtime, table: str) -> _Folded:
+        log = BatchLog(rt.batch_dir(table))
+        with self.guard:
+            folded = self.folds.setdefault(str(log.location), _Folded())
+            for commit in log.commits_after(folded.last_batch):
+                folded.add(commit)
+            return folded
+
+
+FOLDS = _Folds()
+
+
+def _bytes_under(path: Path) -> int:
+    total = 0
+    for entry in path.rglob("*"):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+class TableCollector(Collector):
+    """The metric families of the given tables' status rows (ops.status.table_status plus the
+    server's own `readable_batch`), computed at scrape time."""
+
+    def __init__(self, rt: Runtime | None, rows: list[dict], now: float | None = None) -> None:
+        self.rt = rt
+        self.rows = rows
+        self.now = time.time() if now is None else now
+
+    def collect(self):
+        def gauge(name: str, doc: str, unit: str = ""):
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["table"], unit=unit)
+
+        last_batch = gauge("last_batch", "id of the table's last committed batch")
+        commit_age = gauge("last_commit_age", "seconds since the table's last commit", "seconds")
+        lag_records = gauge("lag_records", "records in the input topic not yet read by a committed batch")
+        lag_seconds = gauge("lag", "0 when caught up, else seconds since the last commit: how long "
+                                   "unread records have waited at most", "seconds")
+        keys = gauge("keys", "keys in the table's state after its last batches")
+        state_bytes = gauge("state_bytes", "bytes of the table's local state folders on this host")
+        snapshot_age = gauge("snapshot_age", "age of the oldest newest snapshot over the partitions",
+                             "seconds")
+        verify_ok = gauge("last_verify_ok", "1 if the last restore-and-verify proved the table exact, 0 if not")
+        verify_age = gauge("last_verify_age", "seconds since the last restore-and-verify", "seconds")
+        replica_lag = gauge("replica_lag_batches", "batches this server's answers trail the last commit")
+        read = CounterMetricFamily(f"{PREFIX}_records_read", "records read by committed batches", labels=["table"])
+        merged = CounterMetricFamily(f"{PREFIX}_records_merged", "records merged into state by committed batches",
+                                     labels=["table"])
+        changed = CounterMetricFamily(f"{PREFIX}_keys_changed", "keys changed by committed batches",
+                                      labels=["table"])
+        dead = CounterMetricFamily(f"{PREFIX}_records_dead_lettered", "records sent to the dead-letter topic",
+                                   labels=["table", "reason"])
+        duration = HistogramMetricFamily(f"{PREFIX}_batch_duration_seconds", "seconds per committed batch",
+                                         labels=["table"])
+        for row in self.rows:
+            name = row["table"]
+            folded = FOLDS.fold(self.rt, name)
+            if folded.batches:
+                last_batch.add_metric([name], folded.last_batch)
+                commit_age.add_metric([name], max(0.0, self.now - folded.committed_at))
+                keys.add_metric([name], sum(folded.keys.values()))
+            if isinstance(row.get("lag"), int):
+                lag_records.add_metric([name], row["lag"])
+                caught_up = row["lag"] == 0 or folded.committed_at is None
+                lag_seconds.add_metric([name], 0.0 if caught_up else max(0.0, self.now - folded.committed_at))
+            state_bytes.add_metric([name], _bytes_under(self.rt.state_dir / name))
+            if row.get("snapshot_age_seconds") is not None:
+                snapshot_age.add_metric([name], row["snapshot_age_seconds"])
+            verify = row.get("last_verify") or {}
+            if verify.get("ok") is not None:
+                verify_ok.add_metric([name], 1 if verify["ok"] else 0)
+                verify_age.add_metric([name], max(0.0, self.now - verify["recorded_at"]))
+            if row.get("lag_batches") is not None:
+                replica_lag.add_metric([name], row["lag_batches"])
+            read.add_metric([name], folded.read)
+            merged.add_metric([name], folded.merged)
+            changed.add_metric([name], folded.keys_changed)
+            for reason, n in sorted(folded.dead.items()):
+                dead.add_metric([name, reason], n)
+            # add() counted each batch in every bucket it fits: the counts are cumulative already.
+            duration.add_metric([name], [(_le(b), n) for b, n in zip(BUCKETS, folded.buckets)], folded.seconds_sum)
+        yield from (last_batch, commit_age, lag_records, lag_seconds, keys, state_bytes, snapshot_age, verify_ok,
+                    verify_age, replica_lag, read, merged, changed, dead, duration)
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def exposition(rt: Runtime, rows: list[dict], accept: str | None) -> tuple[bytes, str]:
+    """The scrape's body and content type: OpenMetrics when the scraper asks for it (Prometheus
+    does), else Prometheus' text format."""
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.registry import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TableCollector(rt, rows))
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+def exported_names() -> set[str]:
+    """Every sample name `/metrics` can export (dashboards and alert rules may use only these)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {family.name + suffix for family in TableCollector(None, []).collect()
+            for suffix in suffixes[family.type]}

@@ -1,0 +1,551 @@
+"""The batch path: recompute a table from full history with the same SQL.
+
+History is the bronze Delta table (exactly the events the incremental path
+applied, late ones excluded), or for source tables the topic itself over the
+committed offsets. `verify` compares the recomputation with the state;
+`rebuild` replaces the state with it as a new state version (its own batch
+id, changelog records and snapshots).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
+from catalog.definitions import TableDefinition
+from spark_jobs.microbatch import MicroBatchRunner, per_state_partition
+from spark_jobs.offsets import OffsetRange, spark_reader
+from catalog.runtime import Runtime, task_state_dir
+from spark_jobs import mirror, parse
+from catalog import registry
+from catalog.mapping import state_spec
+from state import faults
+
+log = logging.getLogger("statetable.batch")
+
+
+@dataclass
+class VerifyResult:
+    table: str
+    batch_id: int | None
+    keys_compared: int = 0
+    missing: int = 0          # in the recomputation, not in the state
+    unexpected: int = 0       # in the state, not in the recomputation
+    different: int = 0
+    digest_mismatches: list[int] = field(default_factory=list)
+    examples: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    upstream: list["VerifyResult"] = field(default_factory=list)    # the tables whose change topic it reads
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.different or self.digest_mismatches) \
+            and all(u.ok for u in self.upstream)
+
+    def summary(self) -> str:
+        head = (f"{self.table} at batch {self.batch_id}: {self.keys_compared} keys compared, {self.missing} missing, "
+                f"{self.unexpected} unexpected, {self.different} different, digest mismatches in partitions "
+                f"{self.digest_mismatches or 'none'}")
+        lines = [head] + [f"  key {e['key']}: state={e['state']!r} recomputed={e['recomputed']!r}" for e in self.examples]
+        lines += [f"  upstream {line}" for u in self.upstream for line in u.summary().splitlines()]
+        return "\n".join(lines)
+
+
+def recompute(spark, table: TableDefinition, tables: dict, rt: Runtime) -> dict[tuple, object]:
+    """Every key's final state from full history, on the driver (a rebuild writes it)."""
+    from spark_jobs.merge_task import partial_rows
+
+    partials, purged_at = recomputed(spark, table, tables, rt)
+    if partials is None:
+        return {}
+    keys, values = partial_rows(table, partials.drop("_sp").toArrow())
+    return {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
+
+
+def _kept(table: TableDefinition, key: tuple, value, purged_at: int | None) -> bool:
+    """A recomputed row the state holds: not a deleted source row, not a window purged at the last purge."""
+    if value is None:
+        return False
+    return purged_at is None or not table.window.expired(table.window.anchor(key, value, table.session_last_index),
+                                                         purged_at)
+
+
+def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
+    """(partials, purge watermark): every key's final state from full history as a DataFrame of
+    partials with their state partitions (see MicroBatchRunner.partitioned), or None without
+    history; and the watermark of the last purge, whose expired windows the state no longer
+    holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
+    runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
+    last = BatchLog(rt.batch_dir(table.name)).last_commit()
+    if table.over_table:
+        from spark_jobs.table_aggregate import recomputed_groups
+
+        return (None if last is None else recomputed_groups(spark, runner, table, rt, last)), None
+    if table.table_join:
+        from spark_jobs.table_join import recomputed_rows
+
+        return (None if last is None else recomputed_rows(spark, runner, table, rt, last)), None
+    if table.kind == "source":
+        if last is None:
+            return None, None
+        full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
+        classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
+        return runner.partitioned(runner._source_partials(classified)), None
+    if not table.bronze:
+        raise ValueError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
+                         f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
+    from spark_jobs import delta_files
+
+    path = rt.delta_path(table.name, "bronze")
+    if not delta_files.exists(path):
+        return None, None
+    bronze = spark.read.format("delta").load(path)
+    commits = BatchLog(rt.batch_dir(table.name)).commits()
+    refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
+    selected = runner._selected(runner._joined(bronze))
+    if table.ttl_ms is not None:
+        selected = _last_lives(spark, table, selected, commits)
+    partials = runner._partials(selected, exclude=refused)
+    return runner.partitioned(partials), last_purge_watermark(table, commits)
+
+
+def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit]):
+    """A TTL table's events that its state still holds: each key's events after the last batch
+    that expired it (see state.windows.expire_idle), as the batches decided.
+
+    A batch P expires a key when the key's newest event time up to P is at or before P's
+    watermark minus the TTL. Between two batches with events for the key its newest time stands
+    still and the watermark only grows, so the last batch before the key's next events decides
+    for the whole stretch. And the newest time over all of a key's events may stand for its
+    current life's: an earlier life's newest was at or below an earlier watermark minus the TTL,
+    so it is below every later one and never decides. No loop over batches is needed."""
+    from pyspark.sql import Window, functions as F
+
+    from catalog.definitions import EVENT_MS
+    from spark_jobs.microbatch import _q
+
+    if not commits:
+        return events
+    marks, high = [], None
+    for commit in commits:           # the watermark after each batch (it never goes back)
+        if commit.watermark_ms is not None:
+            high = commit.watermark_ms if high is None else max(high, commit.watermark_ms)
+        if high is not None:
+            marks.append((commit.batch_id, high))
+    if not marks:
+        return events
+    keys = [_q(table, k) for k in table.key_columns]
+    by_batch = events.groupBy(*keys, "batch_id").agg(F.max(_q(table, EVENT_MS)).alias("_newest_in"))
+    order = Window.partitionBy(*keys).orderBy("batch_id")
+    by_batch = (by_batch
+                .withColumn("_newest", F.max("_newest_in").over(order.rowsBetween(Window.unboundedPreceding, 0)))
+                .withColumn("_until", F.coalesce(F.lead("batch_id").over(order) - 1, F.lit(commits[-1].batch_id))))
+    watermarks = spark.createDataFrame(marks, "_until BIGINT, _watermark BIGINT")
+    cuts = (by_batch.join(F.broadcast(watermarks), "_until")
+            .where(F.col("_newest") <= F.col("_watermark") - F.lit(table.ttl_ms))
+            .groupBy(*keys).agg(F.max("_until").alias("_cut")))
+    return (events.join(cuts, keys, "left").where(F.col("_cut").isNull() | (F.col("batch_id") > F.col("_cut")))
+            .drop("_cut"))
+
+
+def _compare_group(ctx, group):
+    """Verify-task body (see microbatch.per_state_partition): one state partition against its recomputed partials (a marker row
+    makes every partition compare, also one the recomputation has no row for)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_jobs.merge_task import partial_rows
+
+    table, purged_at, compare = ctx
+    partition = group.column("_sp")[0].as_py()
+    keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
+    expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
+    summary = _compare_partition(compare, partition, expected)
+    return pa.table({"summary": [json.dumps(summary, default=str)]})
+
+
+def _compare_partition(ctx, partition: int, expected: dict) -> dict:
+    """One state partition against its recomputed rows, in the task that holds both."""
+    spec, state_dir, examples, bootstrap, snapshot_uri, batch_id = ctx
+    out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
+           "digest_ok": True, "examples": []}
+
+    def note(key, have, want, kind: str) -> None:
+        out["keys_compared"] += 1
+        if kind:
+            out[kind] += 1
+            if len(out["examples"]) < examples:
+                out["examples"].append({"key": list(key), "state": have, "recomputed": want})
+
+    st = _partition_here(spec, state_dir, bootstrap, snapshot_uri, partition, batch_id, create_topics=False)
+    try:
+        if st.has_local_state(partition):
+            part = st.open_readonly(partition)
+            try:
+                out["digest_ok"] = bool(part.verify()[0])
+                for key, have in part.items():
+                    want = expected.pop(key, None)
+                    note(key, have, want, "unexpected" if want is None else ("" if _same(want, have) else "different"))
+            finally:
+                part.close()
+    finally:
+        st.close()
+    for key, want in expected.items():
+        note(key, None, want, "missing")
+    return out
+
+
+def _partition_here(spec, state_dir: str, bootstrap: str, snapshot_uri: str, partition: int, batch_id: int | None,
+                    create_topics: bool = True):
+    """The state table as the task's host holds it: the driver's folder in local mode; on a
+    cluster worker, its own, with `partition` brought to `batch_id` first (see _bring_to)."""
+    from state.table import StateTable
+
+    here = task_state_dir(state_dir)
+    st = StateTable(spec, here, bootstrap=bootstrap, snapshot_uri=snapshot_uri, create_topics=create_topics)
+    if here != state_dir:
+        try:
+            _bring_to(st, partition, batch_id)
+        except BaseException:
+            st.close()
+            raise
+    return st
+
+
+def _bring_to(st, partition: int, batch_id: int | None) -> None:
+    """On a cluster worker, the local copy is a cache of whatever batch this worker last served:
+    one that is missing or at another batch is restored to `batch_id` from snapshots plus the
+    changelog first, so verify checks what any worker would serve. A copy at `batch_id` is
+    compared as it is (a corrupt cache is found, not repaired)."""
+    if batch_id is None:
+        return
+    if st.has_local_state(partition):
+        part = st.open_readonly(partition)
+        try:
+            if part.meta.applied_batch == batch_id:
+                return
+        finally:
+            part.close()
+    st.restore(partition, target_batch=batch_id)
+
+
+def last_purge_watermark(table: TableDefinition, commits: list[BatchCommit]) -> int | None:
+    """The watermark of the newest purge of expired windows: the state no longer holds them,
+    so a recomputation from bronze must not either."""
+    if table.window is None:
+        return None
+    for commit in reversed(commits):
+        mark = commit.counts.get("purge_watermark_ms")
+        if mark is None and commit.watermark_ms is not None and commit.counts.get("purged_windows") \
+                and commit.batch_id % table.snapshot_every == 0:
+            mark = commit.watermark_ms        # a batch logged before purge_watermark_ms was recorded
+        if mark is not None:
+            return mark
+    return None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10, _chain: tuple = ()) -> VerifyResult:
+    """Compare the table's state with a recomputation from its history. A table that reads another
+    table's change topic (a chain) is verified after that table, upstream first: its own
+    recomputation is only as good as the topic it reads."""
+    rt = rt or Runtime.from_env()
+    table, tables = registry.load_table(name, rt)
+    upstream = [verify(t.name, spark, rt, examples, _chain + (name,)) for t in sorted(tables.values(), key=lambda t: t.name)
+                if t.output_topic and t.output_topic == table.topic and t.name not in _chain + (name,)]
+    with registry.table_lock(name, rt):
+        result = _verify(name, spark, rt, examples)
+    result.upstream = upstream
+    return result
+
+
+def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
+    from spark_jobs import session
+
+    started = time.monotonic()
+    table, tables = registry.load_table(name, rt)
+    batch_log = BatchLog(rt.batch_dir(table.name))
+    pending = batch_log.pending_plan()
+    if pending is not None:
+        raise ValueError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
+                         f"finish it (`statetable run {name}`) before verifying")
+    spark = spark or session.get_or_create(f"statetable-verify-{name}")
+    last = batch_log.last_commit()
+    result = VerifyResult(table.name, last.batch_id if last else None)
+    from pyspark.sql import functions as F
+
+    partials, purged_at = recomputed(spark, table, tables, rt)
+    # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
+    compare = (registry.spec_of(table, rt), str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri,
+               last.batch_id if last else None)
+    ctx = (table, purged_at, compare)
+    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
+                                    f"verify {name}: compare")
+    for p, s in sorted(summaries.items()):
+        result.keys_compared += s["keys_compared"]
+        result.missing += s["missing"]
+        result.unexpected += s["unexpected"]
+        result.different += s["different"]
+        if not s["digest_ok"]:
+            result.digest_mismatches.append(p)
+        result.examples.extend(s["examples"][:max(0, examples - len(result.examples))])
+    result.seconds = round(time.monotonic() - started, 3)
+    log.info("verify %s", result.summary())
+    return result
+
+
+def rebuild_window(table: TableDefinition, window_from: str | None, window_to: str | None, full: bool,
+                   interval: tuple | None) -> tuple[int, int] | None:
+    """The [from, to) epoch-ms range of windows a rebuild run recomputes, or None for all of them.
+
+    Explicit `window_from`/`window_to` (ISO dates or timestamps) win; else a
+    scheduled or backfill run's data interval; else (a manual run) the whole
+    table. Tables without windows always rebuild in full. Raises ValueError,
+    naming the table and the param, before any work is done.
+    """
+    from datetime import datetime, timezone
+
+    def parse(name: str, raw: str) -> int:
+        try:
+            moment = datetime.fromisoformat(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"table {table.name!r}: param {name}={raw!r} is not an ISO date or timestamp, "
+                             f"e.g. 2026-03-01 or 2026-03-01T06:00:00+00:00") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return int(moment.timestamp() * 1000)
+
+    if full and (window_from or window_to):
+        raise ValueError(f"table {table.name!r}: params full=true and window_from/window_to exclude each other; "
+                         f"drop one of them")
+    if (window_from is None) != (window_to is None):
+        raise ValueError(f"table {table.name!r}: give both params window_from and window_to, or neither")
+    if window_from is not None:
+        lo, hi = parse("window_from", window_from), parse("window_to", window_to)
+        if lo >= hi:
+            raise ValueError(f"table {table.name!r}: param window_from={window_from} must be before "
+                             f"window_to={window_to}")
+        if table.window is None:
+            raise ValueError(f"table {table.name!r} has no windows, so window_from/window_to cannot apply; "
+                             f"leave them empty to rebuild it in full")
+        return lo, hi
+    if full or table.window is None or interval is None or None in interval:
+        return None
+    return int(interval[0].timestamp() * 1000), int(interval[1].timestamp() * 1000)
+
+
+def rebuild(name: str, spark=None, rt: Runtime | None = None,
+            window_range: tuple[int, int] | None = None) -> BatchCommit:
+    """Replace the state with a recomputation, as a new batch with its own changelog records.
+
+    `window_range` (epoch ms, [from, to)) limits a windowed table's rebuild to
+    the windows starting in that range, which is what a backfill of a date
+    range means; other keys are left as they are. Tables without windows
+    always rebuild in full.
+    """
+    rt = rt or Runtime.from_env()
+    table, _ = registry.load_table(name, rt)
+    if window_range is not None:
+        lo, hi = window_range
+        if lo >= hi:
+            raise ValueError(f"table {name!r}: rebuild range start {lo} must be before its end {hi}")
+        if table.window is None:
+            log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
+            window_range = None
+    with registry.table_lock(name, rt):
+        return _rebuild(name, spark, rt, window_range)
+
+
+def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None) -> BatchCommit:
+    from spark_jobs import session
+
+    started = time.monotonic()
+    table, tables = registry.load_table(name, rt)
+    spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
+    batch_log = BatchLog(rt.batch_dir(table.name))
+    last = batch_log.last_commit()
+    if last is None:
+        raise ValueError(f"table {name!r} has no committed batch to rebuild from; run it first")
+    if batch_log.pending_plan() is not None:
+        raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
+    spec = registry.spec_of(table, rt)
+    recorded = (last.definition or {}).get("fingerprint")
+    if recorded and recorded != spec.fingerprint:
+        return _adopt(table, tables, spark, rt, batch_log, last, started)
+    from pyspark.sql import functions as F
+
+    partials, purged_at = recomputed(spark, table, tables, rt)
+    batch_id = last.batch_id + 1
+    # Write-ahead like any batch, with an empty input range: if the rebuild dies
+    # part-way, finishing this plan reads nothing and leaves every partition at
+    # a state equal to the recomputation or to its value before, never a double count.
+    topic, incarnation, ends, _ = batch_log.read_position()    # an accepted reset stays accepted
+    no_input = {p: (end, end) for p, end in ends.items()}
+    definition = {"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}
+    batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
+                                   definition=definition))
+    registry.drop_stale_cache(spec, rt)
+    if table.input_table:               # an aggregate over a table: its rows stage first, as a batch does
+        from spark_jobs.table_stages import rebuild_rows
+
+        rebuild_rows(spark, MicroBatchRunner(spark, table, tables, rt, writer=False), table, rt, last, batch_id)
+    # Partition by partition, in Spark tasks beside the state (as verify compares): the driver
+    # holds the commit summaries, never the table.
+    ctx = _RebuildContext(table, spec, str(rt.state_dir), rt, last.batch_id, batch_id, purged_at, window_range)
+    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_group(ctx, group),
+                                    f"rebuild {name}: write")
+    commit = BatchCommit(
+        batch_id=batch_id, topic=topic, topic_id=incarnation, ranges=no_input,
+        changelog_offsets={p: s["changelog_offset"] for p, s in summaries.items()},
+        digests={p: s["digest"] for p, s in summaries.items()},
+        key_counts={p: s["key_count"] for p, s in summaries.items()},
+        counts={"rebuild": 1, "read": 0, "keys_changed": sum(s["keys_changed"] for s in summaries.values()),
+                "keys": sum(s["keys"] for s in summaries.values()),
+                **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
+        watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
+        joins=last.joins,               # a join of tables was rebuilt against its last pins
+    )
+    batch_log.write_commit(commit, name)
+    mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
+    log.info("rebuild %s: batch %d, %d keys, %d changed, in %.1fs", name, batch_id, commit.counts["keys"],
+             commit.counts["keys_changed"], commit.seconds)
+    return commit
+
+
+@dataclass(frozen=True)
+class _RebuildContext:
+    table: TableDefinition
+    spec: object
+    state_dir: str
+    rt: Runtime
+    last_batch: int
+    batch_id: int
+    purged_at: int | None
+    window_range: tuple[int, int] | None
+
+    def in_scope(self, key: tuple) -> bool:
+        return self.window_range is None or self.window_range[0] <= key[-1] < self.window_range[1]
+
+
+def _rebuild_group(ctx: _RebuildContext, group):
+    """Rebuild-task body (see microbatch.per_state_partition): one state partition replaced by its
+    recomputed rows, in the task that holds it; on a cluster worker the partition is first brought
+    to the last commit from the store and the changelog, as a merge task's is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from spark_jobs.merge_task import outputs_of, partial_rows
+
+    table, rt = ctx.table, ctx.rt
+    p = group.column("_sp")[0].as_py()
+    keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
+    mine = {k: v for k, v in zip(keys, values) if _kept(table, k, v, ctx.purged_at) and ctx.in_scope(k)}
+    st = _partition_here(ctx.spec, ctx.state_dir, rt.bootstrap, rt.snapshot_uri, p, ctx.last_batch)
+    try:
+        part = st.open(p)
+        tx = part.begin(ctx.batch_id)
+        gone = [key for key, _ in part.items() if key not in mine and ctx.in_scope(key)]
+        for key in gone:
+            tx.delete(key)
+        for key, value in mine.items():
+            tx.put(key, value)
+        _mirror_changes(table, rt, ctx.batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
+        result = tx.commit(outputs_of(table, ctx.spec.aggregator))
+        st.snapshot(p)
+        meta = part.meta
+        summary = {"partition": p, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
+                   "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "keys": len(mine)}
+    finally:
+        st.close()
+    return pa.table({"summary": [json.dumps(summary)]})
+
+
+def _mirror_changes(table: TableDefinition, rt: Runtime, batch_id: int, partition: int, keys: list,
+                    values: list) -> None:
+    """A rebuild's changed rows for the Delta mirror, as a merge task writes them; committed with
+    the batch like theirs, so the mirror (and the joins that read it) follow a rebuild too."""
+    mirror.write_changes(mirror.changes_path(rt, table.name), table, batch_id, partition, keys, values,
+                         state_spec(table).aggregator)
+
+
+def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: BatchLog, last: BatchCommit,
+           started: float) -> BatchCommit:
+    """A rebuild that adopts a changed definition: the new state is built beside the old one, in a
+    folder and on a changelog topic of its own, so the old state keeps serving meanwhile. The
+    batch log's commit is the cut-over: before it, the old state is the table (a crash leaves
+    only litter); after it, the new one is, and the local folders are swapped (a crash before
+    the swap leaves a stale cache that the next writer drops and restores)."""
+    import shutil
+    import uuid
+    from dataclasses import replace
+
+    from state.changelog import ensure_changelog
+    from state.table import StateTable
+
+    name = table.name
+    spec = registry.spec_of(table, rt)
+    expected = recompute(spark, table, tables, rt)
+    batch_id = last.batch_id + 1
+    spec = replace(spec, changelog=f"{rt.namespace}{name}-changelog-{spec.fingerprint[:8]}-{uuid.uuid4().hex[:6]}")
+    ensure_changelog(rt.bootstrap, spec.changelog_topic, spec.partitions)
+    side = rt.state_dir / f".rebuild-{name}-{uuid.uuid4().hex[:8]}"
+    st = StateTable(spec, side, bootstrap=rt.bootstrap, snapshot_uri=rt.snapshot_uri)
+    summaries = {}
+    # The mirror's rows of the old definition go: every key is written anew, and the others deleted.
+    old_keys = {tuple(json.loads(k)) for k in mirror.committed_rows(rt, name)[1].column("key").to_pylist()}
+    gone = sorted(old_keys - set(expected), key=repr)
+    try:
+        for p in range(spec.partitions):
+            part = st.open(p)
+            tx = part.begin(batch_id)
+            mine = {k: v for k, v in expected.items() if st.partition_of(k) == p}
+            for key, value in mine.items():
+                tx.put(key, value)
+            extra = gone if p == 0 else []
+            _mirror_changes(table, rt, batch_id, p, extra + list(mine), [None] * len(extra) + list(mine.values()))
+            tx.commit()
+            meta = part.meta
+            summaries[p] = (meta.changelog_offset, format(meta.digest, "016x"), meta.key_count)
+    finally:
+        st.close()
+    faults.point("rebuild.before_cutover")
+    topic, incarnation, ends, _ = batch_log.read_position()
+    commit = BatchCommit(
+        batch_id=batch_id, topic=topic, topic_id=incarnation, ranges={p: (end, end) for p, end in ends.items()},
+        changelog_offsets={p: s[0] for p, s in summaries.items()}, digests={p: s[1] for p, s in summaries.items()},
+        key_counts={p: s[2] for p, s in summaries.items()},
+        counts={"rebuild": 1, "adopted_definition": 1, "read": 0, "keys_changed": len(expected),
+                "keys": len(expected)},
+        watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3),
+        definition={"fingerprint": spec.fingerprint, "meaning": spec.meaning_dict()}, changelog=spec.changelog,
+    )
+    batch_log.write_commit(commit, name)
+    faults.point("rebuild.after_cutover")
+    mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)
+    live, old = rt.state_dir / name, rt.state_dir / f".replaced-{name}-{uuid.uuid4().hex[:8]}"
+    if live.exists():
+        live.rename(old)
+    (side / name).rename(live)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(side, ignore_errors=True)
+    st = registry.state_table(table, rt)
+    try:
+        for p in range(spec.partitions):
+            st.snapshot(p)
+    finally:
+        st.close()
+    log.info("rebuild %s: adopted the changed definition as batch %d (%d keys, changelog %s) in %.1fs",
+             name, batch_id, len(expected), spec.changelog, commit.seconds)
+    return commit

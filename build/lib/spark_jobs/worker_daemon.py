@@ -1,0 +1,43 @@
+"""The Python worker daemon of every statetable session: pyspark's own daemon, with the Arrow pass
+and the state library imported before it forks any worker.
+
+The server keeps a daemon per client session (a table's), and Spark stops idle workers after a
+minute, so a table scheduled every minute would fork cold workers each run and pay ~1 s of
+imports (pyarrow, pandas, the pass) in each. Forked from a daemon that holds them, a worker
+starts warm. Set as `spark.python.daemon.module` for every session (spark_jobs/session.py).
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def installed_first(path: list[str]) -> list[str]:
+    """Spark puts $SPARK_HOME/python/lib/pyspark.zip (and py4j's zip) first on a worker's path.
+    Python never caches bytecode for a zip, so every daemon compiled pyspark from source: ~2 s of
+    a cold batch's read step. When that zip belongs to the pyspark installed on this path (a pip
+    install: <site-packages>/pyspark/python/lib/pyspark.zip), the same files unzipped, with their
+    compiled bytecode, go first; the zips stay last, for an install that has only them."""
+    zips = [p for p in path if p.endswith(".zip") and Path(p).parents[2].name == "pyspark"
+            and str(Path(p).parents[3]) in path]
+    return [p for p in path if p not in zips] + zips
+
+
+sys.path[:] = installed_first(sys.path)
+
+import pyspark.daemon  # noqa: E402
+
+import confluent_kafka  # noqa: E402,F401
+import pyarrow.compute  # noqa: E402,F401
+import pyarrow.json  # noqa: E402,F401
+import pyarrow.parquet  # noqa: E402,F401
+import pyspark.worker  # noqa: E402,F401
+import spark_jobs.arrow_pass  # noqa: E402,F401
+import spark_jobs.merge_task  # noqa: E402,F401
+import spark_jobs.mirror  # noqa: E402,F401
+
+if __name__ == "__main__":
+    # Every worker forked from here inherits it: a merge task tells its batch whether its worker
+    # came warm (a daemon that was up, imports done, before the batch began) or cold.
+    os.environ[spark_jobs.merge_task.PRELOADED_ENV] = repr(time.time())
+    pyspark.daemon.manager()

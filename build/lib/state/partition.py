@@ -1,0 +1,331 @@
+"""One state partition: its backend, its changelog writer, its transactions.
+
+Commit protocol of batch B on partition p (the order is the guarantee):
+
+  1. If B <= applied_batch: no-op (the batch is already in the state).
+  2. Read the old value of every touched key, compute new values, the digest
+     change and the key count.                        [commit.before_changelog]
+  3. Publish the changes plus a marker (B, digest, count) to changelog
+     partition p in ONE Kafka transaction.            [commit.mid_changelog]
+                                                      [commit.after_changelog]
+  4. Write data + meta (applied_batch=B, changelog_offset, digest) in ONE
+     synced RocksDB WriteBatch.                       [commit.after_state]
+
+Why no crash loses or corrupts state:
+  - before 3 commits, nothing is visible anywhere: the state is "before B";
+    an open transaction is aborted by the next writer's init_transactions.
+  - between 3 and 4, the changelog holds all of B and RocksDB none of it.
+    Opening the partition replays the changelog from meta.changelog_offset,
+    which applies exactly B: the state is "after B", and re-running B is a
+    no-op by step 1.
+  - after 4 both agree.
+The reverse order (RocksDB first) would be unsafe: a crash in between leaves
+a local state the changelog does not have, and a restore elsewhere would
+silently miss B.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from state import codec, digest as digests, faults
+from state.aggregates import RowAggregator
+from state.backends import PartitionMeta
+from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker, is_refusal
+from state.codec import CodecError
+from state.errors import RestoreMismatch
+
+log = logging.getLogger(__name__)
+
+_PUT, _DELETE, _MERGE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    noop: bool
+    keys_changed: int
+    changelog_offset: int
+    digest: int
+    key_count: int
+    seconds: float = 0.0
+    rejected: tuple = ()     # ((encoded key, reason), ...): kept at their old value, see Transaction.commit
+    changes: dict = field(default_factory=dict, repr=False, compare=False)   # encoded key -> new bytes (None: deleted)
+
+
+class StatePartition:
+    """A partition of a state table; the only writer of its backend and changelog partition."""
+
+    def __init__(self, table: str, partition: int, backend, aggregator: RowAggregator | None = None,
+                 changelog: ChangelogWriter | None = None) -> None:
+        self.table = table
+        self.partition = partition
+        self.backend = backend
+        self.aggregator = aggregator
+        self.changelog = changelog
+
+    @property
+    def meta(self) -> PartitionMeta:
+        return self.backend.read_meta()
+
+    def begin(self, batch_id: int) -> "Transaction":
+        return Transaction(self, batch_id)
+
+    # -- reads -------------------------------------------------------------
+    def get(self, key: tuple):
+        raw = self.backend.get(codec.encode_key(key))
+        return None if raw is None else codec.decode_value(raw)
+
+    def get_raw_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """Stored bytes of encoded keys, for callers that decode or forward them in bulk."""
+        return self.backend.multi_get(keys)
+
+    def items(self, prefix: tuple = ()) -> Iterator[tuple[tuple, object]]:
+        start = codec.encode_key(prefix) if prefix else None
+        end = codec.prefix_upper_bound(start) if start else None
+        for key, value in self.backend.scan(start, end):
+            yield codec.decode_key(key), codec.decode_value(value)
+
+    def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.backend.scan()
+
+    # -- integrity ---------------------------------------------------------
+    def verify(self) -> tuple[bool, int, int]:
+        """Recompute the digest from a full scan: (matches, recorded, recomputed)."""
+        recomputed, count = digests.of_items(self.backend.scan())
+        meta = self.meta
+        return (recomputed == meta.digest and count == meta.key_count), meta.digest, recomputed
+
+    # -- changelog replay ----------------------------------------------------
+    def apply_changelog(self, chunks: Iterable[list[ChangelogRecord]], target_batch: int | None = None,
+                        write_every: int = 50000) -> "ReplayStats":
+        """Apply committed changelog records, stopping before the first batch past `target_batch`.
+
+        Writes happen only at batch markers, so the stored meta always
+        describes whole batches, and the final digest is checked against the
+        marker the writer recorded.
+        """
+        stats = ReplayStats()
+        meta = self.meta
+        pending: dict[bytes, bytes | None] = {}
+        unmarked: dict[bytes, bytes | None] = {}
+        last_marker: Marker | None = None
+        refusal_parts: list = []
+        next_offset = meta.changelog_offset
+        started = time.monotonic()
+        done = False
+        for records in chunks:
+            for record in records:
+                if target_batch is not None and record.batch_id > target_batch:
+                    done = True
+                    break
+                stats.records += 1
+                if is_refusal(record.key):
+                    refusal_parts.append(codec.decode_value(record.value))
+                elif is_marker(record.key):
+                    pending.update(unmarked)
+                    unmarked.clear()
+                    last_marker = Marker.decode(record.value).joined(refusal_parts)
+                    refusal_parts = []
+                    next_offset = record.offset + 1
+                    if len(pending) >= write_every:
+                        meta = self._write_replayed(pending, meta, last_marker, next_offset)
+                        stats.writes += 1
+                        pending = {}
+                        faults.point("restore.mid_replay")
+                else:
+                    unmarked[record.key] = record.value
+            if done:
+                break
+        if pending or (last_marker and last_marker.batch_id != meta.applied_batch):
+            meta = self._write_replayed(pending, meta, last_marker, next_offset)
+            stats.writes += 1
+            faults.point("restore.mid_replay")
+        if unmarked:
+            log.warning("%s[%d]: %d changelog records after the last batch marker were not applied",
+                        self.table, self.partition, len(unmarked))
+        stats.seconds = time.monotonic() - started
+        if last_marker is not None and (meta.digest != last_marker.digest or meta.key_count != last_marker.key_count):
+            raise RestoreMismatch(
+                f"{self.table}[{self.partition}] after replay to batch {last_marker.batch_id}: digest "
+                f"{meta.digest:#x}/{meta.key_count} keys, but the writer recorded "
+                f"{last_marker.digest:#x}/{last_marker.key_count}"
+            )
+        return stats
+
+    def _write_replayed(self, pending, meta: PartitionMeta, marker: Marker | None, next_offset: int) -> PartitionMeta:
+        keys = list(pending)
+        digest, count = meta.digest, meta.key_count
+        for key, old in zip(keys, self.backend.multi_get(keys)):
+            new = pending[key]
+            digest = digests.apply_change(digest, key, old, new)
+            count += (new is not None) - (old is not None)
+        new_meta = meta.but(
+            applied_batch=marker.batch_id if marker else meta.applied_batch,
+            changelog_offset=next_offset, digest=digest, key_count=count,
+            rejected=marker.rejected if marker else meta.rejected,
+        )
+        self.backend.write(pending, new_meta, sync=False)
+        return new_meta
+
+    def close(self) -> None:
+        if self.changelog is not None:
+            self.changelog.close()
+        self.backend.close()
+
+
+@dataclass
+class ReplayStats:
+    records: int = 0
+    writes: int = 0
+    seconds: float = 0.0
+
+
+class Transaction:
+    """The changes of one batch to one partition; nothing is visible until commit."""
+
+    def __init__(self, partition: StatePartition, batch_id: int) -> None:
+        self.partition = partition
+        self.batch_id = batch_id
+        self._ops: dict[bytes, tuple[int, object]] = {}
+        self._closed = False
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._closed:
+            if exc_type is None:
+                self.commit()
+            else:
+                self.abort()
+
+    # -- reads see this transaction's own writes ---------------------------
+    def get(self, key: tuple):
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[tuple]) -> list:
+        encoded = [codec.encode_key(k) for k in keys]
+        missing = [k for k in encoded if k not in self._ops]
+        stored = dict(zip(missing, self.partition.backend.multi_get(missing)))
+        out = []
+        for key in encoded:
+            old = stored.get(key)
+            old_value = None if old is None else codec.decode_value(old)
+            out.append(self._resolve(key, old_value) if key in self._ops else old_value)
+        return out
+
+    # -- writes --------------------------------------------------------------
+    def put(self, key: tuple, value) -> None:
+        self.put_encoded(codec.encode_key(key), value)
+
+    def delete(self, key: tuple) -> None:
+        self.delete_encoded(codec.encode_key(key))
+
+    # Callers that encoded a whole batch's keys at once (see spark_jobs.arrow_pass.encoded_keys).
+    def put_encoded(self, key: bytes, value) -> None:
+        self._ops[key] = (_PUT, value)
+
+    def delete_encoded(self, key: bytes) -> None:
+        self._ops[key] = (_DELETE, None)
+
+    def merge(self, key: tuple, partial) -> None:
+        self.merge_encoded(codec.encode_key(key), partial)
+
+    def merge_encoded(self, key: bytes, partial) -> None:
+        """Fold a partial aggregate into the key's value (see state.aggregates)."""
+        previous = self._ops.get(key)
+        agg = self.partition.aggregator
+        if previous is None:
+            self._ops[key] = (_MERGE, partial)
+        elif previous[0] == _MERGE:
+            self._ops[key] = (_MERGE, agg.merge(previous[1], partial))
+        elif previous[0] == _PUT:
+            self._ops[key] = (_PUT, agg.merge(previous[1], partial))
+        else:
+            self._ops[key] = (_PUT, partial)
+
+    def _resolve(self, key: bytes, old_value):
+        kind, value = self._ops[key]
+        if kind == _PUT:
+            return value
+        if kind == _DELETE:
+            return None
+        return self.partition.aggregator.merge(old_value, value)
+
+    # -- outcome -------------------------------------------------------------
+    def abort(self) -> None:
+        self._ops.clear()
+        self._closed = True
+
+    def commit(self, outputs=None) -> CommitResult:
+        """`outputs(changes)`, when given, returns records for other topics ((topic, key, value)),
+        built from the commit's changes (encoded key -> new bytes, None: deleted); they are
+        published in the changelog's transaction, so they exist exactly when the batch does."""
+        if self._closed:
+            raise RuntimeError(f"batch {self.batch_id} transaction already closed")
+        self._closed = True
+        started = time.monotonic()
+        part = self.partition
+        meta = part.backend.read_meta()
+        if self.batch_id <= meta.applied_batch:
+            return CommitResult(self.batch_id, True, 0, meta.changelog_offset, meta.digest, meta.key_count,
+                                rejected=meta.rejected if self.batch_id == meta.applied_batch else ())
+
+        keys = list(self._ops)
+        olds = part.backend.multi_get(keys)
+        changes: dict[bytes, bytes | None] = {}
+        digest, count = meta.digest, meta.key_count
+        # The hot loop of every batch: locals only, digest inlined (see state.digest).
+        encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
+        add = codec.add_ints if part.aggregator is not None and part.aggregator.additive else None
+        h = digests.xxh3_64_intdigest      # entry_hash, inlined: see state.digest
+        rejected = []
+        limit = VALUE_LIMIT
+        for key, old, (kind, value) in zip(keys, olds, self._ops.values()):
+            try:
+                if kind == _MERGE:
+                    new = add(old, value) if add is not None and old is not None else None
+                    if new is None:
+                        new = encode(merge(None if old is None else decode(old), value))
+                elif kind == _PUT:
+                    new = encode(value)
+                else:
+                    new = None
+            except CodecError:
+                # An integer past 64 bits: the key keeps its old value and the caller dead-letters
+                # this batch's events for it, rather than a batch that can never commit.
+                rejected.append((key, "sum_overflow"))
+                continue
+            if new is not None and len(new) > limit:
+                rejected.append((key, "state_too_large"))
+                continue
+            if new == old:
+                continue
+            changes[key] = new
+            if old is not None:
+                digest -= h(key + old, seed=len(key))
+                count -= 1
+            if new is not None:
+                digest += h(key + new, seed=len(key))
+                count += 1
+        digest &= digests.MASK
+
+        faults.point("commit.before_changelog")
+        offset = meta.changelog_offset
+        if part.changelog is not None:
+            offset = part.changelog.publish(self.batch_id, changes,
+                                            Marker(self.batch_id, digest, count, tuple(rejected)),
+                                            extra=outputs(changes) if outputs is not None else ())
+        faults.point("commit.after_changelog")
+        part.backend.write(changes, meta.but(applied_batch=self.batch_id, changelog_offset=offset,
+                                             digest=digest, key_count=count, rejected=tuple(rejected)))
+        faults.point("commit.after_state")
+        self._ops = {}
+        if rejected:
+            log.warning("%s[%d] batch %d: %d keys refused (%s); they keep their old values", part.table,
+                        part.partition, self.batch_id, len(rejected), sorted({r for _, r in rejected}))
+        return CommitResult(self.batch_id, False, len(changes), offset, digest, count,
+                            time.monotonic() - started, tuple(rejected), changes)

@@ -1,0 +1,345 @@
+"""Operators: one table task each. The work itself lives in spark_jobs; these
+only bind it to Airflow (connections, XCom, skips, logs)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from statetable_airflow.hooks import KAFKA_CONN_ID, StateTableHook
+
+SPARK_CONN_ID = "spark_default"
+SPARK_CONNECT_CONN_ID = "spark_connect_default"
+MODE_ENV = "STATETABLE_SPARK_MODE"
+BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
+
+
+def result_file(table: str, task_id: str) -> str:
+    """Where a table job leaves its outcome for the next task (templated by run)."""
+    from catalog.runtime import Runtime
+
+    return str(Runtime.from_env().data_dir / "runs" / table / "{{ dag.dag_id }}" /
+               ("{{ run_id | replace(':', '_') | replace('+', '_') }}." + task_id + ".json"))
+
+
+def spark_mode() -> str:
+    """How this deployment runs table jobs: `connect` (default) as a thin client of the Spark
+    Connect server, or `submit` with spark-submit, for clusters without a Connect server."""
+    import os
+
+    mode = os.environ.get(MODE_ENV, "connect")
+    if mode not in ("connect", "submit"):
+        raise ValueError(f"{MODE_ENV}={mode!r} is not a way to run table jobs; use connect (a Spark Connect "
+                         f"server, connection {SPARK_CONNECT_CONN_ID!r}) or submit (spark-submit, {SPARK_CONN_ID!r})")
+    return mode
+
+
+def spark_job(task_id: str, action: str, table: str, *args: str, kafka_config_id: str = KAFKA_CONN_ID,
+              **kwargs) -> BaseOperator:
+    """`spark_jobs.jobs <action> <table>`, Kafka from the Airflow connection (see `spark_task`)."""
+    from spark_jobs import submit
+
+    return spark_task(task_id, "spark_jobs.jobs", submit.__file__, f"statetable-{action}-{table}",
+                      [action, table, "--bootstrap", BOOTSTRAP_TEMPLATE % kafka_config_id,
+                       "--result-file", result_file(table, task_id), *args], **kwargs)
+
+
+def spark_task(task_id: str, entry: str, application: str, app_name: str, application_args: list[str],
+               **kwargs) -> BaseOperator:
+    """A task running `entry.main(application_args)`: over Spark Connect (no JVM in the task
+    process), or spark-submitted as the file `application` (see `spark_mode`)."""
+    if spark_mode() == "connect":
+        return SparkConnectJobOperator(task_id=task_id, entry=entry, application_args=application_args, **kwargs)
+    from spark_jobs import session
+
+    return SparkSubmitOperator(task_id=task_id, application=application, conn_id=SPARK_CONN_ID,
+                               **session.submit_options(app_name), application_args=application_args, **kwargs)
+
+
+class _Lineage:
+    """OpenLineage datasets for Airflow's OpenLineage provider (see statetable_airflow.lineage)."""
+
+    lineage_kind = "none"
+
+    def lineage_table(self) -> str:
+        return self.table
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from statetable_airflow.lineage import operator_lineage
+
+        return operator_lineage(self.lineage_table(), self.lineage_kind)
+
+
+class SparkConnectJobOperator(_Lineage, BaseOperator):
+    """Runs a job's `main(argv)` (spark_jobs.jobs by default, the file spark-submit would run) in
+    the task process, as a client of the Spark Connect server of the provider's connection: the
+    task starts no JVM, and the server's warm session does the Spark work. A non-zero exit code
+    fails the task."""
+
+    template_fields = ("application_args",)
+    ui_color = "#fde9d9"
+
+    def __init__(self, *, application_args: list[str], entry: str = "spark_jobs.jobs",
+                 conn_id: str = SPARK_CONNECT_CONN_ID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.application_args = application_args
+        self.entry = entry
+        self.conn_id = conn_id
+
+    def execute(self, context) -> None:
+        import importlib
+
+        use_spark_connect(self.conn_id)
+        argv = [str(a) for a in self.application_args]
+        code = importlib.import_module(self.entry).main(argv)
+        if code:
+            raise RuntimeError(f"{self.entry} {' '.join(argv[:2])} exited {code}; see the log above")
+
+    @property
+    def lineage_kind(self) -> str:
+        action = str(self.application_args[0]) if self.application_args else ""
+        return action if action in ("run", "verify", "rebuild") else "none"
+
+    def lineage_table(self) -> str:
+        return str(self.application_args[1]) if len(self.application_args) > 1 else ""
+
+    def on_kill(self) -> None:
+        """Airflow stops the task (timeout, marked failed): interrupt its operations on the server,
+        rather than leave them running detached. The batch's plan stays; the next run finishes it."""
+        from spark_jobs import session
+
+        session.interrupt_all()
+
+
+def use_spark_connect(conn_id: str = SPARK_CONNECT_CONN_ID) -> str:
+    """Point this task process (and the jobs it starts) at the connection's server."""
+    import os
+
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from spark_jobs.session import REMOTE_ENV
+
+    url = SparkConnectHook(conn_id).get_connection_url()
+    os.environ[REMOTE_ENV] = url
+    return url
+
+
+def read_result(path: str) -> dict:
+    target = Path(path)
+    if not target.exists():
+        raise FileNotFoundError(f"the job left no result at {target}; see the log of the task before this one")
+    return json.loads(target.read_text())
+
+
+class _TableOperator(_Lineage, BaseOperator):
+    template_fields = ("table",)
+    ui_color = "#e8f1fb"
+
+    def __init__(self, *, table: str, kafka_config_id: str = KAFKA_CONN_ID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.kafka_config_id = kafka_config_id
+
+    @property
+    def hook(self) -> StateTableHook:
+        return StateTableHook(self.kafka_config_id)
+
+
+class SnapshotOperator(_TableOperator):
+    """Snapshots the partitions whose newest snapshot is `snapshot_every` batches old."""
+
+    def execute(self, context) -> dict:
+        from spark_jobs import jobs
+
+        done = jobs.snapshot_if_due(self.table, self.hook.runtime())
+        if done["partitions"]:
+            self.log.info("%s: snapshot of partitions %s at batch %s in %.2fs", self.table, done["partitions"],
+                          done["batch"], done["seconds"])
+        else:
+            self.log.info("%s: no partition is due for a snapshot at batch %s", self.table, done["batch"])
+        return done
+
+
+def batch_stats(log, table: str, result: dict, lag: int) -> dict:
+    """Log and return what a run's micro-batches did: read, dead-lettered, late, keys changed,
+    duration and rate per batch, and the lag left."""
+    for b in result["batches"]:
+        log.info("%s batch %d: read %d, dead-lettered %d, late %d, keys changed %d, %.1fs (%.0f records/s)",
+                 table, b["batch"], b["read"], b.get("dead_lettered", 0), b.get("late", 0),
+                 b.get("keys_changed", 0), b["seconds"], b["read"] / max(b["seconds"], 1e-6))
+    stats = {
+        "batches": len(result["batches"]), "read": result["read"],
+        "dead_lettered": sum(b.get("dead_lettered", 0) for b in result["batches"]),
+        "late": sum(b.get("late", 0) for b in result["batches"]),
+        "keys_changed": sum(b.get("keys_changed", 0) for b in result["batches"]),
+        "seconds": result["seconds"], "lag": lag,
+        "last_batch": result["batches"][-1]["batch"] if result["batches"] else None,
+    }
+    log.info("%s: %d batches, %d records in %.1fs (%.0f records/s), lag now %d", table, stats["batches"],
+             stats["read"], stats["seconds"], stats["read"] / max(stats["seconds"], 1e-6), stats["lag"])
+    return stats
+
+
+def emit_stats(table: str, stats: dict, durations: list[float]) -> None:
+    """The run's numbers through Airflow's own metrics (StatsD or OpenTelemetry, whichever the
+    deployment configured for Airflow; nothing when neither is on): `statetable.<table>.*`, also
+    tagged with the table for backends that keep tags."""
+    from airflow.sdk.observability.stats import Stats
+
+    tags = {"table": table}
+    for name in ("batches", "read", "dead_lettered", "late", "keys_changed"):
+        Stats.incr(f"statetable.{table}.{name}", count=stats[name], tags=tags)
+    Stats.gauge(f"statetable.{table}.lag_records", stats["lag"], tags=tags)
+    for seconds in durations:
+        Stats.timing(f"statetable.{table}.batch_duration", seconds * 1000.0, tags=tags)
+
+
+class BatchStatsOperator(_TableOperator):
+    """The last task of a spark-submit incremental run: the job's result file, as stats."""
+
+    template_fields = ("table", "result_path")
+
+    def __init__(self, *, result_path: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.result_path = result_path
+
+    def execute(self, context) -> dict:
+        result = read_result(self.result_path)
+        stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
+        emit_stats(self.table, stats, [b["seconds"] for b in result["batches"]])
+        return stats
+
+
+class TableBatchesOperator(_TableOperator):
+    """A whole incremental run in one task: the lag check, the batches (as a client of the Spark
+    Connect server), the due snapshots and the stats.
+
+    Each task of a run costs a process start, an executor slot and a scheduler round trip; with
+    four tasks per run, twenty tables at `*/5` spent most of each run queued for slots (65 s
+    waiting, 15 s working). The steps are the same functions the four tasks called, in the same
+    order, so a retry is as safe as before: a planned batch finishes from its plan. A run with
+    nothing to read is skipped at once and emits no Asset event.
+    """
+
+    template_fields = ("table",)
+    ui_color = "#fde9d9"
+    lineage_kind = "run"
+
+    def __init__(self, *, max_batches: int, conn_id: str = SPARK_CONNECT_CONN_ID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_batches = max_batches
+        self.conn_id = conn_id
+
+    def execute(self, context) -> dict:
+        import time
+
+        from spark_jobs import jobs
+
+        import os
+
+        rt = self.hook.runtime()
+        os.environ["STATETABLE_KAFKA_BOOTSTRAP"] = rt.bootstrap     # as `--bootstrap` sets it for a job
+        lag = self.hook.lag(self.table)
+        if lag < 1:
+            raise AirflowSkipException(f"{self.table}: nothing new in its topic since the last batch")
+        self.log.info("%s: %d records to read", self.table, lag)
+        use_spark_connect(self.conn_id)
+        started = time.monotonic()
+        commits = jobs.run(self.table, self.max_batches, until_caught_up=True, rt=rt, snapshots=False)
+        result = {"table": self.table, "batches": [jobs.commit_summary(c) for c in commits],
+                  "read": sum(c.counts["read"] for c in commits), "seconds": round(time.monotonic() - started, 3)}
+        snapshot = jobs.snapshot_if_due(self.table, rt)
+        if snapshot["partitions"]:
+            self.log.info("%s: snapshot of partitions %s at batch %s in %.2fs", self.table, snapshot["partitions"],
+                          snapshot["batch"], snapshot["seconds"])
+        stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
+        emit_stats(self.table, stats, [c.seconds for c in commits])
+        return {**stats, "snapshot_partitions": snapshot["partitions"]}
+
+
+class InjectFailureOperator(_TableOperator):
+    """Injects one of ops.failures.FAILURES into the live table."""
+
+    template_fields = ("table", "failure")
+
+    def __init__(self, *, failure: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.failure = failure
+
+    def execute(self, context) -> dict:
+        from ops import failures
+
+        if spark_mode() == "connect":
+            use_spark_connect()     # a killed batch, or the killed engine, is the server the jobs use
+        try:
+            return failures.inject(self.table, self.failure, self.hook.runtime()).to_json()
+        except failures.NothingToInject as exc:
+            raise AirflowSkipException(str(exc)) from None
+
+
+class RestoreOperator(_TableOperator):
+    """Restores every partition that has no local store, and times it; after a snapshot drill,
+    from the drill's scratch copy of the snapshot store."""
+
+    lineage_kind = "restore"
+
+    def __init__(self, *, inject_task: str = "inject_failure", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.inject_task = inject_task
+
+    def execute(self, context) -> dict:
+        from dataclasses import asdict
+
+        from ops import failures
+
+        injected = context["ti"].xcom_pull(task_ids=self.inject_task) or {}
+        scratch = injected.get("facts", {}).get("snapshot_uri")
+        return asdict(failures.recover(self.table, self.hook.runtime(), snapshot_uri=scratch))
+
+
+class RecordVerifyOperator(_TableOperator):
+    """Records a restore-and-verify outcome (also when a step before failed), then passes or fails with it."""
+
+    template_fields = ("table", "failure", "result_path")
+
+    def __init__(self, *, failure: str, result_path: str, inject_task: str, restore_task: str, **kwargs) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.failure = failure
+        self.result_path = result_path
+        self.inject_task = inject_task
+        self.restore_task = restore_task
+
+    def execute(self, context) -> dict:
+        from ops import status
+
+        ti = context["ti"]
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.inject_task], run_ids=[ti.run_id])
+        if states.get(ti.run_id, {}).get(self.inject_task) == "skipped":
+            status.record_verify(self.hook.runtime(), self.table, {
+                "run_id": context["run_id"], "failure": self.failure, "ok": None, "skipped": True})
+            raise AirflowSkipException(f"{self.table}: {self.failure} could not be injected; see {self.inject_task}")
+        injected = ti.xcom_pull(task_ids=self.inject_task)
+        recovered = ti.xcom_pull(task_ids=self.restore_task) or {}
+        verified = read_result(self.result_path) if Path(self.result_path).exists() else {}
+        ok = bool(verified.get("ok"))
+        record = {
+            "run_id": context["run_id"], "failure": self.failure, "ok": ok, "injected": injected,
+            "restore_seconds": recovered.get("restore_seconds"),
+            "restored_partitions": recovered.get("restored_partitions"),
+            "corrupt_snapshots": len(recovered.get("corrupt_snapshots") or []), **status.verify_fields(verified),
+        }
+        status.record_verify(self.hook.runtime(), self.table, record)
+        self.log.info("%s restore-verify after %s: %s; restore %.3fs, %s keys compared, %s differences",
+                      self.table, self.failure, "EXACT" if ok else "FAILED", record["restore_seconds"] or 0.0,
+                      record["keys_compared"], record["differences"])
+        for example in record["examples"]:
+            self.log.error("  key %s: state=%r recomputed=%r", example["key"], example["state"],
+                           example["recomputed"])
+        if not ok:
+            reason = "verification found differences" if verified else "a step before verification failed"
+            raise RuntimeError(f"{self.table}: restore-verify after {self.failure!r}: {reason}; see the log above")
+        return record
