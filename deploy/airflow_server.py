@@ -21,6 +21,23 @@ from deploy.processes import ManagedProcess, require_free_ports, wait_ready
 from catalog.settings import PROJECT_ROOT, StackSettings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+EXECUTOR_ENV = "STATETABLE_AIRFLOW_EXECUTOR"
+CELERY_DATABASE = "celery"
+
+
+def executor() -> str:
+    """`local` (LocalExecutor, the default) or `celery`: CeleryExecutor with one worker process,
+    its broker and results in the stack's PostgreSQL (kombu's SQLAlchemy transport), the shape
+    of a deployment whose tasks run on other machines."""
+    value = os.environ.get(EXECUTOR_ENV, "local")
+    if value not in ("local", "celery"):
+        raise SystemExit(f"{EXECUTOR_ENV}={value!r} is not an executor of the local stack; use local "
+                         f"(LocalExecutor) or celery (CeleryExecutor with a worker process)")
+    return value
+
+
+def components() -> tuple[str, ...]:
+    return COMPONENTS + (("celery-worker",) if executor() == "celery" else ())
 ADMIN_USER = "admin"
 VENV_BIN = Path(sys.executable).parent
 
@@ -115,6 +132,13 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     })
     env.update(postgres_server.client_env(settings))
     env.update(connections(settings))
+    if executor() == "celery":
+        env.update({
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CELERY__BROKER_URL": "sqla+" + postgres_server.url(settings, CELERY_DATABASE),
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + postgres_server.url(settings, CELERY_DATABASE),
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(parallelism()),
+        })
     return env
 
 
@@ -134,17 +158,18 @@ def start(settings: StackSettings) -> None:
     if not process(settings, "api-server").is_running():
         require_free_ports("airflow api-server", settings.host, settings.airflow_port)
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
-    postgres_server.start(settings)
+    postgres_server.start(settings, (postgres_server.DATABASE,) + ((CELERY_DATABASE,) if executor() == "celery"
+                                                                  else ()))
     migrated = airflow_cli(settings, "db", "migrate", capture=True, check=False)
     if migrated.returncode != 0:
         raise SystemExit(f"airflow db migrate against {postgres_server.url(settings)} failed: "
                          f"{(migrated.stderr.strip().splitlines() or ['no output'])[-1]}")
     env = airflow_env(settings)
-    for component in COMPONENTS:
-        args = [component]
+    for component in components():
+        args = component.split("-", 1) if component == "celery-worker" else [component]
         if component == "api-server":
             args += ["--host", settings.host, "--port", str(settings.airflow_port)]
-        elif component in ("scheduler", "triggerer"):
+        elif component in ("scheduler", "triggerer", "celery-worker"):
             # Their log servers bind every interface on fixed ports (8793/8794), so a second
             # stack on the machine cannot start one; the API server reads task logs from the
             # shared local folder anyway.
@@ -153,7 +178,7 @@ def start(settings: StackSettings) -> None:
 
 
 def stop(settings: StackSettings) -> None:
-    for component in reversed(COMPONENTS):
+    for component in reversed(COMPONENTS + ("celery-worker",)):
         process(settings, component).stop(timeout=15)
     postgres_server.stop(settings)
 
@@ -173,7 +198,7 @@ def is_healthy(settings: StackSettings) -> bool:
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
-    wait_ready([process(settings, c) for c in COMPONENTS], lambda: is_healthy(settings), timeout,
+    wait_ready([process(settings, c) for c in components()], lambda: is_healthy(settings), timeout,
                what=f"airflow health at {settings.airflow_url}", interval=1.0)
 
 

@@ -86,9 +86,9 @@ def client_env(settings: StackSettings) -> dict[str, str]:
     return {"PGPASSFILE": str(passfile(settings))}
 
 
-def url(settings: StackSettings) -> str:
+def url(settings: StackSettings, database: str = DATABASE) -> str:
     """SQLAlchemy's URL for Airflow: psycopg 3, sync and async alike; no password in it."""
-    return f"postgresql+psycopg://{USER}@{settings.host}:{settings.postgres_port}/{DATABASE}"
+    return f"postgresql+psycopg://{USER}@{settings.host}:{settings.postgres_port}/{database}"
 
 
 def _init(settings: StackSettings) -> None:
@@ -111,8 +111,8 @@ def _init(settings: StackSettings) -> None:
                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
-def start(settings: StackSettings) -> None:
-    """Start the cluster (initialising it on first use) and make Airflow's database; idempotent."""
+def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> None:
+    """Start the cluster (initialising it on first use) and make the databases; idempotent."""
     proc = process(settings)
     if not proc.is_running():
         require_free_ports("postgres", settings.host, settings.postgres_port)
@@ -127,7 +127,8 @@ def start(settings: StackSettings) -> None:
                                   "-c", "unix_socket_directories=", "-c", "max_connections=200"]),
                    env={**os.environ, "LC_ALL": "C"}, cwd=settings.postgres_dir)
     wait_healthy(settings)
-    _create_database(settings)
+    for database in databases:
+        _create_database(settings, database)
 
 
 def connect(settings: StackSettings, dbname: str = DATABASE, timeout: float = 5.0):
@@ -151,10 +152,10 @@ def wait_healthy(settings: StackSettings, timeout: float = 60.0) -> None:
                what=f"postgres at {settings.host}:{settings.postgres_port}", interval=0.2)
 
 
-def _create_database(settings: StackSettings) -> None:
+def _create_database(settings: StackSettings, database: str) -> None:
     with connect(settings, "postgres") as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{database}"')
 
 
 def stop(settings: StackSettings) -> None:

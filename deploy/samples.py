@@ -66,6 +66,18 @@ def payments(n: int, seed: int = 2):
                                              "payment_ts": (start + timedelta(seconds=i)).isoformat()}).encode()
 
 
+def produce_payments(bootstrap: str, topic: str, events: int, seed: int = 2) -> int:
+    """`events` sample payments into a topic of one's own (benchmarks with many payment tables)."""
+    return _send(_producer(bootstrap), topic, payments(events, seed))
+
+
+def produce_movies(bootstrap: str, topic: str) -> int:
+    """The movies sample (title -> genre) into a topic of one's own."""
+    ensure_topic(bootstrap, topic, 2)
+    return _send(_producer(bootstrap), topic, ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
+                                               for t, g in GENRES.items()))
+
+
 def produce(name: str, bootstrap: str, events: int | None = None, partitions: int = 4,
             suffix: str = "") -> dict[str, int]:
     """Produce a table's sample; `suffix` renames the topics (tests keep their topics apart)."""

@@ -216,6 +216,6 @@ def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
     procs = [*kafka_server.processes(settings), connect_server.process(settings), object_store.process(settings),
              *spark_cluster.all_processes(settings), postgres_server.process(settings)] + [
-        airflow_server.process(settings, c) for c in airflow_server.COMPONENTS
+        airflow_server.process(settings, c) for c in airflow_server.COMPONENTS + ("celery-worker",)
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

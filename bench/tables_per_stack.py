@@ -1,0 +1,154 @@
+"""How many tables one local stack runs at `*/5`: orchestration cost grows with tables, not data.
+
+A private stack (Kafka, the Spark Connect server, Airflow on PostgreSQL with the LocalExecutor
+sized from the machine) gets N copies of the payments table. Each wave produces --events new
+records into every table's topic, then runs every table's `__incremental` DAG once, and is
+timed from the first trigger to the last run's end (the records are produced before the
+clock starts). Two shapes of wave:
+
+  - `together`: all N runs triggered in the same second: what N unspread `*/5` crons did;
+  - `spread`: the runs in the groups their spread crons fire in (`k-59/5`: one group a
+    minute), each group timed alone; the wave's cost is its slowest group.
+
+Every run is checked: success, and the stats its task returned say it read what was produced
+and left lag 0. Prints one JSON object: per wave, seconds, each run's queue wait (run created
+to task start) and task time; and `max_tables_within_interval`: the largest N whose
+`together` wave fits in the 300 s interval, extrapolated from the measured per-table cost of
+the largest N measured (stated as such).
+
+    .venv/bin/python -m bench.tables_per_stack [--tables 20 40] [--waves 3] [--events 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import zlib
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+INTERVAL_S = 300
+TABLE_SQL = """-- topic: {topic}
+-- schema: customer_id STRING, amount DOUBLE, payment_ts TIMESTAMP
+-- partitions: 4
+-- schedule: */5 * * * *
+CREATE TABLE {table} AS
+SELECT customer_id, COUNT(amount) AS payments, SUM(amount) AS total, MAX(amount) AS largest
+FROM {topic}
+GROUP BY customer_id;
+"""
+
+
+def _stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", type=int, nargs="+", default=[20, 40])
+    parser.add_argument("--waves", type=int, default=3, help="waves per table count (the first warms up)")
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--port", type=int, default=25092)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="statetable-bench-tables-"))
+    tables_dir = root / "tables"
+    tables_dir.mkdir()
+    os.environ.update({
+        "STATETABLE_STACK_DIR": str(root / "stack"), "STATETABLE_TABLES_DIR": str(tables_dir),
+        "STATETABLE_KAFKA_PORT": str(args.port), "STATETABLE_KAFKA_CONTROLLER_PORT": str(args.port + 1),
+        "STATETABLE_AIRFLOW_PORT": str(args.port - 12), "STATETABLE_SPARK_CONNECT_PORT": str(args.port - 90),
+        "STATETABLE_POSTGRES_PORT": str(args.port - 60),
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",     # the waves below are the schedule
+    })
+    from catalog import settings
+    from deploy import airflow_server, connect_server, kafka_server, samples
+    from deploy.airflow_api import AirflowApi
+    from state.kafka_admin import ensure_topic
+    from statetable_airflow.timetables import spread
+
+    cfg = settings.load()
+    out: dict = {"events_per_table_per_wave": args.events, "cores": os.cpu_count(),
+                 "executor_parallelism": airflow_server.parallelism(), "waves": []}
+    names = [f"pay_{i:03d}" for i in range(max(args.tables))]
+    kafka_server.start(cfg)
+    connect_server.start(cfg)
+    try:
+        kafka_server.wait_healthy(cfg)
+        connect_server.wait_healthy(cfg)
+        print(connect_server.warm(cfg), flush=True)
+        for name in names:
+            ensure_topic(cfg.kafka_bootstrap, name, 4)
+        airflow_server.start(cfg)
+        airflow_server.wait_healthy(cfg)
+        api = AirflowApi(cfg)
+        active: list[str] = []
+        for count in sorted(args.tables):
+            for name in names[len(active):count]:
+                (tables_dir / f"{name}.sql").write_text(TABLE_SQL.format(table=name, topic=name))
+            active = names[:count]
+            for name in active:
+                api.wait_for_dag(f"{name}__incremental", timeout=900)
+            groups = defaultdict(list)
+            for name in active:
+                groups[spread("*/5 * * * *", name).split()[0]].append(name)
+            for wave in range(args.waves):
+                for shape, batches in (("together", [active]), ("spread", list(groups.values()))):
+                    result = {"tables": count, "wave": wave, "shape": shape, "groups": []}
+                    for group in batches:
+                        with ThreadPoolExecutor(8) as pool:
+                            list(pool.map(lambda n: samples.produce_payments(cfg.kafka_bootstrap, n, args.events,
+                                                                             zlib.crc32(f"{n}{wave}".encode())),
+                                          group))
+                        result["groups"].append(_wave(api, group, args.events))
+                    result["seconds"] = max(g["seconds"] for g in result["groups"])
+                    out["waves"].append(result)
+                    print(json.dumps({k: v for k, v in result.items() if k != "groups"}
+                                     | {"runs": sum(len(g["runs"]) for g in result["groups"])}), flush=True)
+        measured = [w for w in out["waves"] if w["shape"] == "together" and w["wave"] > 0]
+        largest = max(w["tables"] for w in measured)
+        per_table = statistics.median(w["seconds"] for w in measured if w["tables"] == largest) / largest
+        out["together_wave_median_s"] = {n: statistics.median(w["seconds"] for w in measured if w["tables"] == n)
+                                         for n in sorted(args.tables)}
+        out["spread_wave_median_s"] = {
+            n: statistics.median(w["seconds"] for w in out["waves"] if w["shape"] == "spread" and w["wave"] > 0
+                                 and w["tables"] == n) for n in sorted(args.tables)}
+        out["seconds_per_table_at_largest"] = round(per_table, 2)
+        out["max_tables_within_interval"] = {"together": int(INTERVAL_S / per_table),
+                                             "how": f"300 s / the per-table cost of a together wave at "
+                                                    f"{largest} tables (extrapolated beyond {largest})"}
+    finally:
+        airflow_server.stop(cfg)
+        connect_server.stop(cfg)
+        kafka_server.process(cfg).stop(timeout=25)
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(out, indent=1, default=str))
+
+
+def _wave(api, group: list[str], events: int) -> dict:
+    started = time.time()
+    runs = {name: api.trigger(f"{name}__incremental") for name in group}
+    outcome = {}
+    for name, run_id in runs.items():
+        run = api.wait_run(f"{name}__incremental", run_id, timeout=3600)
+        ti = api.task_instances(f"{name}__incremental", run_id)["run_batches"]
+        stats = api.xcom(f"{name}__incremental", run_id, "run_batches") if ti["state"] == "success" else {}
+        assert run["state"] == "success" and stats.get("lag") == 0 and stats.get("read", 0) >= events, \
+            (name, run["state"], stats)
+        outcome[name] = {"queued_s": round(_stamp(ti["start_date"]) - _stamp(run["queued_at"] or run["start_date"]), 2),
+                         "task_s": round(_stamp(ti["end_date"]) - _stamp(ti["start_date"]), 2),
+                         "end": _stamp(run["end_date"])}
+    seconds = max(r["end"] for r in outcome.values()) - started
+    return {"seconds": round(seconds, 1), "runs": {n: {k: v for k, v in r.items() if k != "end"}
+                                                  for n, r in outcome.items()},
+            "median_task_s": statistics.median(r["task_s"] for r in outcome.values()),
+            "median_queued_s": statistics.median(r["queued_s"] for r in outcome.values())}
+
+
+if __name__ == "__main__":
+    main()
