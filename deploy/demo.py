@@ -41,10 +41,14 @@ def run(settings: StackSettings, events: int = 20000) -> None:
     started = time.monotonic()
     bootstrap = settings.kafka_bootstrap
     for sample in ("leaderboard", "movies", "movie_tickets_sold", "payments_per_customer"):
-        for topic, count in samples.produce(sample, bootstrap, None if sample == "leaderboard" else events).items():
+        produced = samples.produce(sample, bootstrap, None if sample == "leaderboard" else events, scores=False)
+        for topic, count in produced.items():
             print(f"produced {count} records to {topic}", flush=True)
     api = AirflowApi(settings)
     for table, _ in ORDER:
+        if table == "leaderboard":      # scores join the players and products committed by now
+            for topic, count in samples.produce_scores(bootstrap).items():
+                print(f"produced {count} records to {topic}", flush=True)
         run_id, states = _run(api, f"{table}__incremental")
         if states.get("run_batches") == "success":
             print(f"    stats: {json.dumps(api.xcom(f'{table}__incremental', run_id, 'run_batches'))}", flush=True)

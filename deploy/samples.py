@@ -71,6 +71,17 @@ def produce_payments(bootstrap: str, topic: str, events: int, seed: int = 2) -> 
     return _send(_producer(bootstrap), topic, payments(events, seed))
 
 
+def produce_scores(bootstrap: str, suffix: str = "", partitions: int = 4) -> dict[str, int]:
+    """The leaderboard's score events. A stream-table join joins each event with the joined
+    tables' rows as committed when its batch runs, so the demo sends these after players and
+    products committed, as the seed's story does."""
+    ensure_topic(bootstrap, "score-events" + suffix, partitions)
+    scores = [(None, json.dumps({"score": s, "product_id": g, "player_id": p}).encode()) for p, g, s in SEED_SCORES]
+    # A score of an unknown player: the inner join drops it and counts it.
+    scores.append((None, json.dumps({"score": 99999, "product_id": 1, "player_id": 404}).encode()))
+    return {"score-events": _send(_producer(bootstrap), "score-events" + suffix, scores)}
+
+
 def produce_movies(bootstrap: str, topic: str) -> int:
     """The movies sample (title -> genre) into a topic of one's own."""
     ensure_topic(bootstrap, topic, 2)
@@ -79,8 +90,9 @@ def produce_movies(bootstrap: str, topic: str) -> int:
 
 
 def produce(name: str, bootstrap: str, events: int | None = None, partitions: int = 4,
-            suffix: str = "") -> dict[str, int]:
-    """Produce a table's sample; `suffix` renames the topics (tests keep their topics apart)."""
+            suffix: str = "", scores: bool = True) -> dict[str, int]:
+    """Produce a table's sample; `suffix` renames the topics (tests keep their topics apart).
+    `scores=False` leaves out the leaderboard's score events (see `produce_scores`)."""
     producer = _producer(bootstrap)
 
     def topic(base: str) -> str:
@@ -101,10 +113,8 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
             "products": _send(producer, topic("products"),
                               ((str(i).encode(), json.dumps({"id": i, "name": n}).encode()) for i, n in PRODUCTS.items())),
         }
-        scores = [(None, json.dumps({"score": s, "product_id": g, "player_id": p}).encode()) for p, g, s in SEED_SCORES]
-        # A score of an unknown player: the inner join drops it and counts it.
-        scores.append((None, json.dumps({"score": 99999, "product_id": 1, "player_id": 404}).encode()))
-        sent["score-events"] = _send(producer, topic("score-events"), scores)
+        if scores:
+            sent.update(produce_scores(bootstrap, suffix, partitions))
         return sent
     raise SystemExit(f"no sample for {name!r}; samples exist for movie_tickets_sold, movies, payments_per_customer, "
                      f"leaderboard")
