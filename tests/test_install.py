@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -47,7 +48,10 @@ def test_the_wheel_runs_a_table_in_another_airflow_release(airflow, kafka, engin
     from importlib.metadata import version
 
     dist, venv = tmp_path / "dist", tmp_path / "venv"
+    leftover = not (ROOT / "build").exists()
     _run([UV, "build", "--wheel", "--out-dir", dist, ROOT])
+    if leftover:                                 # setuptools' build folder, not the checkout's
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
     wheel = next(dist.glob("statetable-*.whl"))
     _run([UV, "venv", "--quiet", "--python", "python3.11", venv])
     # A host installs Airflow with a constraints file; the web stack its API server was released
