@@ -18,9 +18,9 @@ from catalog.batch_log import BatchLog
 from deploy import samples
 from spark_jobs import jobs
 from tests.table_env import isolated_runtime, read_topic
+from tests.test_query_api import TOKEN
 
 PORT = int(os.environ.get("STATETABLE_TEST_METRICS_PORT", "28187"))
-TOKEN = "metrics-token-" + "y" * 24
 TABLE = "payments_per_customer"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 BAD = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b'{"customer_id": "c2", "amount": 1e999}']
@@ -39,32 +39,10 @@ def env(kafka, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(env):
-    yield from _serve_with_token(env[0])
+    """`statetable serve` as a real process (the query API tests' way of starting one)."""
+    from tests.test_query_api import _serve
 
-
-def _serve_with_token(rt):
-    from deploy.processes import wait_until
-
-    env_vars = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
-    log_path = rt.data_dir.parent / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([STATETABLE, "serve", "--port", str(PORT)], env=env_vars, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{PORT}"
-
-    def up() -> bool:
-        assert proc.poll() is None, log_path.read_text()
-        try:
-            return httpx.get(base + "/openapi.json", headers=_auth(), timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, 60, what="statetable serve")
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    yield from _serve(env[0], PORT)
 
 
 def _auth() -> dict:
