@@ -12,6 +12,7 @@ import pytest
 
 from catalog.runtime import Runtime
 from deploy import samples
+from deploy.processes import wait_until
 from spark_jobs import jobs
 from tests.table_env import read_topic
 
@@ -66,7 +67,10 @@ def test_a_tables_run_goes_through_a_celery_worker(celery_airflow, kafka):
     ti = api.task_instances(dag_id, run_id)["run_batches"]
     assert run["state"] == "success", ti
     assert ti["executor"] in (None, "CeleryExecutor") and ti["queue"] == "default"
-    worker_log = airflow_server.process(settings, "celery-worker").log_file.read_text(errors="replace")
-    assert "run_batches" in worker_log and "succeeded" in worker_log, worker_log[-3000:]
+    worker_log = airflow_server.process(settings, "celery-worker").log_file
+    # The worker logs the Celery task's success just after the task instance's state reached Airflow.
+    wait_until(lambda: "succeeded in" in worker_log.read_text(errors="replace"), 60,
+               what="the Celery worker to log the task's success")
+    assert "ExecuteTask" in worker_log.read_text(errors="replace")
     expected = Counter(json.loads(m.value())["genre"] for m in read_topic(kafka, topic))
     assert {key[0]: row[0] for key, row in jobs.state_rows(TABLE, rt).items()} == dict(expected)
