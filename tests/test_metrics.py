@@ -42,6 +42,7 @@ def server(env):
     """`statetable serve` as a real process (the query API tests' way of starting one)."""
     from tests.test_query_api import _serve
 
+    env[0].data_dir.mkdir(parents=True, exist_ok=True)        # its log goes there; no batch has run yet
     yield from _serve(env[0], PORT)
 
 
