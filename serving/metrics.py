@@ -12,6 +12,7 @@ scrape, not with the table's age.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from catalog.runtime import Runtime
 #: Batch durations, seconds: a warm batch takes well under a second, a cold or large one minutes.
 BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 PREFIX = "statetable"
+log = logging.getLogger("statetable.metrics")
 
 
 @dataclass
@@ -39,9 +41,12 @@ class _Folded:
     dead: dict[str, int] = field(default_factory=dict)
     buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     seconds_sum: float = 0.0
-    batches: int = 0
     keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
     committed_at: float | None = None
+
+    @property
+    def batches(self) -> int:
+        return self.buckets[-1]        # the +Inf bucket counts every batch
 
     def add(self, commit) -> None:
         counts = commit.counts
@@ -55,7 +60,6 @@ class _Folded:
             if commit.seconds <= bound:
                 self.buckets[index] += 1
         self.seconds_sum += commit.seconds
-        self.batches += 1
         self.keys.update(commit.key_counts or {})
         self.last_batch = commit.batch_id
         self.committed_at = commit.committed_at
@@ -125,9 +129,16 @@ class TableCollector(Collector):
                                    labels=["table", "reason"])
         duration = HistogramMetricFamily(f"{PREFIX}_batch_duration_seconds", "seconds per committed batch",
                                          labels=["table"])
+        failed = gauge("scrape_failed", "1 when this table's metrics could not be read (the server log says why)")
         for row in self.rows:
             name = row["table"]
-            folded = FOLDS.fold(self.rt, name)
+            try:
+                folded = FOLDS.fold(self.rt, name)
+            except Exception:       # noqa: BLE001 - one table must not take every table's scrape down
+                log.exception("metrics of %s", name)
+                failed.add_metric([name], 1)
+                continue
+            failed.add_metric([name], 0)
             if folded.batches:
                 last_batch.add_metric([name], folded.last_batch)
                 commit_age.add_metric([name], max(0.0, self.now - folded.committed_at))
@@ -140,7 +151,7 @@ class TableCollector(Collector):
             if row.get("snapshot_age_seconds") is not None:
                 snapshot_age.add_metric([name], row["snapshot_age_seconds"])
             verify = row.get("last_verify") or {}
-            if verify.get("ok") is not None:
+            if verify.get("ok") is not None and verify.get("recorded_at") is not None:
                 verify_ok.add_metric([name], 1 if verify["ok"] else 0)
                 verify_age.add_metric([name], max(0.0, self.now - verify["recorded_at"]))
             if row.get("lag_batches") is not None:
@@ -152,7 +163,7 @@ class TableCollector(Collector):
                 dead.add_metric([name, reason], n)
             # add() counted each batch in every bucket it fits: the counts are cumulative already.
             duration.add_metric([name], [(_le(b), n) for b, n in zip(BUCKETS, folded.buckets)], folded.seconds_sum)
-        yield from (last_batch, commit_age, lag_records, lag_seconds, keys, state_bytes, snapshot_age, verify_ok,
+        yield from (failed, last_batch, commit_age, lag_records, lag_seconds, keys, state_bytes, snapshot_age, verify_ok,
                     verify_age, replica_lag, read, merged, changed, dead, duration)
 
 
