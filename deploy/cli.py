@@ -6,6 +6,7 @@ import json
 import sys
 
 from catalog import settings as stack_settings
+from catalog.messages import one_line
 
 
 def _stack(args) -> int:
@@ -321,14 +322,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("airflow_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_airflow)
     return parser
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line: its own first line (a Spark error's JVM stack and a definition's
-    caret display stay out), prefixed with its type unless it is one of ours that speaks for itself."""
-    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    ours = type(exc).__module__.split(".")[0] in ("catalog", "state", "spark_jobs", "serving", "ops", "deploy")
-    return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog.batch_log import BatchLog
@@ -19,6 +20,46 @@ from catalog.definitions import TableDefinition
 from catalog.registry import spec_of
 from catalog.runtime import Runtime
 from spark_jobs.offsets import OffsetDiscontinuity, lag
+
+
+#: Batch durations, seconds: a warm batch takes well under a second, a cold or large one minutes.
+BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
+
+
+@dataclass
+class BatchTotals:
+    """What a table's committed batches add up to, up to `last_batch`: folded one commit at a
+    time, so a long-lived reader (a metrics scrape) adds only the commits it has not seen."""
+
+    last_batch: int = -1
+    read: int = 0
+    merged: int = 0
+    keys_changed: int = 0
+    dead: dict[str, int] = field(default_factory=dict)
+    buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
+    seconds_sum: float = 0.0
+    keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
+    committed_at: float | None = None
+
+    @property
+    def batches(self) -> int:
+        return self.buckets[-1]        # the +Inf bucket counts every batch
+
+    def add(self, commit) -> None:
+        counts = commit.counts
+        self.read += counts.get("read", 0)
+        self.merged += counts.get("parsed", 0)
+        self.keys_changed += counts.get("keys_changed", 0)
+        for name, n in counts.items():
+            if name.startswith("dead_") and name != "dead_lettered":
+                self.dead[name[5:]] = self.dead.get(name[5:], 0) + n
+        for index, bound in enumerate(BUCKETS):
+            if commit.seconds <= bound:
+                self.buckets[index] += 1
+        self.seconds_sum += commit.seconds
+        self.keys.update(commit.key_counts or {})
+        self.last_batch = commit.batch_id
+        self.committed_at = commit.committed_at
 
 
 def _verify_file(rt: Runtime, name: str) -> Path:
@@ -47,6 +88,45 @@ def verify_fields(verified: dict) -> dict:
         "digest_mismatches": verified.get("digest_mismatches"), "examples": verified.get("examples", []),
         "verify_seconds": verified.get("seconds"),
     }
+
+
+def age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def verify_verdict(record: dict | None, now: float | None = None) -> tuple[str, str]:
+    """What a table's last restore-and-verify proved, in words, and its kind: `ok` (exact, with
+    keys compared), `bad` (the state differs from the recomputation), `failed` (the drill broke
+    before it could compare: never a difference) or `none` (nothing proved yet).
+
+    A verify that compared no keys is not proof, and a drill that died on a timeout found no
+    difference: the State tables page, `statetable tables` and the drill's log all say which."""
+    if record is None:
+        return "not verified yet", "none"
+    now = time.time() if now is None else now
+    when = age_text(now - record["recorded_at"]) if record.get("recorded_at") else "at an unknown time"
+    failure = record.get("failure") or "none"
+    after = "" if failure == "none" else f" after {failure}"
+    if record.get("skipped"):
+        return f"not verified{after}: {record.get('reason') or 'the failure could not be injected'} ({when})", "none"
+    if record.get("drill_failed") or record.get("differences") is None:
+        cause = record.get("drill_failed") or "a step before the verify failed"
+        return f"drill failed{after}: {cause} ({when})", "failed"
+    batch = record.get("batch_id")
+    at = f"batch {batch}" if batch is not None else "no batch"
+    if not record.get("keys_compared"):
+        return f"not verified yet: {at} holds no keys to compare ({when})", "none"
+    restore = record.get("restore_seconds")
+    restored = f", restore {restore:.2f}s" if isinstance(restore, (int, float)) else ""
+    if record.get("ok"):
+        return f"exact at {at}{after}: {record['keys_compared']} keys{restored} ({when})", "ok"
+    return (f"DIFFERS at {at}{after}: {record['differences']} of {record['keys_compared']} keys{restored} "
+            f"({when})", "bad")
 
 
 def verify_history(rt: Runtime, name: str, limit: int = 20) -> list[dict]:
@@ -102,35 +182,68 @@ def snapshot_age_seconds(table: TableDefinition, rt: Runtime) -> float | None:
     return round(time.time() - min(newest), 1)
 
 
+def shape(table: TableDefinition) -> str:
+    """What the table is, in the words its SQL would use."""
+    if table.table_join:
+        return f"join of tables ({table.input_table} with {', '.join(j.table for j in table.joins)})"
+    if table.over_table:
+        return f"aggregate over table {table.input_table}"
+    window = table.window
+    kind = None if window is None else "session" if window.session else "tumbling" \
+        if (window.advance_ms or window.size_ms) == window.size_ms else "hopping"
+    windowed = f", {kind} windows" if kind else ""
+    return ("aggregate" if table.kind == "aggregate" else "rows by key") + f" of topic {table.topic}{windowed}"
+
+
+def utc(epoch: float | None) -> str | None:
+    from datetime import datetime, timezone
+
+    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
 def table_status(table: TableDefinition, rt: Runtime) -> dict:
     batch_log = BatchLog(rt.batch_dir(table.name))
     commits = batch_log.commits()
     pending = batch_log.pending_plan()
     last = commits[-1] if commits else None
+    totals = BatchTotals()
+    for commit in commits:
+        totals.add(commit)
     try:
         current_lag = lag(table.name, rt, table.topic, table)
     except OffsetDiscontinuity as exc:
         current_lag = f"discontinuity: {exc}"
     except Exception as exc:        # the page must render even with the broker down
-        current_lag = f"unknown ({type(exc).__name__})"
+        from catalog.messages import one_line
+
+        current_lag = f"unknown: {one_line(exc)}"
     history = verify_history(rt, table.name, limit=1)
     changelog = spec_of(table, rt).changelog
+    verdict = verify_verdict(history[0] if history else None)
     return {
         "table": table.name,
         "kind": table.kind,
+        "shape": shape(table),
+        "topic": table.topic,
         "key": list(table.key_columns),
         "partitions": table.partitions,
         "schedule": table.schedule,
         "last_batch": None if last is None else {
-            "batch_id": last.batch_id, "committed_at": last.committed_at, "seconds": last.seconds,
+            "batch_id": last.batch_id, "committed_at": last.committed_at, "committed_at_utc": utc(last.committed_at),
+            "seconds": last.seconds,
             "read": last.counts.get("read", 0), "dead_lettered": last.counts.get("dead_lettered", 0),
             "late": last.counts.get("late", 0), "keys_changed": last.counts.get("keys_changed", 0),
         },
+        "batches": totals.batches,
+        "keys": sum(totals.keys.values()) if totals.keys else 0,
         "pending_batch": None if pending is None else pending.batch_id,
         "lag": current_lag,
+        "freshness_seconds": None if last is None else round(time.time() - last.committed_at, 1),
         "snapshot_age_seconds": snapshot_age_seconds(table, rt),
         "dead_letters": sum(c.counts.get("dead_lettered", 0) for c in commits),
+        "dead_letters_by_reason": dict(sorted(totals.dead.items())),
         "last_verify": history[0] if history else None,
+        "verified": {"text": verdict[0], "kind": verdict[1]},
         "durability_warnings": durability_warnings(rt, [changelog, rt.dead_letter_topic(table.name)]
                                                    + ([table.output_topic] if table.output_topic else [])),
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -23,46 +22,10 @@ from prometheus_client.registry import Collector
 
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
+from ops.status import BUCKETS, BatchTotals
 
-#: Batch durations, seconds: a warm batch takes well under a second, a cold or large one minutes.
-BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 PREFIX = "statetable"
 log = logging.getLogger("statetable.metrics")
-
-
-@dataclass
-class _Folded:
-    """What the batch log's commits add up to, up to `last_batch`."""
-
-    last_batch: int = -1
-    read: int = 0
-    merged: int = 0
-    keys_changed: int = 0
-    dead: dict[str, int] = field(default_factory=dict)
-    buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
-    seconds_sum: float = 0.0
-    keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
-    committed_at: float | None = None
-
-    @property
-    def batches(self) -> int:
-        return self.buckets[-1]        # the +Inf bucket counts every batch
-
-    def add(self, commit) -> None:
-        counts = commit.counts
-        self.read += counts.get("read", 0)
-        self.merged += counts.get("parsed", 0)
-        self.keys_changed += counts.get("keys_changed", 0)
-        for name, n in counts.items():
-            if name.startswith("dead_") and name != "dead_lettered":
-                self.dead[name[5:]] = self.dead.get(name[5:], 0) + n
-        for index, bound in enumerate(BUCKETS):
-            if commit.seconds <= bound:
-                self.buckets[index] += 1
-        self.seconds_sum += commit.seconds
-        self.keys.update(commit.key_counts or {})
-        self.last_batch = commit.batch_id
-        self.committed_at = commit.committed_at
 
 
 class _Folds:
@@ -70,12 +33,12 @@ class _Folds:
 
     def __init__(self) -> None:
         self.guard = threading.Lock()
-        self.folds: dict[str, _Folded] = {}
+        self.folds: dict[str, BatchTotals] = {}
 
-    def fold(self, rt: Runtime, table: str) -> _Folded:
+    def fold(self, rt: Runtime, table: str) -> BatchTotals:
         log = BatchLog(rt.batch_dir(table))
         with self.guard:
-            folded = self.folds.setdefault(str(log.location), _Folded())
+            folded = self.folds.setdefault(str(log.location), BatchTotals())
             for commit in log.commits_after(folded.last_batch):
                 folded.add(commit)
             return folded

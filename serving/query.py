@@ -43,6 +43,7 @@ log = logging.getLogger("statetable.query")
 UNAVAILABLE = "unavailable"   # refresh_all's word for a table being restored or missing
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
+RELOAD_SECONDS = 2.0     # how often a server looks for added, edited or removed table files
 PATIENCE_SECONDS = 10.0   # how long a read waits for a first consistent catch-up before answering 503
 
 
@@ -288,6 +289,8 @@ class QueryService:
         self.progress = progress
         self.commits = LastCommits(self.rt)
         self.broken: dict[str, str] = {}        # a bad .sql file costs only its own table: 503 with the reason
+        self.tables_seen = self._tables_signature()
+        self.tables_checked = time.monotonic()
         self.definitions = load_all(self.rt.tables_dir, broken=self.broken)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
         self.readers: dict[str, TableReader] = {}
@@ -309,8 +312,47 @@ class QueryService:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _tables_signature(self) -> tuple:
+        try:
+            return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                                for p in Path(self.rt.tables_dir).glob("*.sql")))
+        except OSError:
+            return ()
+
+    def reload_definitions(self, force: bool = False) -> bool:
+        """Loads the tables folder again when a file in it was added, edited or removed (looked at
+        no more than every RELOAD_SECONDS): a table a user adds is served, listed and shown on the
+        State tables page without restarting the server. A reader already open keeps the
+        definition its state was built with (it adopts a rebuilt one by itself)."""
+        now = time.monotonic()
+        if not force and now - self.tables_checked < RELOAD_SECONDS:
+            return False
+        self.tables_checked = now
+        seen = self._tables_signature()
+        if seen == self.tables_seen:
+            return False
+        broken: dict[str, str] = {}
+        definitions = load_all(self.rt.tables_dir, broken=broken)
+        with self.guard:
+            gone = [name for name in self.readers if name not in definitions]
+            closing = [self.readers.pop(name) for name in gone]
+            self.definitions, self.broken, self.tables_seen = definitions, broken, seen
+        for reader in closing:
+            reader.close()
+        log.info("tables folder changed: serving %s%s", sorted(definitions),
+                 f"; broken: {sorted(broken)}" if broken else "")
+        if self.thread is not None and self.source == "replica":
+            for name in definitions:
+                if name not in broken and name not in self.readers:
+                    self.reader(name)
+        return True
+
     def _refresh_loop(self) -> None:
         while not self.stopped.wait(self.refresh_interval):
+            try:
+                self.reload_definitions()
+            except Exception:   # a folder being edited must not stop the refreshes
+                log.exception("reloading the table definitions failed")
             for reader in list(self.readers.values()):
                 try:
                     reader.refresh()
@@ -319,11 +361,13 @@ class QueryService:
 
     def table(self, name: str) -> TableDefinition:
         """The definition the table's state answers for (a reader adopts a rebuilt one)."""
+        if name not in self.definitions or name in self.broken:
+            self.reload_definitions()
         if name in self.broken:
             raise StateUnavailable(f"table {name!r} cannot be served: its definition is broken: {self.broken[name]}",
                                    retry_after=60)
         if name not in self.definitions:
-            raise NoSuchTable(f"no table {name!r}; tables: {sorted(self.definitions)}")
+            raise NoSuchTable(f"no table {name!r}; `statetable tables` (or GET /tables) lists the tables you may read")
         reader = self.readers.get(name)
         return reader.table if reader is not None else self.definitions[name]
 
@@ -443,6 +487,7 @@ class QueryService:
         from ops import status
         from serving.replica import batches_behind
 
+        self.reload_definitions()
         out = []
         for name, table in sorted(self.definitions.items()):
             info = status.table_status(table, self.rt)
@@ -460,6 +505,7 @@ class QueryService:
         return out
 
     def broken_tables(self) -> dict[str, str]:
+        self.reload_definitions()
         """Tables whose definitions do not load, with the reason (file:line:col and the fix)."""
         return dict(self.broken)
 

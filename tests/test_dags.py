@@ -21,7 +21,7 @@ from deploy import samples
 from catalog.definitions import load_all
 from ops.failures import FAILURES
 from catalog.runtime import Runtime
-from statetable_airflow.timetables import spread
+from statetable_airflow.timetables import daily_minute, spread
 from tests.table_env import read_topic
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
@@ -56,6 +56,9 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert "Retries are safe" in inc.doc_md
         assert set(rv.params.get_param("failure").schema["enum"]) == set(FAILURES)
         assert rv.get_task("record_result").trigger_rule == "all_done"
+        assert type(rv.timetable).__name__ == "NextTimeOnlyTimetable"
+        assert rv.timetable._expression == "{1} {0} * * *".format(*daily_minute(name))
+    assert len({daily_minute(name) for name in tables}) == len(tables)       # no two drills in one minute
     assert len([d for d in bag.dag_ids if "__" in d]) == 3 * len(tables)
 
 
@@ -67,6 +70,33 @@ def test_schedules_every_n_minutes_are_spread_over_their_interval():
     assert spread("*/5 * * * *", "table_0") == spread("*/5 * * * *", "table_0")       # stable
     assert spread("0 * * * *", "t") == "0 * * * *" and spread("*/7 * * * *", "t") == "*/7 * * * *"
     assert spread(None, "t") is None
+
+
+def test_a_new_drill_waits_for_its_first_time_and_then_follows_its_cron():
+    """The restore drill of a table that just appeared must not run the interval already begun:
+    on a fresh stack that started every table's drill at once, before any batch existed."""
+    from airflow.timetables.base import DataInterval, TimeRestriction
+    from pendulum import DateTime, UTC
+
+    from statetable_airflow.timetables import daily_drill
+
+    timetable = daily_drill("movie_tickets_sold")
+    hour, minute = daily_minute("movie_tickets_sold")
+    now = DateTime.now(UTC)
+    first = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                       restriction=TimeRestriction(datetime(2026, 1, 1, tzinfo=UTC), None, False))
+    assert first.run_after > now and first.run_after - now <= __import__("datetime").timedelta(days=1)
+    assert (first.run_after.hour, first.run_after.minute) == (hour, minute)
+    later = timetable.next_dagrun_info(last_automated_data_interval=DataInterval(first.run_after, first.run_after),
+                                       restriction=TimeRestriction(datetime(2026, 1, 1, tzinfo=UTC), None, False))
+    assert (later.run_after - first.run_after).total_seconds() == 86400
+    # A backfill (catchup) still gets every day's interval.
+    caught = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                        restriction=TimeRestriction(datetime(2026, 1, 1, tzinfo=UTC), None, True))
+    assert caught.run_after.date().isoformat() == "2026-01-01"
+    # Airflow stores and reloads it by the plugin's registration.
+    from airflow.serialization.encoders import encode_timetable
+    assert "NextTimeOnlyTimetable" in json.dumps(encode_timetable(timetable), default=str)
 
 
 def _edges(dag) -> set[tuple[str, str]]:

@@ -25,6 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from ops.status import age_text, verify_verdict
 from serving.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
 
 BATCH_HEADER = "X-Statetable-Batch"
@@ -413,44 +414,38 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
 
 # ---------------------------------------------------------------- the status page
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit} ago"
-    return f"{seconds:.0f}s ago"
-
-
 def status_page(tables: list[dict]) -> str:
+    """Every value in words a user reads: no Python `None`, no DIFFERS without a difference, no
+    green for a verify that compared nothing (ops.status.verify_verdict)."""
     now = time.time()
     rows = []
     for t in tables:
-        last, verify = t.get("last_batch"), t.get("last_verify")
-        if verify is None:
-            verified, verified_class = "never", "none"
-        elif verify.get("skipped"):
-            verified, verified_class = f"skipped ({verify.get('failure')})", "none"
-        else:
-            verified_class = "ok" if verify.get("ok") else "bad"
-            verified = (f"{'exact' if verify.get('ok') else 'DIFFERS'} after {verify.get('failure')}, "
-                        f"{verify.get('keys_compared')} keys, {verify.get('differences')} differences, restore "
-                        f"{verify.get('restore_seconds') or 0:.2f}s, {_age(now - verify['recorded_at'])}")
-        batch = "none" if last is None else (f"#{last['batch_id']}: {last['read']} read, "
-                                             f"{last['keys_changed']} keys changed, {last['seconds']:.1f}s, "
-                                             f"{_age(now - last['committed_at'])}")
+        last = t.get("last_batch")
+        verified, verified_class = verify_verdict(t.get("last_verify"), now)
+        batch = "no batch yet" if last is None else (f"#{last['batch_id']}: {last['read']} read, "
+                                                      f"{last['keys_changed']} keys changed, {last['seconds']:.1f}s, "
+                                                      f"{age_text(now - last['committed_at'])}")
         name = html.escape(t["table"])
-        if t.get("available", True):
-            served = (f"batch {t.get('readable_batch')} from its {t.get('served_from', 'writer')}, "
-                      f"{t.get('lag_batches') or 0} behind")
-        else:
+        if not t.get("available", True):
             served = f"unavailable: {t.get('reason')}"
+        elif t.get("readable_batch") is None:
+            served = "nothing committed to serve yet"
+        else:
+            served = (f"batch {t['readable_batch']} from its {t.get('served_from', 'writer')}, "
+                      f"{t.get('lag_batches') or 0} behind; {t.get('keys', 0)} keys")
+        lag = t["lag"]
+        lag_text = f"{lag} records" if isinstance(lag, int) else str(lag)
+        reasons = t.get("dead_letters_by_reason") or {}
+        dead = str(t["dead_letters"]) + (" (" + ", ".join(f"{r} {n}" for r, n in reasons.items()) + ")"
+                                         if reasons else "")
         rows.append(
-            f"<tr><td><b>{name}</b><br><small>{html.escape(t['kind'])}, key {html.escape(', '.join(t['key']))}, "
-            f"{t['partitions']} partitions</small></td><td>{html.escape(batch)}</td><td>{html.escape(served)}</td>"
-            f"<td>{html.escape(str(t['lag']))}</td><td>{_age(t['snapshot_age_seconds'])}</td>"
-            f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{t['dead_letters']}</td>"
-            f"<td><a href='/dags/{name}__incremental' target='_top'>incremental</a> · "
+            f"<tr><td><b>{name}</b><br><small>{html.escape(t.get('shape', t['kind']))}, key "
+            f"{html.escape(', '.join(t['key']))}, {t['partitions']} partitions</small></td>"
+            f"<td>{html.escape(batch)}</td><td>{html.escape(served)}</td>"
+            f"<td>{html.escape(lag_text)}</td><td>{age_text(t['snapshot_age_seconds'])}</td>"
+            f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{html.escape(dead)}</td>"
+            f"<td><a href='tables/{name}/rows?limit=20'>rows</a> · "
+            f"<a href='/dags/{name}__incremental' target='_top'>incremental</a> · "
             f"<a href='/dags/{name}__rebuild' target='_top'>rebuild</a> · "
             f"<a href='/dags/{name}__restore_verify' target='_top'>restore-verify</a></td></tr>")
     return f"""<!doctype html>
@@ -459,7 +454,7 @@ body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #1b1f24; }}
 table {{ border-collapse: collapse; width: 100%; }}
 th, td {{ border-bottom: 1px solid #d0d7de; padding: .5em .6em; text-align: left; vertical-align: top; }}
 th {{ background: #f0f3f6; }} td.ok {{ color: #1a7f37; }} td.bad {{ color: #cf222e; font-weight: bold; }}
-td.none {{ color: #6e7781; }} small {{ color: #57606a; }}
+td.none {{ color: #6e7781; }} td.failed {{ color: #9a6700; font-weight: bold; }} small {{ color: #57606a; }}
 </style></head><body>
 <h2>statetable: state tables</h2>
 <table><tr><th>table</th><th>last batch</th><th>served</th><th>lag</th><th>newest snapshot</th><th>last restore-verify</th>

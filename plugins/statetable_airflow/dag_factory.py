@@ -20,7 +20,7 @@ from statetable_airflow.operators import (
     TableBatchesOperator, result_file, spark_job, spark_mode,
 )
 from statetable_airflow.sensors import OffsetLagSensor
-from statetable_airflow.timetables import BackfillOnlyTimetable, spread
+from statetable_airflow.timetables import BackfillOnlyTimetable, daily_drill, spread
 
 START = datetime(2026, 1, 1)
 
@@ -172,7 +172,7 @@ def restore_verify_dag(table: TableDefinition) -> DAG:
     rows = "\n".join(f"| `{name}` | {what} |" for name, what in FAILURES.items())
     with DAG(
         dag_id=f"{t}__restore_verify",
-        schedule="@daily",
+        schedule=daily_drill(t),
         start_date=START,
         catchup=False,
         max_active_runs=1,

@@ -2,6 +2,7 @@
 only bind it to Airflow (connections, XCom, skips, logs)."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -23,6 +24,31 @@ def result_file(table: str, task_id: str) -> str:
 
     return str(Runtime.from_env().data_dir / "runs" / table / "{{ dag.dag_id }}" /
                ("{{ run_id | replace(':', '_') | replace('+', '_') }}." + task_id + ".json"))
+
+
+ERROR_KEY = "error"
+
+
+def reporting(execute):
+    """Pushes a failing task's error, as one line, to XCom under `error`, so the drill's
+    `record_result` can quote the cause instead of pointing at a log it is not in; a skip's
+    reason goes the same way. The task fails or skips as it would have."""
+
+    @functools.wraps(execute)
+    def run(self, context):
+        try:
+            return execute(self, context)
+        except Exception as exc:
+            from catalog.messages import one_line
+
+            try:
+                text = str(exc) if isinstance(exc, AirflowSkipException) else one_line(exc)
+                context["ti"].xcom_push(key=ERROR_KEY, value=text[:2000])
+            except Exception as push:     # noqa: BLE001 - the task's own error is the one to raise
+                self.log.warning("could not record the error for the drill's record: %s", push)
+            raise
+
+    return run
 
 
 def spark_mode() -> str:
@@ -89,6 +115,7 @@ class SparkConnectJobOperator(_Lineage, BaseOperator):
         self.entry = entry
         self.conn_id = conn_id
 
+    @reporting
     def execute(self, context) -> None:
         import importlib
 
@@ -96,7 +123,9 @@ class SparkConnectJobOperator(_Lineage, BaseOperator):
         argv = [str(a) for a in self.application_args]
         code = importlib.import_module(self.entry).main(argv)
         if code:
-            raise RuntimeError(f"{self.entry} {' '.join(argv[:2])} exited {code}; see the log above")
+            what = {1: "found differences", 2: "refused its arguments or the definition"}.get(code, f"exited {code}")
+            raise RuntimeError(f"{argv[0]} {argv[1] if len(argv) > 1 else ''} {what} (exit {code}); "
+                               f"its log holds the detail")
 
     @property
     def lineage_kind(self) -> str:
@@ -269,6 +298,7 @@ class InjectFailureOperator(_TableOperator):
         super().__init__(**kwargs)
         self.failure = failure
 
+    @reporting
     def execute(self, context) -> dict:
         from ops import failures
 
@@ -290,6 +320,7 @@ class RestoreOperator(_TableOperator):
         super().__init__(**kwargs)
         self.inject_task = inject_task
 
+    @reporting
     def execute(self, context) -> dict:
         from dataclasses import asdict
 
@@ -317,11 +348,15 @@ class RecordVerifyOperator(_TableOperator):
         from ops import status
 
         ti = context["ti"]
-        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.inject_task], run_ids=[ti.run_id])
-        if states.get(ti.run_id, {}).get(self.inject_task) == "skipped":
+        tasks = [self.inject_task, self.restore_task, "verify"]
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=tasks, run_ids=[ti.run_id]).get(ti.run_id, {})
+        errors = {task: ti.xcom_pull(task_ids=task, key=ERROR_KEY) for task in tasks if states.get(task) in
+                  ("failed", "skipped", "upstream_failed")}
+        if states.get(self.inject_task) == "skipped":
+            reason = errors.get(self.inject_task) or f"{self.failure} could not be injected"
             status.record_verify(self.hook.runtime(), self.table, {
-                "run_id": context["run_id"], "failure": self.failure, "ok": None, "skipped": True})
-            raise AirflowSkipException(f"{self.table}: {self.failure} could not be injected; see {self.inject_task}")
+                "run_id": context["run_id"], "failure": self.failure, "ok": None, "skipped": True, "reason": reason})
+            raise AirflowSkipException(f"{self.table}: not verified: {reason}")
         injected = ti.xcom_pull(task_ids=self.inject_task)
         recovered = ti.xcom_pull(task_ids=self.restore_task) or {}
         verified = read_result(self.result_path) if Path(self.result_path).exists() else {}
@@ -332,14 +367,19 @@ class RecordVerifyOperator(_TableOperator):
             "restored_partitions": recovered.get("restored_partitions"),
             "corrupt_snapshots": len(recovered.get("corrupt_snapshots") or []), **status.verify_fields(verified),
         }
+        if not verified:
+            failed = next((t for t in tasks if states.get(t) == "failed"), None)
+            cause = errors.get(failed) if failed else None
+            record["drill_failed"] = (f"{failed}: {cause}" if cause else
+                                      f"{failed}: no error was recorded; open that task's log" if failed else
+                                      "the verify left no result")
         status.record_verify(self.hook.runtime(), self.table, record)
-        self.log.info("%s restore-verify after %s: %s; restore %.3fs, %s keys compared, %s differences",
-                      self.table, self.failure, "EXACT" if ok else "FAILED", record["restore_seconds"] or 0.0,
-                      record["keys_compared"], record["differences"])
+        self.log.info("%s restore-verify after %s: %s", self.table, self.failure, status.verify_verdict(record)[0])
         for example in record["examples"]:
             self.log.error("  key %s: state=%r recomputed=%r", example["key"], example["state"],
                            example["recomputed"])
         if not ok:
-            reason = "verification found differences" if verified else "a step before verification failed"
-            raise RuntimeError(f"{self.table}: restore-verify after {self.failure!r}: {reason}; see the log above")
+            raise RuntimeError(f"{self.table}: restore-verify after {self.failure!r}: "
+                               + (f"drill failed at {record['drill_failed']}" if not verified else
+                                  f"{record['differences']} of {record['keys_compared']} keys differ"))
         return record

@@ -5,6 +5,7 @@ import re
 import zlib
 
 from airflow.timetables.interval import CronDataIntervalTimetable
+from airflow.timetables.trigger import CronTriggerTimetable
 
 _EVERY_N_MINUTES = re.compile(r"^\*/(\d+)(\s.*)$")
 
@@ -25,6 +26,47 @@ def spread(cron: str | None, table: str) -> str | None:
         return cron
     offset = zlib.crc32(table.encode()) % n
     return f"{offset}-59/{n}{match.group(2)}" if offset else cron
+
+
+def daily_minute(table: str) -> tuple[int, int]:
+    """(hour, minute) of a table's daily drill: a stable hash of its name over the day's 1,440
+    minutes, so a stack's drills never start together."""
+    minute_of_day = zlib.crc32(f"drill:{table}".encode()) % 1440
+    return divmod(minute_of_day, 60)
+
+
+class NextTimeOnlyTimetable(CronTriggerTimetable):
+    """A cron that never runs the interval that has already begun when the DAG first appears.
+
+    Airflow's cron timetables without catchup start the latest past cron time at once: on a
+    fresh stack every table's `@daily` restore drill started in the same minute, beside the
+    engine's warm-up, before any table had a batch; on 2 cores the API server's calls timed out
+    and `make run` failed. A drill waits for its first scheduled time instead (a drill can
+    always be triggered by hand); after that, it runs as the cron says.
+    """
+
+    @property
+    def summary(self) -> str:
+        return f"{self._expression} (UTC)"
+
+    def next_dagrun_info(self, *, last_automated_data_interval, restriction):
+        if restriction.catchup or last_automated_data_interval is not None:
+            return super().next_dagrun_info(last_automated_data_interval=last_automated_data_interval,
+                                            restriction=restriction)
+        from airflow.timetables.trigger import coerce_datetime, utcnow
+        from airflow.timetables.base import DagRunInfo
+
+        start = self._get_next(coerce_datetime(utcnow()))
+        if restriction.earliest is not None:
+            start = max(start, self._align_to_next(restriction.earliest))
+        if restriction.latest is not None and restriction.latest < start:
+            return None
+        return DagRunInfo.interval(coerce_datetime(start - self._interval), start)
+
+
+def daily_drill(table: str) -> NextTimeOnlyTimetable:
+    hour, minute = daily_minute(table)
+    return NextTimeOnlyTimetable(f"{minute} {hour} * * *", timezone="UTC")
 
 
 class BackfillOnlyTimetable(CronDataIntervalTimetable):

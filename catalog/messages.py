@@ -1,0 +1,17 @@
+"""Errors as users read them: one line, in the words of the code that raised it.
+
+Every surface that shows an error (the CLI, a drill's record on the State tables page, a
+task's summary) goes through here, so none of them shows a Python class name for a condition
+statetable describes itself, or a JVM stack where one line says it.
+"""
+from __future__ import annotations
+
+OUR_PACKAGES = ("catalog", "state", "spark_jobs", "serving", "ops", "deploy", "statetable_airflow")
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's own first line (a Spark error's JVM stack and a definition's caret display stay
+    out), prefixed with its type unless it is one of ours that speaks for itself."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    ours = type(exc).__module__.split(".")[0] in OUR_PACKAGES
+    return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
