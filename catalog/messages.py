@@ -15,3 +15,8 @@ def one_line(exc: BaseException) -> str:
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     ours = type(exc).__module__.split(".")[0] in OUR_PACKAGES
     return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class UserError(ValueError):
+    """A request the user can fix (an option, a table name, a batch), as opposed to a failure of
+    the work: the CLI exits 2 for these, 1 for the others."""

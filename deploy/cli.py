@@ -6,7 +6,15 @@ import json
 import sys
 
 from catalog import settings as stack_settings
-from catalog.messages import one_line
+from catalog.messages import UserError, one_line
+
+# Exit codes, as the README's table lists them.
+EXIT_OK = 0
+EXIT_FAILED = 1         # the work failed (a broker, the engine, a verify that found differences)
+EXIT_USAGE = 2          # the user's request: a refused definition, an unknown table, a bad key or option
+EXIT_DOWN = 3           # `stack status`: a component is down
+EXIT_NO_ROW = 4         # `query`: no row for that key in the committed state
+EXIT_INTERRUPTED = 130
 
 
 def _stack(args) -> int:
@@ -36,7 +44,7 @@ def _stack(args) -> int:
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
-        return 3 if any(line.endswith(" down") for line in lines) else 0
+        return EXIT_DOWN if any(line.endswith(" down") for line in lines) else EXIT_OK
     return 0
 
 
@@ -110,6 +118,111 @@ def _produce_sample(args) -> int:
     return 0
 
 
+def _tables(args) -> int:
+    """Every table as a user asks after it: what it is, its last batch, lag, freshness, keys,
+    dead letters by reason and what its last restore-and-verify proved."""
+    from catalog.definitions import load_all
+    from catalog.runtime import Runtime
+    from ops import status
+
+    rt = Runtime.from_env()
+    broken: dict[str, str] = {}
+    tables = load_all(rt.tables_dir, broken=broken)
+    if args.table:
+        missing = [t for t in args.table if t not in tables and t not in broken]
+        if missing:
+            raise LookupError(f"no table {missing[0]!r} in {rt.tables_dir}; tables: {', '.join(sorted(tables))}")
+    names = args.table or sorted(set(tables) | set(broken))
+    rows = []
+    for name in names:
+        if name in broken:
+            rows.append({"table": name, "broken": broken[name]})
+            continue
+        info = status.table_status(tables[name], rt)
+        rows.append(info)
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    for info in rows:
+        print(_table_lines(info))
+    return 0
+
+
+def _table_lines(info: dict) -> str:
+    from ops.status import age_text
+
+    name = info["table"]
+    if "broken" in info:
+        return f"{name}: DEFINITION BROKEN: {info['broken']}\n"
+    last = info["last_batch"]
+    lag = info["lag"]
+    lag_text = "caught up" if lag == 0 else f"{lag} records waiting" if isinstance(lag, int) else str(lag)
+    batch = "no batch yet" if last is None else \
+        f"batch {last['batch_id']} ({last['read']} read, {last['keys_changed']} keys changed, {last['seconds']:.2f}s)"
+    fresh = "never committed" if info["freshness_seconds"] is None else f"committed {age_text(info['freshness_seconds'])}"
+    reasons = info["dead_letters_by_reason"]
+    dead = f"{info['dead_letters']}" + (" (" + ", ".join(f"{r} {n}" for r, n in reasons.items()) + ")" if reasons
+                                        else "")
+    lines = [f"{name}: {info['shape']}, key {', '.join(info['key'])}, {info['partitions']} partitions",
+             f"  {batch}, {fresh}; {lag_text}; {info['keys']} keys",
+             f"  dead letters: {dead}" + (f" (`statetable dead-letters {name}`)" if info["dead_letters"] else ""),
+             f"  verify: {info['verified']['text']}"]
+    lines += [f"  warning: {w}" for w in info.get("durability_warnings") or []]
+    return "\n".join(lines) + "\n"
+
+
+def _create_topic(args) -> int:
+    from ops import topics
+
+    made = topics.create_topic(args.table)
+    print(f"topic {made['topic']}: {'created' if made['created'] else 'exists'}, {made['partitions']} partitions")
+    return 0
+
+
+def _produce(args) -> int:
+    from ops import topics
+
+    def progress(sent: int, seconds: float) -> None:
+        print(f"statetable produce {args.table}: {sent} records sent ({sent / max(seconds, 1e-6):,.0f}/s)",
+              file=sys.stderr, flush=True)
+
+    if args.file in (None, "-"):
+        done = topics.produce_lines(args.table, sys.stdin, progress=progress)
+    else:
+        try:
+            source = open(args.file, encoding="utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise SystemExit(f"statetable produce {args.table}: cannot read {args.file}: {exc.strerror}") from None
+        with source:
+            done = topics.produce_lines(args.table, source, progress=progress)
+    print(f"produced {done.records} records to {done.topic} ({done.seconds:.2f}s, every delivery confirmed)")
+    if done.not_json_objects:
+        print(f"{done.not_json_objects} of them are not JSON objects: the table will dead-letter them with a reason "
+              f"(`statetable dead-letters {args.table}`)")
+    return 0
+
+
+def _dead_letters(args) -> int:
+    from ops import topics
+
+    found = topics.dead_letters(args.table, limit=args.limit)
+    if args.json:
+        print(json.dumps(found, indent=1))
+        return 0
+    if not found["total"]:
+        print(f"{args.table}: no dead letters in committed batches (topic {found['topic']})")
+        return 0
+    print(f"{args.table}: {found['total']} dead letters in committed batches (topic {found['topic']})")
+    for reason, n in found["by_reason"].items():
+        print(f"  {reason}: {n}")
+    if found["newest"]:
+        print(f"newest {len(found['newest'])}:")
+    for d in found["newest"]:
+        print(f"  {d['reason']}: partition {d['source_partition']} offset {d['source_offset']}, {d['size']} bytes"
+              f"{' (cut)' if d['truncated'] else ''}: {d['value']}")
+    return 0
+
+
 def _query(args) -> int:
     from serving.query import BadQuery, NoSuchTable, StateUnavailable, lookup
 
@@ -118,11 +231,15 @@ def _query(args) -> int:
 
     try:
         row = lookup(args.table, tuple(args.key), progress=progress)
-    except (StateUnavailable, NoSuchTable, BadQuery) as exc:
-        raise SystemExit(f"statetable query {args.table}: {exc}") from None
+    except (NoSuchTable, BadQuery) as exc:
+        print(f"statetable query {args.table}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StateUnavailable as exc:
+        print(f"statetable query {args.table}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     if row is None:
         print(f"statetable query {args.table}: no row for key {args.key} in its committed state", file=sys.stderr)
-        return 4
+        return EXIT_NO_ROW
     print(json.dumps(present(args.table, row), indent=1, default=str))
     return 0
 
@@ -190,7 +307,7 @@ def _restore(args) -> int:
     from spark_jobs import jobs
 
     _logging()
-    for report in jobs.restore(args.table, args.batch):
+    for report in jobs.restore(args.table, args.batch, force=args.force):
         print(json.dumps({"partition": report.partition, "applied_batch": report.applied_batch,
                           "snapshot_batch": report.snapshot_batch, "replayed": report.replayed_records,
                           "corrupt_snapshots": len(report.corrupt_snapshots), "keys": report.key_count,
@@ -280,6 +397,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-records-per-batch", type=int, help="override the table's option for this run")
     p.set_defaults(func=_run)
 
+    p = sub.add_parser("tables", help="every table: last batch, lag, freshness, keys, dead letters, last verify")
+    p.add_argument("table", nargs="*", help="only these tables")
+    p.add_argument("--json", action="store_true", help="one JSON document (the query API's /tables fields)")
+    p.set_defaults(func=_tables)
+
+    p = sub.add_parser("create-topic", help="create a table's input topic with its definition's partitions "
+                                            "(the broker does not create topics on first use)")
+    p.add_argument("table")
+    p.set_defaults(func=_create_topic)
+
+    p = sub.add_parser("produce", help="send JSON lines (one event per line) to a table's input topic")
+    p.add_argument("table")
+    p.add_argument("file", nargs="?", help="a file of JSON lines (default: standard input)")
+    p.set_defaults(func=_produce)
+
+    p = sub.add_parser("dead-letters", help="a table's dead letters: counts by reason and the newest records")
+    p.add_argument("table")
+    p.add_argument("--limit", type=int, default=20, help="newest records to show (per partition read, at most)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_dead_letters)
+
     p = sub.add_parser("produce-sample", help="produce a table's sample events")
     p.add_argument("name")
     p.add_argument("--events", type=int)
@@ -301,7 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("restore", help="restore a table from snapshots plus changelog")
     p.add_argument("table")
-    p.add_argument("--batch", type=int)
+    p.add_argument("--batch", type=int, help="restore to this batch (default: the last committed one); an earlier "
+                                              "batch than the last commit needs --force")
+    p.add_argument("--force", action="store_true",
+                   help="with --batch: roll the live store back to an earlier batch; readers see that batch, and "
+                        "verify fails, until the next batch runs")
     p.set_defaults(func=_restore)
 
     p = sub.add_parser("verify", help="compare a table's state with a batch recomputation")
@@ -336,16 +478,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:       # a command's own one-line refusal of what it was asked
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            return EXIT_USAGE
+        raise
     except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
         if os.environ.get("STATETABLE_DEBUG"):
             raise
         table = getattr(args, "table", None) or getattr(args, "name", None)
         where = f"statetable {args.command}" + (f" {table}" if isinstance(table, str) else "")
-        hint = "" if isinstance(exc, (DefinitionError, LookupError)) or "statetable " in str(exc) else \
+        usage = isinstance(exc, (DefinitionError, LookupError, UserError))
+        hint = "" if usage or "statetable " in str(exc) else \
             " (STATETABLE_DEBUG=1 shows the traceback)"
         print(f"{where}: {one_line(exc)}{hint}", file=sys.stderr)
-        return 2 if isinstance(exc, (DefinitionError, LookupError)) else 1
+        return EXIT_USAGE if usage else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -47,6 +47,30 @@ RELOAD_SECONDS = 2.0     # how often a server looks for added, edited or removed
 PATIENCE_SECONDS = 10.0   # how long a read waits for a first consistent catch-up before answering 503
 
 
+def window_start_ms(table: TableDefinition, raw) -> int:
+    """A window's start as epoch milliseconds or an ISO time (UTC unless it says otherwise)."""
+    from datetime import datetime, timezone
+
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        pass
+    try:
+        moment = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        raise BadQuery(f"table {table.name!r}: window_start {raw!r} is neither epoch milliseconds nor an ISO time "
+                       f"(e.g. 1767225600000 or 2026-01-01T00:00:00Z)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def text_key(table: TableDefinition) -> bool:
+    """Whether the table's key is one STRING column (its `prefix=` is then a string prefix)."""
+    names = key_names(table)
+    return len(names) == 1 and table.window is None and dict(table.schema).get(names[0], "").upper() == "STRING"
+
+
 class NoSuchTable(LookupError):
     pass
 
@@ -409,11 +433,7 @@ class QueryService:
         except ValueError as exc:
             raise BadQuery(str(exc)) from None
         if table.window and len(key) == width and not isinstance(key[-1], int):
-            try:
-                key = key[:-1] + (int(key[-1]),)
-            except ValueError:
-                raise BadQuery(f"table {table.name!r}: window_start must be epoch milliseconds, not {key[-1]!r}") \
-                    from None
+            key = key[:-1] + (window_start_ms(table, key[-1]),)
         return key
 
     # -- queries -----------------------------------------------------------------
@@ -433,6 +453,8 @@ class QueryService:
             raise BadQuery(f"limit must be at least 1, not {limit}")
         limit = min(limit, MAX_LIMIT)
         prefix_key = self.parse_key(table, prefix, full=False) if prefix else ()
+        if prefix and not prefix.startswith("[") and text_key(table):
+            prefix_key = codec.text_prefix(prefix)      # a one-part string key: prefix of the string
         start_key = self.parse_key(table, start, full=False) if start else None
         end_key = self.parse_key(table, end, full=False) if end else None
         after = _decode_cursor(cursor) if cursor else None

@@ -305,6 +305,19 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     return result
 
 
+def repeated_full_rebuild(name: str, rt: Runtime | None = None) -> str | None:
+    """Why a full rebuild now would repeat the last one (None if it would not): the last commit
+    is a full rebuild, so nothing has changed the input or the state since. A backfill of a
+    table without windows over three days asked for three identical full rebuilds."""
+    rt = rt or Runtime.from_env()
+    last = BatchLog(rt.batch_dir(name)).last_commit()
+    if last is None or not last.counts.get("rebuild") or "window_from_ms" in last.counts:
+        return None
+    return (f"table {name!r} was rebuilt in full at batch {last.batch_id} and no batch has committed since, so "
+            f"another full rebuild would compute the same state (a table without windows rebuilds in full for "
+            f"any day; a backfill runs it once)")
+
+
 def rebuild_window(table: TableDefinition, window_from: str | None, window_to: str | None, full: bool,
                    interval: tuple | None) -> tuple[int, int] | None:
     """The [from, to) epoch-ms range of windows a rebuild run recomputes, or None for all of them.

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from state import faults
+from catalog.messages import UserError
 from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
                                  readonly_partitions, spec_of, stage_tables, state_rows, state_table, table_lock)
 from catalog.definitions import DefinitionError
@@ -85,10 +86,30 @@ def follow(name: str, poll_seconds: float = 0.5, spark=None, rt: Runtime | None 
     return committed
 
 
-def restore(name: str, batch: int | None = None, rt: Runtime | None = None, missing_only: bool = False) -> list:
-    """Restore partitions from snapshots plus changelog; `missing_only` skips partitions that have local state."""
+
+class RollbackRefused(UserError):
+    """A restore to an earlier batch than the batch log's last commit, not forced."""
+
+
+def restore(name: str, batch: int | None = None, rt: Runtime | None = None, missing_only: bool = False,
+            force: bool = False) -> list:
+    """Restore partitions from snapshots plus changelog; `missing_only` skips partitions that have local state.
+
+    A `batch` before the last committed one rolls the live store back while the batch log stays
+    ahead: readers are served the old batch and verify fails until the next batch brings the
+    store forward again. That is refused unless `force`."""
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
+    if batch is not None and not force:
+        from catalog.batch_log import BatchLog
+
+        last = BatchLog(rt.batch_dir(name)).last_commit()
+        if last is not None and batch < last.batch_id:
+            raise RollbackRefused(
+                f"table {name!r}: batch {batch} is older than its last committed batch {last.batch_id}; restoring "
+                f"it rolls the live store back while the batch log stays at {last.batch_id}, so queries would "
+                f"serve batch {batch} and verify would fail until the next batch. Restore without --batch, or pass "
+                f"--force to roll back anyway")
     with table_lock(name, rt):
         tables = stage_tables(table, rt)          # a table of tables' rows stage too, to the same batch
         try:

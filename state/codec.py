@@ -144,6 +144,12 @@ def decode_key(data: bytes) -> tuple:
     return tuple(items)
 
 
+def text_prefix(prefix: str) -> bytes:
+    """The bytes every key whose first part is a string starting with `prefix` begins with (the
+    string's encoding without its terminator): `cust1` finds `cust1`, `cust10` ... `cust19`."""
+    return bytes([_STR]) + prefix.encode().replace(b"\x00", b"\x00\xff")
+
+
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
     """The smallest byte string greater than every string starting with `prefix`."""
     stripped = prefix.rstrip(b"\xff")

@@ -45,10 +45,11 @@ class PartitionView:
         raw = self.backend.get(codec.encode_key(key))
         return None if raw is None else codec.decode_value(raw)
 
-    def scan(self, prefix: tuple = (), start: tuple | None = None, end: tuple | None = None,
+    def scan(self, prefix: tuple | bytes = (), start: tuple | None = None, end: tuple | None = None,
              limit: int | None = None) -> list[tuple[tuple, object]]:
-        """Entries with the key prefix, from `start` (inclusive) to `end` (exclusive), in key order."""
-        lo = codec.encode_key(prefix) if prefix else b""
+        """Entries with the key prefix, from `start` (inclusive) to `end` (exclusive), in key order.
+        `prefix`: leading key parts (a tuple), or encoded bytes (codec.text_prefix)."""
+        lo = prefix if isinstance(prefix, bytes) else codec.encode_key(prefix) if prefix else b""
         hi = codec.prefix_upper_bound(lo) if lo else None
         if start is not None:
             lo = max(lo, codec.encode_key(start))
@@ -93,7 +94,7 @@ class TableView:
     def get(self, key: tuple):
         return self.partitions[self.spec.route(key)].get(key)
 
-    def scan(self, prefix: tuple = (), start: tuple | None = None, end: tuple | None = None,
+    def scan(self, prefix: tuple | bytes = (), start: tuple | None = None, end: tuple | None = None,
              limit: int | None = None) -> list[tuple[tuple, object]]:
         """A merged, key-ordered scan over all partitions."""
         merged = heapq.merge(*(view.scan(prefix, start, end, limit) for view in self.partitions),

@@ -147,12 +147,18 @@ def rebuild_dag(table: TableDefinition) -> DAG:
     ) as dag:
 
         @task(retries=0)
-        def plan_rebuild(params=None, data_interval_start=None, data_interval_end=None) -> str:
+        def plan_rebuild(params=None, data_interval_start=None, data_interval_end=None, dag_run=None) -> str:
             """Validate the params and pick the window range before any Spark work."""
+            from airflow.sdk.exceptions import AirflowSkipException
+
             from spark_jobs import batch
 
             window = batch.rebuild_window(table, params["window_from"], params["window_to"], params["full"],
                                           (data_interval_start, data_interval_end))
+            if window is None and str(getattr(dag_run, "run_type", "")).endswith("backfill"):
+                repeated = batch.repeated_full_rebuild(t)
+                if repeated:
+                    raise AirflowSkipException(repeated)
             if window is None:
                 print(f"{t}: full rebuild" + ("" if table.window else " (the table has no windows)"))
                 return ""
