@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -93,6 +96,35 @@ _held: dict[Path, list[int]] = {}     # lock path -> [descriptor, depth] held by
 _held_guard = threading.Lock()
 
 
+LOCK_PATIENCE_ENV = "STATETABLE_LOCK_WAIT_SECONDS"
+
+
+class LockTimeout(RuntimeError):
+    """Another job held the table's lock for longer than this one may wait."""
+
+
+def lock_patience() -> float:
+    """How long a job waits for a table's lock: a rebuild of a large table holds it for minutes,
+    so the default is an hour; a wait is never without end."""
+    raw = os.environ.get(LOCK_PATIENCE_ENV, "3600")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{LOCK_PATIENCE_ENV}={raw!r} is not a number of seconds") from None
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, from what its holder wrote into the file (pid, host, command, since)."""
+    try:
+        facts = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return "an unknown process"
+    if not facts:
+        return "an unknown process"
+    return (f"pid {facts.get('pid')} on {facts.get('host')} (`{facts.get('command')}`, since "
+            f"{time.strftime('%H:%M:%S', time.localtime(facts.get('since', 0)))})")
+
+
 @contextlib.contextmanager
 def table_lock(name: str, rt: Runtime):
     """One writer per table across processes: micro-batches, rebuilds, restores and verifies.
@@ -109,15 +141,33 @@ def table_lock(name: str, rt: Runtime):
         if entry is not None:
             entry[1] += 1
     if entry is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # 0600 in a 0700 folder: no other local user can open the file, so none can take the
+        # lock and stall the table's writer.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.info("%s: another job holds the table lock %s; waiting", name, path)
+            holder = _holder(fd)
+            log.info("%s: the table lock %s is held by %s; waiting", name, path, holder)
             waited = time.monotonic()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            patience = lock_patience()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() - waited > patience:
+                        holder = _holder(fd)
+                        os.close(fd)
+                        raise LockTimeout(f"table {name!r}: the table lock {path} is still held by {holder} "
+                                          f"after {patience:.0f}s ({LOCK_PATIENCE_ENV}); that job is still running "
+                                          f"or stuck: stop it, and this one can go on") from None
+                    time.sleep(0.2)
             log.info("%s: got the table lock after %.1fs", name, time.monotonic() - waited)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time(), 3),
+                                  "command": " ".join(sys.argv[:4])[:200]}).encode(), 0)
         with _held_guard:
             entry = _held[path] = [fd, 1]
     try:

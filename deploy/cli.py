@@ -8,6 +8,8 @@ import sys
 from catalog import settings as stack_settings
 from catalog.messages import UserError, one_line
 
+PRIVATE_UMASK = 0o077
+
 # Exit codes, as the README's table lists them.
 EXIT_OK = 0
 EXIT_FAILED = 1         # the work failed (a broker, the engine, a verify that found differences)
@@ -37,6 +39,10 @@ def _stack(args) -> int:
         spark_cluster.supervise(cfg)
     elif args.action == "kill-engine":
         stack.kill_engine(cfg)
+    elif args.action == "password":
+        from deploy import airflow_server
+
+        print(airflow_server.admin_password(cfg))
     elif args.action == "wipe-workers":
         if not args.table:
             raise SystemExit("stack wipe-workers: name the table whose worker state to wipe (--table NAME)")
@@ -263,6 +269,10 @@ def api_token(token_file: str | None) -> str:
     path = token_file or os.environ.get("STATETABLE_API_TOKEN_FILE")
     if not token and path:
         try:
+            mode = Path(path).stat().st_mode & 0o777
+            if mode & 0o077:
+                raise SystemExit(f"statetable serve: the token file {path} is readable by others (mode {mode:o}); "
+                                 f"`chmod 600 {path}` and start again")
             token = Path(path).read_text().strip()
         except OSError as exc:
             raise SystemExit(f"statetable serve: cannot read the token file {path}: {exc.strerror}") from None
@@ -357,8 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stack", help="start, stop or inspect the local Kafka + Airflow stack")
     p.add_argument("action", choices=["up", "down", "status", "restart-broker", "restart-engine",
-                                          "restart-workers", "kill-engine", "wipe-workers", "supervise-workers"],
-                   help="kill-engine and wipe-workers are failure drills' deployment commands; "
+                                          "restart-workers", "kill-engine", "wipe-workers", "supervise-workers",
+                                          "password"],
+                   help="password prints the Airflow admin's (kept in a mode-600 file, never logged); "
+                        "kill-engine and wipe-workers are failure drills' deployment commands; "
                         "supervise-workers is the process `up --workers` starts to restart dead workers")
     p.add_argument("--table", help="wipe-workers: the table whose local state every worker loses")
     p.add_argument("--brokers", type=int, default=None,
@@ -475,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     from catalog.definitions import DefinitionError
 
     args = build_parser().parse_args(argv)
+    os.umask(PRIVATE_UMASK)     # state, snapshots and logs a command writes are its user's alone
     try:
         return args.func(args)
     except KeyboardInterrupt:

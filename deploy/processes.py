@@ -54,12 +54,15 @@ class ManagedProcess:
     def start(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
         if (pid := self.pid()) is not None:
             return pid
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n".encode())
+            # umask 077: everything a stack process writes (state, snapshots, batch log, logs,
+            # Airflow's and Kafka's files) is its owner's alone; the query API's authorisation is
+            # not to be walked around by reading the files under it.
             proc = subprocess.Popen(
                 cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, umask=PRIVATE_UMASK,
             )
         stat = _stat(proc.pid)
         self.pid_file.write_text(f"{proc.pid} {stat['started'] if stat else ''}".strip())
@@ -188,6 +191,9 @@ def wait_port_free(host: str, port: int, what: str) -> None:
     """A stopped JVM or server lets go of its listening socket a moment after its process is gone."""
     wait_until(lambda: not port_in_use(host, port), 15, interval=0.1,
                what=f"port {port} to be free after {what} stopped")
+
+
+PRIVATE_UMASK = 0o077
 
 
 def write_private(path: Path, text: str) -> None:

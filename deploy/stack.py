@@ -18,6 +18,8 @@ from deploy.processes import write_private
 
 def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, secure: bool = False) -> None:
     started = time.monotonic()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)       # the stack's data, logs and secrets: its owner's alone
     if workers < 0:
         raise SystemExit(f"stack up --workers {workers}: give 0 (no cluster, jobs run local[*]) or more workers")
     running = spark_cluster.size(settings)
@@ -49,9 +51,9 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
           f"{time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
     print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
-    password = airflow_server.admin_password(settings)
     print(
-        f"\nAirflow UI:  {settings.airflow_url}  (user: {airflow_server.ADMIN_USER}, password: {password})\n"
+        f"\nAirflow UI:  {settings.airflow_url}  (user: {airflow_server.ADMIN_USER}, password: "
+        f"`statetable stack password`)\n"
         f"Kafka:       {settings.kafka_bootstrap}\n"
         f"Spark:       {settings.connect_url} (Spark Connect; token in {settings.connect_dir / '.token'})\n"
         f"Logs:        {settings.state_dir}/*/*.log\n"
@@ -66,6 +68,9 @@ def _start_cluster(settings: StackSettings, workers: int, started: float) -> Non
     object_store.wait_healthy(settings)
     write_private(cluster_env_file(settings), json.dumps(object_store.client_env(settings)))
     print(f"s3 {settings.s3_url} up ({time.monotonic() - started:.1f}s)", flush=True)
+    print(f"WARNING: the S3 server at {settings.s3_url} is moto, a test server: it accepts any access key, and anyone "
+          f"who reaches its port can reset it (delete every bucket). It is bound to {settings.host} for tests on "
+          f"this machine only; a real cluster uses a real object store (STATETABLE_STORE_URI).", flush=True)
     spark_cluster.start(settings, workers)
     spark_cluster.wait_healthy(settings)
     print(f"spark-master {settings.master_url} up with {workers} workers ({time.monotonic() - started:.1f}s)",

@@ -84,3 +84,19 @@ def test_no_secret_is_written_into_the_file():
     for key in ("POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "AWS_SECRET_ACCESS_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"):
         for value in re.findall(rf"{key}: (\S+)", text):
             assert value.startswith("${"), f"{key} must come from the environment, not {value!r}"
+
+
+def test_the_admin_password_is_a_secret_read_into_a_private_file_and_the_two_keys_differ():
+    """AIRFLOW_ADMIN_PASSWORD was documented and never read; one value served as both the JWT
+    secret and the API secret key."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    env = compose["x-statetable-env"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] != env["AIRFLOW__API__SECRET_KEY"]
+    assert "AIRFLOW_API_SECRET_KEY" in env["AIRFLOW__API__SECRET_KEY"]
+    assert compose["secrets"]["airflow_admin_password"] == {"environment": "AIRFLOW_ADMIN_PASSWORD"}
+    init = compose["services"]["airflow-init"]
+    assert init["secrets"] == ["airflow_admin_password"]
+    command = " ".join(init["command"])
+    assert "umask 077" in command and "/run/secrets/airflow_admin_password" in command
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] in command
+    assert any(v.startswith("airflow-home:") for v in init["volumes"])
