@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from deploy import postgres_server
-from deploy.processes import ManagedProcess, require_free_ports, wait_ready
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 from catalog.settings import PROJECT_ROOT, StackSettings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -48,9 +48,7 @@ def _secret(settings: StackSettings, name: str) -> str:
     """A per-stack random secret kept under the git-ignored state folder."""
     path = settings.airflow_home / f".{name}"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+        write_private(path, secrets.token_urlsafe(32))
     return path.read_text().strip()
 
 
@@ -125,6 +123,10 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        # Task logs hold table names, keys and values: their owner's alone (Airflow's own defaults
+        # are 775 and 664, applied whatever the umask).
+        "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FOLDER_PERMISSIONS": "0o700",
+        "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FILE_PERMISSIONS": "0o600",
         "STATETABLE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "STATETABLE_DATA_DIR": str(settings.data_dir),
         "PYSPARK_PYTHON": sys.executable,

@@ -286,6 +286,13 @@ class TableBatchesOperator(_TableOperator):
                           snapshot["batch"], snapshot["seconds"])
         stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
         emit_stats(self.table, stats, [c.seconds for c in commits])
+        # The Asset event says what the batches did, so a downstream DAG (or a user reading the
+        # Assets page) sees batch ids and counts without opening this task's log.
+        facts = {"table": self.table, "first_batch": commits[0].batch_id if commits else None,
+                 **{k: stats[k] for k in ("last_batch", "batches", "read", "dead_lettered", "late", "keys_changed",
+                                          "lag", "seconds")}}
+        for outlet in self.outlets or ():
+            context["outlet_events"][outlet].extra = facts
         return {**stats, "snapshot_partitions": snapshot["partitions"]}
 
 

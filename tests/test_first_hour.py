@@ -1,0 +1,275 @@
+"""A new user's first hour, in their order, from outside the code.
+
+A clean clone of the repository; `make run` with the scheduler on (the README's first command,
+which must pass the first time); then the README's quickstart, every command parsed out of the
+README and run verbatim from the clone's folder: a table of one's own written, its topic made,
+events produced (one of them bad), run, queried, listed, its dead letters read, and a restore
+drill triggered. What the user then sees is checked through the CLI, Airflow's REST API, the
+Airflow-mounted query API and the State tables page (a headless browser), against pandas over
+the records read back from the topic. Then what a local stranger could do to the stack: read
+its files, find the admin password in a log, take a table's lock. Finally `make stack-down`
+leaves nothing running.
+
+The clone gets its own ports (27xxx) and its own `.stack`, so nothing of the session's stack or
+of another test is in it. Maven's local repository is shared with the checkout under test (a
+developer's ~/.m2, in effect); everything else the clone installs itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from catalog import settings as stack_settings
+from deploy import airflow_server
+from deploy.airflow_api import AirflowApi
+
+ROOT = Path(__file__).resolve().parent.parent
+PORTS = {"STATETABLE_KAFKA_PORT": "27092", "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
+         "STATETABLE_AIRFLOW_PORT": "27080", "STATETABLE_SPARK_CONNECT_PORT": "27002",
+         "STATETABLE_POSTGRES_PORT": "27432"}
+MARKER = "<!-- quickstart: run verbatim, in this order, by tests/test_first_hour.py -->"
+
+
+def quickstart_commands(readme: str) -> list[str]:
+    """The commands of the README's quickstart block: a line continued by a backslash or a
+    heredoc is one command with its continuation."""
+    block = readme.split(MARKER, 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    commands, current, heredoc = [], [], None
+    for line in block.splitlines():
+        current.append(line)
+        if heredoc is not None:
+            if line.strip() == heredoc:
+                heredoc = None
+                commands.append("\n".join(current))
+                current = []
+            continue
+        match = re.search(r"<<'?(\w+)'?", line)
+        if match:
+            heredoc = match.group(1)
+            continue
+        if line.endswith("\\"):
+            continue
+        commands.append("\n".join(current))
+        current = []
+    assert not current and heredoc is None, "the quickstart block ends inside a command"
+    return [c for c in commands if c.strip()]
+
+
+def test_the_readme_quickstart_parses_into_the_steps_a_user_takes():
+    commands = quickstart_commands((ROOT / "README.md").read_text())
+    firsts = [c.split()[0] if not c.startswith(".venv") else c.split()[1] for c in commands]
+    assert commands[0] == "make run"
+    assert [c.split()[1] for c in commands if c.startswith(".venv/bin/statetable")] == \
+        ["create-topic", "run", "query", "tables", "dead-letters", "airflow"]
+    assert "cat" in firsts and "printf" in firsts
+    assert (ROOT / "README.md").read_text().index(MARKER) < (ROOT / "README.md").read_text().index("## Two commands")
+
+
+def _clean_env(clone: Path) -> dict[str, str]:
+    """The user's shell: none of the test session's settings (its ports, its Airflow overrides)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STATETABLE_", "AIRFLOW_", "OPENLINEAGE",
+                                                                       "PYTEST", "VIRTUAL_ENV", "UV_"))}
+    env.update(PORTS)
+    env["HOME"] = os.environ.get("HOME", "/root")
+    return env
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    where = tmp_path_factory.mktemp("first-hour") / "statetable"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
+    (where / ".cache").mkdir()
+    os.symlink(ROOT / ".cache" / "m2", where / ".cache" / "m2")
+    env = _clean_env(where)
+    try:
+        yield where, env
+    finally:
+        subprocess.run(["make", "stack-down"], cwd=where, env=env, capture_output=True, timeout=180)
+
+
+def _sh(clone: Path, env: dict, command: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=clone, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _settings(clone: Path) -> stack_settings.StackSettings:
+    return stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, clone / ".stack", connect_port=27002,
+                                        postgres_port=27432)
+
+
+def _topic_records(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "first-hour-check", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends if ends[p]])
+    left, values = {p for p in ends if ends[p]}, []
+    deadline = time.monotonic() + 60
+    while left and time.monotonic() < deadline:
+        for msg in consumer.consume(500, timeout=0.5):
+            if msg.error():
+                continue
+            values.append(msg.value())
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                left.discard(msg.partition())
+    consumer.close()
+    return values
+
+
+def _expected(bootstrap: str) -> pd.DataFrame:
+    """pandas over the records read back: events whose `ms` is not an integer are dead letters."""
+    rows = [json.loads(v) for v in _topic_records(bootstrap, "page-views")]
+    frame = pd.DataFrame(rows)
+    good = frame[frame["ms"].map(lambda v: isinstance(v, int) and not isinstance(v, bool))]
+    return good.groupby("page").agg(views=("user_id", "count"), total_ms=("ms", "sum"))
+
+
+def _get(url: str, token: str):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.read().decode()
+
+
+def test_first_hour_from_a_clean_clone(clone):
+    where, env = clone
+    commands = quickstart_commands((where / "README.md").read_text())
+    outputs: dict[str, str] = {}
+    table_file_written = time.monotonic()
+    for command in commands:
+        started = time.monotonic()
+        done = _sh(where, env, command)
+        text = done.stdout + done.stderr
+        assert done.returncode == 0, f"{command!r} exited {done.returncode} after " \
+                                     f"{time.monotonic() - started:.0f}s:\n{text[-4000:]}"
+        assert "Traceback" not in text, (command, text[-4000:])
+        key = command.split()[1] if command.startswith(".venv") else command.split()[0]
+        outputs[key] = done.stdout
+        if command.startswith("cat >"):
+            table_file_written = time.monotonic()
+    cfg = _settings(where)
+    bootstrap = cfg.kafka_bootstrap
+
+    # make run: the demo ended with the seed's leaderboard.
+    assert "Isabelle" in outputs["make"], outputs["make"][-3000:]
+
+    # The table's own run: 4 read, 1 dead-lettered; its answer equals pandas over the topic.
+    expected = _expected(bootstrap)
+    run = json.loads(outputs["run"].splitlines()[0])
+    assert (run["batch"], run["read"], run["dead_lettered"]) == (0, 4, 1), outputs["run"]
+    home = json.loads(outputs["query"])
+    assert (home["views"], home["total_ms"]) == (int(expected.loc["/home", "views"]),
+                                                 int(expected.loc["/home", "total_ms"])) == (2, 2000)
+    assert "page_views: aggregate of topic page-views" in outputs["tables"]
+    assert "batch 0 (4 read" in outputs["tables"] and "wrong_type 1" in outputs["tables"], outputs["tables"]
+    assert "verify: not verified yet" in outputs["tables"], outputs["tables"]
+    assert "wrong_type: 1" in outputs["dead-letters"] and '"fast"' in outputs["dead-letters"], outputs["dead-letters"]
+    assert "None" not in outputs["tables"] + outputs["dead-letters"]
+
+    # Airflow sees the table without a restart: its DAGs, the mounted API and the State tables page.
+    token = airflow_server.api_token(cfg)
+    api = AirflowApi(cfg, token)
+    deadline = table_file_written + 60
+    while True:
+        listed = json.loads(_get(f"{cfg.airflow_url}/statetable/tables", token))
+        names = [t["table"] for t in listed]
+        if "page_views" in names or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert "page_views" in names, names
+    api.wait_for_dag("page_views__incremental", timeout=max(5, deadline - time.monotonic() + 30))
+
+    # The drill the quickstart triggered: exact, with keys compared, in words.
+    drill = sorted(api.runs("page_views__restore_verify"), key=lambda r: r["run_after"])[-1]
+    finished = api.wait_run("page_views__restore_verify", drill["dag_run_id"], timeout=600)
+    assert finished["state"] == "success", api.task_states("page_views__restore_verify", drill["dag_run_id"])
+    status = json.loads(_sh(where, env, ".venv/bin/statetable tables page_views --json").stdout)[0]
+    assert status["verified"]["kind"] == "ok" and status["verified"]["text"].startswith("exact at batch 0: 2 keys"), \
+        status["verified"]
+
+    # More events, a scheduled table's run over REST: the Asset event says what the batch did.
+    more = where / "more.jsonl"
+    more.write_text('{"page": "/home", "user_id": "dee", "ms": 500, "ts": "2026-11-26T10:00:00Z"}\n'
+                    '{"page": "/about", "user_id": "ann", "ms": 100, "ts": "2026-11-26T10:01:00Z"}\n')
+    produced = _sh(where, env, ".venv/bin/statetable produce page_views more.jsonl")
+    assert "produced 2 records to page-views" in produced.stdout, produced.stdout + produced.stderr
+    run_id = api.trigger("page_views__incremental")
+    assert api.wait_run("page_views__incremental", run_id, timeout=600)["state"] == "success"
+    events = json.loads(_get(f"{cfg.airflow_url}/api/v2/assets/events?limit=100&order_by=-timestamp", token))
+    ours = [e for e in events["asset_events"] if e.get("uri") == "statetable://tables/page_views"]
+    assert ours and ours[0]["extra"].get("last_batch") == 1 and ours[0]["extra"].get("read") == 2, ours[:1]
+    expected = _expected(bootstrap)
+    rows = json.loads(_get(f"{cfg.airflow_url}/statetable/tables/page_views/rows?prefix=/h", token))
+    assert [(r["page"], r["views"], r["total_ms"]) for r in rows["rows"]] == \
+        [("/home", int(expected.loc["/home", "views"]), int(expected.loc["/home", "total_ms"]))]
+
+    # What the page shows: no Python None, no DIFFERS, the drill's words.
+    page = _get(f"{cfg.airflow_url}/statetable/ui", token)
+    assert "page_views" in page and "exact at batch 0: 2 keys" in page
+    assert "None" not in page and "DIFFERS" not in page
+    _screenshots(cfg, token)
+
+    # Traps: a rollback is refused unless forced; exit codes as the README's table says.
+    rollback = _sh(where, env, ".venv/bin/statetable restore page_views --batch 0")
+    assert rollback.returncode == 2 and "--force" in rollback.stderr, rollback.stderr
+    for command, code in ((".venv/bin/statetable query page_views /nope", 4),
+                          (".venv/bin/statetable query nosuch x", 2),
+                          (".venv/bin/statetable run nosuch", 2),
+                          (".venv/bin/statetable produce nosuch", 2)):
+        done = _sh(where, env, command + " </dev/null")
+        assert done.returncode == code and "Traceback" not in done.stderr, (command, done.returncode, done.stderr)
+        assert "Error:" not in done.stderr, (command, done.stderr)
+
+    # A local stranger: no file of the stack readable by others, the password in no log, and no
+    # way to take a table's lock.
+    stack_dir = where / ".stack"
+    readable = [str(p) for p in stack_dir.rglob("*") if not p.is_symlink() and p.exists()
+                and p.stat().st_mode & 0o077]
+    assert readable == [], readable[:20]
+    password = airflow_server.admin_password(cfg)
+    leaks = [str(p) for p in stack_dir.rglob("*") if p.is_file() and not p.is_symlink()
+             and p.name != "simple_auth_manager_passwords.json.generated" and p.stat().st_size < 50_000_000
+             and password.encode() in p.read_bytes()]
+    assert leaks == [], leaks
+    lock = stack_dir / "data" / "locks" / "page_views.lock"
+    assert lock.exists()
+    stranger = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "python3", "-c",
+                               f"import fcntl; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)"],
+                              capture_output=True, text=True, timeout=30)
+    assert stranger.returncode != 0 and "PermissionError" in stranger.stderr, stranger.stderr
+
+    down = subprocess.run(["make", "stack-down"], cwd=where, env=env, capture_output=True, text=True, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    from deploy import stack
+
+    assert stack.running_pids(cfg) == {}
+
+
+def _screenshots(cfg, token: str) -> None:
+    """The State tables page and the drill's DAG on a fresh stack, for the README (docs/)."""
+    from playwright.sync_api import sync_playwright
+
+    docs = ROOT / "docs"
+    shots = {"first-hour-tables.png": "/plugin/statetable", "first-hour-drill.png": "/dags/page_views__restore_verify"}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            context.add_cookies([{"name": "_token", "value": token, "url": cfg.airflow_url}])
+            page = context.new_page()
+            for name, path in shots.items():
+                page.goto(cfg.airflow_url + path, wait_until="networkidle")
+                page.wait_for_timeout(2500)
+                page.screenshot(path=str(docs / name))
+        finally:
+            browser.close()
+    for name in shots:
+        assert (docs / name).stat().st_size > 20_000, name
