@@ -22,27 +22,45 @@ class AirflowApi:
         self.base = settings.airflow_url
         self.token = token or airflow_server.api_token(settings)
 
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None, patience: float = 60.0) -> dict:
+        """One REST call. A GET the server did not answer (refused, reset, timed out: a busy
+        2-core stack) is asked again with backoff for `patience` seconds; a POST only when the
+        connection was refused, so a run is never triggered twice."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.base + path, data=data, method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.load(resp)
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
+        deadline, pause = time.monotonic() + patience, 1.0
+        while True:
+            req = urllib.request.Request(
+                self.base + path, data=data, method=method,
+                headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    return json.load(resp)
+            except urllib.error.HTTPError as exc:
+                raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
+            except (OSError, TimeoutError) as exc:
+                refused = isinstance(getattr(exc, "reason", exc), ConnectionRefusedError)
+                if (method != "GET" and not refused) or time.monotonic() + pause > deadline:
+                    raise RuntimeError(f"{method} {self.base}{path}: no answer from the Airflow API "
+                                       f"({getattr(exc, 'reason', exc)}) after {patience:.0f}s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 10.0)
 
-    def wait_for_dag(self, dag_id: str, timeout: float = 120.0) -> dict:
-        """Wait until the dag-processor has parsed `dag_id` into the database."""
+    def wait_for_dag(self, dag_id: str, timeout: float = 120.0, on_wait=None) -> dict:
+        """Wait until the dag-processor has parsed `dag_id` into the database (`on_wait(text)`
+        hears, once, what is waited for)."""
         deadline = time.monotonic() + timeout
+        told = False
         while True:
             try:
                 return self._call("GET", f"/api/v2/dags/{dag_id}")
-            except RuntimeError:
+            except RuntimeError as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise RuntimeError(f"Airflow has no DAG {dag_id!r} after {timeout:.0f}s; its dag-processor log "
+                                       f"says why (an import error shows in the UI's banner too)") from exc
+                if on_wait and not told:
+                    on_wait(f"waiting for Airflow's dag-processor to parse {dag_id} (it rescans every 10 s)")
+                    told = True
                 time.sleep(2)
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:

@@ -175,7 +175,10 @@ def test_incremental_over_rest_equals_recomputation_then_skips_without_new_data(
     assert states == {"run_batches": "skipped"}
 
 
-def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verifies(api, airflow, stack_rt, spark):
+def test_backfill_of_three_dates_of_a_table_without_windows_rebuilds_once_and_state_verifies(api, airflow, stack_rt,
+                                                                                           spark):
+    """A table without windows rebuilds in full for any day: the first day of the backfill
+    rebuilds, the other two skip, saying why (three identical full rebuilds were run before)."""
     from spark_jobs import batch
 
     dag_id = f"{MOVIES}__rebuild"
@@ -195,6 +198,12 @@ def test_backfill_of_three_dates_gives_three_successful_rebuilds_and_state_verif
     TIMINGS["rebuild backfill of 3 dates"] = round(time.monotonic() - started, 1)
     assert sorted(r["logical_date"][:10] for r in runs) == ["2026-03-01", "2026-03-02", "2026-03-03"]
     assert [r["state"] for r in runs] == ["success"] * 3
+    ordered = sorted(runs, key=lambda r: r["logical_date"])
+    states = [api.task_states(dag_id, r["dag_run_id"]) for r in ordered]
+    assert states[0] == {"plan_rebuild": "success", "rebuild": "success"}, states
+    assert states[1:] == [{"plan_rebuild": "skipped", "rebuild": "skipped"}] * 2, states
+    assert "another full rebuild would compute the same state" in api.task_log(dag_id, ordered[1]["dag_run_id"],
+                                                                               "plan_rebuild")
     result = batch.verify(MOVIES, spark=spark, rt=stack_rt)
     assert result.ok, result.summary()
     assert result.keys_compared == len(_expected_movies(stack_rt.bootstrap))
@@ -320,5 +329,7 @@ def test_screenshots_of_the_grid_and_the_statetable_page(airflow):
         finally:
             browser.close()
     assert "statetable: state tables" in text and MOVIES in text and "restore-verify" in text
+    # Words, not Python: no None, no DIFFERS where every drill was exact.
+    assert "None" not in text and "DIFFERS" not in text, text
     for name in shots:
         assert (docs / name).stat().st_size > 20_000, name      # a rendered page, not a blank one

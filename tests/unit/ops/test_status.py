@@ -1,0 +1,46 @@
+"""ops.status.verify_verdict: what the State tables page and `statetable tables` say a drill proved."""
+from __future__ import annotations
+
+import pytest
+
+from ops.status import age_text, verify_verdict
+
+NOW = 1_800_000_000.0
+
+
+def record(**fields):
+    return {"recorded_at": NOW - 90, "failure": "none", "ok": True, "batch_id": 7, "keys_compared": 12,
+            "differences": 0, "restore_seconds": 0.5, **fields}
+
+
+@pytest.mark.parametrize("given, text, kind", [
+    (None, "not verified yet", "none"),
+    (record(), "exact at batch 7: 12 keys, restore 0.50s (1.5m ago)", "ok"),
+    (record(failure="wipe_local_store"), "exact at batch 7 after wipe_local_store: 12 keys", "ok"),
+    (record(ok=False, differences=3), "DIFFERS at batch 7: 3 of 12 keys", "bad"),
+    # A verify that compared nothing is no proof, green or otherwise.
+    (record(keys_compared=0), "not verified yet: batch 7 holds no keys to compare", "none"),
+    (record(batch_id=None, keys_compared=0), "not verified yet: no batch holds no keys", "none"),
+    # A drill that broke before comparing found no difference: its cause, never DIFFERS.
+    (record(ok=False, differences=None, keys_compared=None, drill_failed="restore: ReadTimeout: timed out"),
+     "drill failed: restore: ReadTimeout: timed out", "failed"),
+    (record(ok=False, differences=None, keys_compared=None), "drill failed: a step before the verify failed",
+     "failed"),
+    (record(ok=None, skipped=True, reason="table 't' has no committed batch yet"),
+     "not verified: table 't' has no committed batch yet", "none"),
+])
+def test_every_outcome_in_words(given, text, kind):
+    said, said_kind = verify_verdict(given, NOW)
+    assert said.startswith(text) and said_kind == kind, said
+    assert "None" not in said
+
+
+def test_an_old_record_without_time_or_restore_still_reads():
+    said, kind = verify_verdict({"failure": None, "ok": True, "batch_id": 0, "keys_compared": 2, "differences": 0},
+                                NOW)
+    assert (said, kind) == ("exact at batch 0: 2 keys (at an unknown time)", "ok")
+
+
+def test_ages():
+    assert [age_text(s) for s in (None, 5, 90, 7200, 172800)] == ["never", "5s ago", "1.5m ago", "2.0h ago",
+                                                                   "2.0d ago"]
