@@ -13,8 +13,23 @@ def one_line(exc: BaseException) -> str:
     """An error's own first line (a Spark error's JVM stack and a definition's caret display stay
     out), prefixed with its type unless it is one of ours that speaks for itself."""
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    ours = type(exc).__module__.split(".")[0] in OUR_PACKAGES
+    ours = type(exc).__module__.split(".")[0] in OUR_PACKAGES or raised_by_us(exc)
     return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def raised_by_us(exc: BaseException) -> bool:
+    """Whether the innermost frame that raised `exc` is statetable's own code: a ValueError we
+    raise with a sentence for the user is shown as that sentence, a library's as its type too."""
+    import os
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    path = tb.tb_frame.f_code.co_filename
+    parts = path.split(os.sep)
+    return "site-packages" not in parts and any(p in OUR_PACKAGES for p in parts[-3:-1])
 
 
 class UserError(ValueError):

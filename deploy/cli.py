@@ -428,18 +428,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_engine)
 
     p = sub.add_parser("smoke", help="produce sample events and run the smoke DAG end to end")
-    p.add_argument("--events", type=int, default=1000)
+    p.add_argument("--events", type=int, default=1000, help="events to produce (default 1000)")
     p.set_defaults(func=_smoke)
 
     p = sub.add_parser("demo", help="produce every table's samples and run their DAGs on the local stack")
-    p.add_argument("--events", type=int, default=20000)
+    p.add_argument("--events", type=int, default=20000, help="sample events per table (default 20000)")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("run", help="run a table's micro-batches in one Spark session")
     p.add_argument("table")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--max-batches", type=int)
-    group.add_argument("--until-caught-up", action="store_true")
+    group.add_argument("--max-batches", type=int, help="run at most this many batches (default: one)")
+    group.add_argument("--until-caught-up", action="store_true",
+                       help="run batches until the topic has nothing new, then stop")
     group.add_argument("--follow", action="store_true",
                        help="stay up in one warm Spark session and run a batch whenever there is new input")
     p.add_argument("--poll-seconds", type=float, default=0.5, help="with --follow: how often to look for input")
@@ -475,18 +476,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_drill)
 
     p = sub.add_parser("produce-sample", help="produce a table's sample events")
-    p.add_argument("name")
-    p.add_argument("--events", type=int)
+    p.add_argument("name", help="a shipped table: movie_tickets_sold, movies, payments_per_customer, leaderboard")
+    p.add_argument("--events", type=int, help="how many events (default: the table's sample size)")
     p.set_defaults(func=_produce_sample)
 
     p = sub.add_parser("query", help="read one row of a table's committed state")
     p.add_argument("table")
-    p.add_argument("key", nargs="+")
+    p.add_argument("key", nargs="+", help="the key's parts, in the key's column order")
     p.set_defaults(func=_query)
 
     p = sub.add_parser("serve", help="serve the read-only query API (bearer token from STATETABLE_API_TOKEN)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=18081)
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=18081, help="the port (default 18081)")
     p.add_argument("--token-file", help="a file holding the API token (else STATETABLE_API_TOKEN)")
     p.add_argument("--readers", type=int, default=0,
                    help="reader processes that take turns catching up with the writer, so a catch-up never "

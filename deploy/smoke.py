@@ -37,7 +37,8 @@ def produce(bootstrap: str, topic: str, count: int, partitions: int = 4, seed: i
 def run(settings: StackSettings, events: int = 1000) -> dict:
     started = time.monotonic()
     produce(settings.kafka_bootstrap, SMOKE_TOPIC, events)
-    print(f"produced {events} events to {SMOKE_TOPIC}", flush=True)
+    print(f"produced {events} events to {SMOKE_TOPIC} (each smoke run adds its own; the job reads the whole "
+          f"topic, so its count includes earlier runs)", flush=True)
     api = AirflowApi(settings)
     api.wait_for_dag(SMOKE_DAG)
     run_id = api.trigger(SMOKE_DAG)

@@ -180,7 +180,7 @@ def test_first_hour_from_a_clean_clone(clone):
     deadline = table_file_written + 60
     while True:
         listed = json.loads(_get(f"{cfg.airflow_url}/statetable/tables", token))
-        names = [t["table"] for t in listed]
+        names = [t["table"] for t in listed["tables"]]
         if "page_views" in names or time.monotonic() > deadline:
             break
         time.sleep(2)
