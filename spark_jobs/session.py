@@ -104,6 +104,9 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         "spark.python.daemon.module": "spark_jobs.worker_daemon",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
         **DELTA_CONF,
+        # Hadoop's local filesystem sets each file's mode itself (umask 022 by default), whatever
+        # the process's umask: Delta tables hold the table's events, so their owner's alone.
+        "spark.hadoop.fs.permissions.umask-mode": "077",
         **s3a_conf(),
     }
     # Under spark-submit the master comes from the command line (the Airflow
