@@ -63,8 +63,8 @@ class AirflowApi:
                     told = True
                 time.sleep(2)
 
-    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        run = self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+    def trigger(self, dag_id: str, conf: dict | None = None, logical_date: str | None = None) -> str:
+        run = self._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": logical_date, "conf": conf or {}})
         return run["dag_run_id"]
 
     def run(self, dag_id: str, run_id: str) -> dict:

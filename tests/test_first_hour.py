@@ -209,11 +209,35 @@ def test_first_hour_from_a_clean_clone(clone):
     assert [(r["page"], r["views"], r["total_ms"]) for r in rows["rows"]] == \
         [("/home", int(expected.loc["/home", "views"]), int(expected.loc["/home", "total_ms"]))]
 
-    # What the page shows: no Python None, no DIFFERS, the drill's words.
+    # What the page shows on a fresh stack: no Python None, no DIFFERS, the drill's words.
     page = _get(f"{cfg.airflow_url}/statetable/ui", token)
     assert "page_views" in page and "exact at batch 0: 2 keys" in page
     assert "None" not in page and "DIFFERS" not in page
-    _screenshots(cfg, token)
+    _screenshots(cfg, token, "first-hour")
+
+    # A day of runs, time-shifted: a run every four hours of yesterday with new events, then the
+    # day's drill after a lost disk. The page and the grid still say only what happened.
+    from datetime import datetime, timedelta, timezone
+
+    yesterday = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    for hour in range(0, 24, 4):
+        events = where / f"day-{hour}.jsonl"
+        events.write_text("".join(json.dumps({"page": f"/p{hour % 3}", "user_id": f"u{i}", "ms": 10 * i,
+                                               "ts": (yesterday + timedelta(hours=hour)).isoformat()}) + "\n"
+                                  for i in range(5)))
+        assert _sh(where, env, f".venv/bin/statetable produce page_views {events.name}").returncode == 0
+        day_run = api.trigger("page_views__incremental", logical_date=(yesterday + timedelta(hours=hour)).isoformat())
+        assert api.wait_run("page_views__incremental", day_run, timeout=600)["state"] == "success"
+    drilled = _sh(where, env, ".venv/bin/statetable drill page_views --failure wipe_local_store")
+    assert drilled.returncode == 0 and "exact at batch" in drilled.stdout, drilled.stdout + drilled.stderr
+    expected = _expected(bootstrap)
+    for page_name, row in expected.iterrows():
+        got = json.loads(_sh(where, env, f".venv/bin/statetable query page_views {page_name}").stdout)
+        assert (got["views"], got["total_ms"]) == (int(row["views"]), int(row["total_ms"])), page_name
+    page = _get(f"{cfg.airflow_url}/statetable/ui", token)
+    assert "after wipe_local_store" in page and f": {len(expected)} keys" in page, page
+    assert "None" not in page and "DIFFERS" not in page and "drill failed" not in page
+    _screenshots(cfg, token, "a-day")
 
     # Traps: a rollback is refused unless forced; exit codes as the README's table says.
     rollback = _sh(where, env, ".venv/bin/statetable restore page_views --batch 0")
@@ -239,10 +263,11 @@ def test_first_hour_from_a_clean_clone(clone):
     assert leaks == [], leaks
     lock = stack_dir / "data" / "locks" / "page_views.lock"
     assert lock.exists()
-    stranger = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "python3", "-c",
-                               f"import fcntl; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)"],
-                              capture_output=True, text=True, timeout=30)
-    assert stranger.returncode != 0 and "PermissionError" in stranger.stderr, stranger.stderr
+    stranger = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "flock", "--nonblock",
+                               str(lock), "true"], capture_output=True, text=True, timeout=30)
+    assert stranger.returncode != 0 and "Permission denied" in stranger.stderr, stranger.stderr
+    mine = subprocess.run(["flock", "--nonblock", str(lock), "true"], capture_output=True, text=True, timeout=30)
+    assert mine.returncode == 0, mine.stderr          # the owner can (nothing holds it now)
 
     down = subprocess.run(["make", "stack-down"], cwd=where, env=env, capture_output=True, text=True, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -251,12 +276,13 @@ def test_first_hour_from_a_clean_clone(clone):
     assert stack.running_pids(cfg) == {}
 
 
-def _screenshots(cfg, token: str) -> None:
-    """The State tables page and the drill's DAG on a fresh stack, for the README (docs/)."""
+def _screenshots(cfg, token: str, when: str) -> None:
+    """The State tables page and the table's DAGs, for the README (docs/)."""
     from playwright.sync_api import sync_playwright
 
     docs = ROOT / "docs"
-    shots = {"first-hour-tables.png": "/plugin/statetable", "first-hour-drill.png": "/dags/page_views__restore_verify"}
+    shots = {f"{when}-tables.png": "/plugin/statetable", f"{when}-drill.png": "/dags/page_views__restore_verify",
+             f"{when}-incremental.png": "/dags/page_views__incremental"}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
         try:
