@@ -22,6 +22,7 @@ from catalog.definitions import load_all
 from ops.failures import FAILURES
 from catalog.runtime import Runtime
 from statetable_airflow.timetables import daily_minute, spread
+from tests.browser import screenshots
 from tests.table_env import read_topic
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
@@ -306,30 +307,11 @@ def test_zz_print_timings():
 
 def test_screenshots_of_the_grid_and_the_statetable_page(airflow):
     """Headless Chromium (Debian's, driven by Playwright) logged in with an Airflow JWT cookie."""
-    from playwright.sync_api import sync_playwright
-
-    docs = Path(__file__).resolve().parent.parent / "docs"
-    docs.mkdir(exist_ok=True)
     token = airflow_server.api_token(airflow)
     shots = {"airflow-grid.png": f"/dags/{MOVIES}__restore_verify",
              "airflow-dags.png": "/dags?tags=statetable",
              "statetable-page.png": "/plugin/statetable"}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            context.add_cookies([{"name": "_token", "value": token, "url": airflow.airflow_url}])
-            page = context.new_page()
-            for name, path in shots.items():
-                page.goto(airflow.airflow_url + path, wait_until="networkidle")
-                page.wait_for_timeout(2500)
-                page.screenshot(path=str(docs / name))
-            page.goto(f"{airflow.airflow_url}/statetable/ui", wait_until="networkidle")
-            text = page.inner_text("body")
-        finally:
-            browser.close()
+    text = screenshots(airflow.airflow_url, token, shots, text_of="/statetable/ui")
     assert "statetable: state tables" in text and MOVIES in text and "restore-verify" in text
     # Words, not Python: no None, no DIFFERS where every drill was exact.
     assert "None" not in text and "DIFFERS" not in text, text
-    for name in shots:
-        assert (docs / name).stat().st_size > 20_000, name      # a rendered page, not a blank one

@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from catalog import settings as stack_settings
 from deploy import airflow_server
 from deploy.airflow_api import AirflowApi
+from tests.browser import screenshots
 
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = {"STATETABLE_KAFKA_PORT": "27092", "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
@@ -278,22 +279,6 @@ def test_first_hour_from_a_clean_clone(clone):
 
 def _screenshots(cfg, token: str, when: str) -> None:
     """The State tables page and the table's DAGs, for the README (docs/)."""
-    from playwright.sync_api import sync_playwright
-
-    docs = ROOT / "docs"
-    shots = {f"{when}-tables.png": "/plugin/statetable", f"{when}-drill.png": "/dags/page_views__restore_verify",
-             f"{when}-incremental.png": "/dags/page_views__incremental"}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            context.add_cookies([{"name": "_token", "value": token, "url": cfg.airflow_url}])
-            page = context.new_page()
-            for name, path in shots.items():
-                page.goto(cfg.airflow_url + path, wait_until="networkidle")
-                page.wait_for_timeout(2500)
-                page.screenshot(path=str(docs / name))
-        finally:
-            browser.close()
-    for name in shots:
-        assert (docs / name).stat().st_size > 20_000, name
+    screenshots(cfg.airflow_url, token, {f"{when}-tables.png": "/plugin/statetable",
+                                         f"{when}-drill.png": "/dags/page_views__restore_verify",
+                                         f"{when}-incremental.png": "/dags/page_views__incremental"})
