@@ -71,6 +71,40 @@ def text_key(table: TableDefinition) -> bool:
     return len(names) == 1 and table.window is None and dict(table.schema).get(names[0], "").upper() == "STRING"
 
 
+OWNER_FILE = "owner"
+
+
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): a pid reused by
+    another process has another start."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def sweep_dead_secondaries(path: Path) -> list[Path]:
+    """Remove the `query-*` folders whose server process is gone; the ones removed."""
+    gone = [folder for folder in path.glob("query-*") if not _owner_alive(folder)]
+    for folder in gone:
+        shutil.rmtree(folder, ignore_errors=True)
+    return gone
+
+
+def _owner_alive(folder: Path) -> bool:
+    try:
+        pid_text, _, started = (folder / OWNER_FILE).read_text().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        # No owner file: a server from before owner files, or one still creating it. Swept once
+        # it is an hour old.
+        try:
+            return time.time() - folder.stat().st_mtime < 3600
+        except OSError:
+            return False
+    return _process_start(pid) == started and started != ""
+
+
 class NoSuchTable(LookupError):
     pass
 
@@ -317,6 +351,7 @@ class QueryService:
         self.tables_checked = time.monotonic()
         self.definitions = load_all(self.rt.tables_dir, broken=self.broken)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
+        (self.secondary_root / OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
         self.readers: dict[str, TableReader] = {}
         self.guard = threading.Lock()
         self.refresh_interval = refresh_interval if refresh_interval is not None else \
@@ -332,8 +367,12 @@ class QueryService:
             self.thread.start()
 
     def _secondaries_dir(self) -> Path:
+        """Where this process keeps its RocksDB secondaries; the folders of servers that died
+        without closing (killed, OOM) are swept first, as they would otherwise stay for good."""
         path = self.rt.data_dir / "query-secondaries"
         path.mkdir(parents=True, exist_ok=True)
+        for folder in sweep_dead_secondaries(path):
+            log.info("removed %s, left by a query server that is gone", folder)
         return path
 
     def _tables_signature(self) -> tuple:

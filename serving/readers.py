@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from serving import replica
+from state.backends import primary_files
 from serving.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
 from catalog.definitions import load_all
 from catalog.runtime import Runtime
@@ -58,17 +59,10 @@ def state_signature(state_dir: Path, tables) -> tuple:
             continue
         for partition in partitions:
             try:
-                files = sorted((f.name, *_size_and_time(f)) for f in os.scandir(partition.path)
-                               if f.name.endswith(".log") or f.name.startswith(("MANIFEST", "CURRENT")))
-                signature.append((table, partition.name, partition.inode(), tuple(files)))
+                signature.append((table, partition.name, partition.inode(), primary_files(partition.path)))
             except (FileNotFoundError, NotADirectoryError):
                 signature.append((table, partition.name, None))
     return tuple(signature)
-
-
-def _size_and_time(entry: os.DirEntry) -> tuple[int, int]:
-    stat = entry.stat()
-    return stat.st_size, stat.st_mtime_ns
 
 
 def _idle_priority(work):

@@ -4,6 +4,7 @@ tables and unit tests. Both write data and metadata in one atomic step.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -138,6 +139,22 @@ def _manifest_state(primary: Path) -> tuple:
         return None, None
 
 
+INFO_LOGS = 3
+INFO_LOG_BYTES = 1 << 20
+
+
+def primary_files(primary: Path | str) -> tuple:
+    """A store's WAL, MANIFEST and CURRENT files with their sizes and times: a commit appends to
+    a WAL, a flush or compaction moves the MANIFEST. Equal tuples mean a secondary has nothing
+    to catch up with. Raises FileNotFoundError when the folder is gone."""
+    found = []
+    for entry in os.scandir(primary):
+        if entry.name.endswith(".log") or entry.name.startswith(("MANIFEST", "CURRENT")):
+            stat = entry.stat()
+            found.append((entry.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
+
+
 class RocksBackend:
     """One RocksDB database in raw bytes mode: data in `default`, metadata in `meta`.
 
@@ -152,6 +169,7 @@ class RocksBackend:
         self.primary = Path(secondary_of) if secondary_of is not None else None
         self.read_only = read_only
         self._opened_at: tuple | None = None
+        self._caught_up_at: tuple | None = None
         self._open()
         self._sync = WriteOptions()
         self._sync.sync = True
@@ -165,6 +183,11 @@ class RocksBackend:
         options.create_missing_column_families(True)
         options.set_max_background_jobs(2)
         options.increase_parallelism(2)
+        # RocksDB's info log: every open rotates it (RocksDB keeps 1,000 old ones by default) and
+        # a secondary logs each catch-up. Bounded per database to INFO_LOGS files of
+        # INFO_LOG_BYTES: a year of batches, or of a query server's catch-ups, stays a few MB.
+        options.set_keep_log_file_num(INFO_LOGS)
+        options.set_max_log_file_size(INFO_LOG_BYTES)
         cfs = {"meta": Options(raw_mode=True)}
         if self.primary is not None:
             self._opened_at = _manifest_state(self.primary)
@@ -220,6 +243,12 @@ class RocksBackend:
         column family showed the new metadata over the old data (facebook/rocksdb#14444).
         So once the primary's MANIFEST has moved, the secondary is opened afresh instead,
         and a MANIFEST that moves during the step sends it round again."""
+        try:
+            seen = primary_files(self.primary)
+        except FileNotFoundError:
+            seen = None
+        if seen is not None and seen == self._caught_up_at:
+            return          # nothing was written since: no call into RocksDB, no line in its log
         while True:
             before = _manifest_state(self.primary)
             if before != self._opened_at:
@@ -228,6 +257,7 @@ class RocksBackend:
             else:
                 self.db.try_catch_up_with_primary()
             if _manifest_state(self.primary) == before:
+                self._caught_up_at = seen
                 return
 
     def checkpoint(self, target: Path) -> None:

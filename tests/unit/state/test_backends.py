@@ -1,0 +1,58 @@
+"""state.backends.RocksBackend: bounded info logs, and a secondary that does nothing when nothing
+was written (a query server caught up every 0.1 s and logged each time: ~1 GB a day)."""
+from __future__ import annotations
+
+import os
+import time
+
+from serving.query import OWNER_FILE, sweep_dead_secondaries
+from state.backends import INFO_LOGS, PartitionMeta, RocksBackend
+
+
+def test_reopening_a_store_keeps_a_bounded_number_of_info_logs(tmp_path):
+    for i in range(12):
+        db = RocksBackend(tmp_path / "p0")
+        db.write({b"k%d" % i: b"v"}, PartitionMeta(applied_batch=i))
+        db.close()
+    logs = [name for name in os.listdir(tmp_path / "p0") if name.startswith("LOG")]
+    assert "LOG" in logs and len(logs) <= INFO_LOGS, logs
+
+
+def test_a_secondary_catches_up_only_when_the_primary_wrote(tmp_path):
+    primary = RocksBackend(tmp_path / "primary")
+    primary.write({b"a": b"1"}, PartitionMeta(applied_batch=0))
+    secondary = RocksBackend(tmp_path / "secondary", secondary_of=tmp_path / "primary")
+    try:
+        secondary.catch_up()
+        assert secondary.get(b"a") == b"1"
+        log = tmp_path / "secondary" / "LOG"
+        size = log.stat().st_size
+        for _ in range(50):
+            secondary.catch_up()
+        assert log.stat().st_size == size              # idle: no catch-up, no log line
+        primary.write({b"b": b"2"}, PartitionMeta(applied_batch=1))
+        secondary.catch_up()
+        assert secondary.get(b"b") == b"2" and secondary.read_meta().applied_batch == 1
+    finally:
+        secondary.close()
+        primary.close()
+
+
+def test_the_folders_of_dead_query_servers_are_swept_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from serving.query import _process_start
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_start = _process_start(dead.pid)
+    dead.wait()
+    mine, theirs, legacy_new, legacy_old = (tmp_path / f"query-{n}" for n in ("mine", "dead", "new", "old"))
+    for folder in (mine, theirs, legacy_new, legacy_old):
+        folder.mkdir()
+    (mine / OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
+    (theirs / OWNER_FILE).write_text(f"{dead.pid} {dead_start or 1}")
+    old = time.time() - 7200
+    os.utime(legacy_old, (old, old))
+    assert sorted(p.name for p in sweep_dead_secondaries(tmp_path)) == ["query-dead", "query-old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["query-mine", "query-new"]
