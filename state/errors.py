@@ -19,3 +19,7 @@ class RestoreMismatch(StateError):
 
 class StateFenced(StateError):
     """Another writer took over this partition; this one must stop."""
+
+
+class TransactionClosed(StateError):
+    """A write to, or a second commit of, a transaction that is no longer open."""

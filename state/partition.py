@@ -25,6 +25,7 @@ silently miss B.
 """
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from state.aggregates import RowAggregator
 from state.backends import PartitionMeta
 from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker, is_refusal
 from state.codec import CodecError
-from state.errors import RestoreMismatch
+from state.errors import RestoreMismatch, TransactionClosed
 
 log = logging.getLogger(__name__)
 
@@ -183,24 +184,49 @@ class ReplayStats:
     seconds: float = 0.0
 
 
+class TxStatus(enum.Enum):
+    """Where a transaction is: writes are taken only while STARTED; PREPARED while its changes
+    are being published and stored; COMPLETE once stored; FAILED when that raised (the batch is
+    not known to be stored: the caller runs it again, which the batch id makes idempotent);
+    ABORTED when dropped."""
+
+    STARTED = "started"
+    PREPARED = "prepared"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+_STARTED = TxStatus.STARTED
+
+
 class Transaction:
-    """The changes of one batch to one partition; nothing is visible until commit."""
+    """The changes of one batch to one partition; nothing is visible until commit.
+
+    Every mutator checks the status (as Quix Streams' PartitionTransaction does): a write after
+    the commit used to be dropped silently, and a commit that raised mid-publish looked like a
+    finished one."""
 
     def __init__(self, partition: StatePartition, batch_id: int) -> None:
         self.partition = partition
         self.batch_id = batch_id
         self._ops: dict[bytes, tuple[int, object]] = {}
-        self._closed = False
+        self.status = TxStatus.STARTED
 
     def __enter__(self) -> "Transaction":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._closed:
+        if self.status is _STARTED:
             if exc_type is None:
                 self.commit()
             else:
                 self.abort()
+
+    def _open(self) -> None:
+        if self.status is not _STARTED:
+            raise TransactionClosed(f"{self.partition.table}[{self.partition.partition}] batch {self.batch_id}: the "
+                                    f"transaction is {self.status.value}; a new batch needs a new transaction")
 
     # -- reads see this transaction's own writes ---------------------------
     def get(self, key: tuple):
@@ -226,9 +252,13 @@ class Transaction:
 
     # Callers that encoded a whole batch's keys at once (see spark_jobs.arrow_pass.encoded_keys).
     def put_encoded(self, key: bytes, value) -> None:
+        if self.status is not _STARTED:
+            self._open()
         self._ops[key] = (_PUT, value)
 
     def delete_encoded(self, key: bytes) -> None:
+        if self.status is not _STARTED:
+            self._open()
         self._ops[key] = (_DELETE, None)
 
     def merge(self, key: tuple, partial) -> None:
@@ -236,6 +266,8 @@ class Transaction:
 
     def merge_encoded(self, key: bytes, partial) -> None:
         """Fold a partial aggregate into the key's value (see state.aggregates)."""
+        if self.status is not _STARTED:
+            self._open()
         previous = self._ops.get(key)
         agg = self.partition.aggregator
         if previous is None:
@@ -257,16 +289,28 @@ class Transaction:
 
     # -- outcome -------------------------------------------------------------
     def abort(self) -> None:
+        """Drop the changes; a COMPLETE transaction stays complete (its batch is stored)."""
+        if self.status is TxStatus.COMPLETE:
+            return
         self._ops.clear()
-        self._closed = True
+        if self.status is _STARTED:
+            self.status = TxStatus.ABORTED
 
     def commit(self, outputs=None) -> CommitResult:
         """`outputs(changes)`, when given, returns records for other topics ((topic, key, value)),
         built from the commit's changes (encoded key -> new bytes, None: deleted); they are
         published in the changelog's transaction, so they exist exactly when the batch does."""
-        if self._closed:
-            raise RuntimeError(f"batch {self.batch_id} transaction already closed")
-        self._closed = True
+        self._open()
+        self.status = TxStatus.PREPARED
+        try:
+            result = self._commit(outputs)
+        except BaseException:
+            self.status = TxStatus.FAILED
+            raise
+        self.status = TxStatus.COMPLETE
+        return result
+
+    def _commit(self, outputs) -> CommitResult:
         started = time.monotonic()
         part = self.partition
         meta = part.backend.read_meta()

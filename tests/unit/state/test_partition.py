@@ -1,0 +1,52 @@
+"""state.partition.Transaction's lifecycle: writes only while open, a failed commit says so."""
+from __future__ import annotations
+
+import pytest
+
+from state.backends import MemoryBackend
+from state.errors import StateError, TransactionClosed
+from state.partition import StatePartition, TxStatus
+
+
+class _BrokenChangelog:
+    def publish(self, *args, **kwargs):
+        raise ConnectionError("broker gone mid-publish")
+
+
+def test_a_committed_transaction_refuses_writes_and_a_second_commit():
+    part = StatePartition("t", 0, MemoryBackend())
+    tx = part.begin(0)
+    tx.put(("a",), 1)
+    assert tx.status is TxStatus.STARTED
+    tx.commit()
+    assert tx.status is TxStatus.COMPLETE and part.get(("a",)) == 1
+    for write in (lambda: tx.put(("b",), 2), lambda: tx.delete(("a",)), lambda: tx.commit()):
+        with pytest.raises(TransactionClosed, match=r"t\[0\] batch 0: the transaction is complete"):
+            write()
+    assert part.get(("b",)) is None and part.meta.applied_batch == 0
+    tx.abort()                     # a stored batch stays stored
+    assert tx.status is TxStatus.COMPLETE and part.get(("a",)) == 1
+
+
+def test_a_commit_that_raises_mid_publish_is_failed_not_finished():
+    part = StatePartition("t", 0, MemoryBackend(), changelog=_BrokenChangelog())
+    tx = part.begin(0)
+    tx.put(("a",), 1)
+    with pytest.raises(ConnectionError):
+        tx.commit()
+    assert tx.status is TxStatus.FAILED and part.meta.applied_batch == -1 and part.get(("a",)) is None
+    with pytest.raises(TransactionClosed):
+        tx.put(("a",), 2)
+    assert issubclass(TransactionClosed, StateError)
+
+
+def test_an_aborted_transaction_leaves_nothing_and_the_context_manager_aborts_on_error():
+    part = StatePartition("t", 0, MemoryBackend())
+    with pytest.raises(KeyError):
+        with part.begin(0) as tx:
+            tx.put(("a",), 1)
+            raise KeyError("boom")
+    assert tx.status is TxStatus.ABORTED and part.get(("a",)) is None
+    with part.begin(0) as again:
+        again.put(("a",), 3)
+    assert again.status is TxStatus.COMPLETE and part.get(("a",)) == 3
