@@ -8,10 +8,13 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 from state import codec
 from state.digest import from_signed, to_signed
+
+__all__ = ["Backend", "INFO_LOGS", "INFO_LOG_BYTES", "META_KEY", "MemoryBackend", "PartitionMeta", "RocksBackend",
+           "primary_files"]
 
 META_KEY = b"partition-meta"
 
@@ -44,6 +47,28 @@ class PartitionMeta:
 
     def but(self, **changes) -> "PartitionMeta":
         return replace(self, **changes)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a state partition needs of its store, written down: point and bulk reads, an ordered
+    scan, and one atomic write of data plus metadata. `RocksBackend` (read-write, read-only or a
+    secondary) and `MemoryBackend` implement it; `StatePartition` is typed with it (Kafka Streams
+    separates read-only from read-write stores the same way: readers use the first five)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def scan(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def read_meta(self) -> PartitionMeta: ...
+
+    def close(self) -> None: ...
+
+    def write(self, changes: dict[bytes, bytes | None], meta: PartitionMeta, sync: bool = True) -> None: ...
+
+    def corrupt_value(self, key: bytes, value: bytes) -> None: ...
 
 
 class MemoryBackend:

@@ -33,7 +33,7 @@ from typing import Iterable, Iterator
 
 from state import codec, digest as digests, faults
 from state.aggregates import RowAggregator
-from state.backends import PartitionMeta
+from state.backends import Backend, PartitionMeta
 from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker, is_refusal
 from state.codec import CodecError
 from state.errors import RestoreMismatch, TransactionClosed
@@ -59,7 +59,7 @@ class CommitResult:
 class StatePartition:
     """A partition of a state table; the only writer of its backend and changelog partition."""
 
-    def __init__(self, table: str, partition: int, backend, aggregator: RowAggregator | None = None,
+    def __init__(self, table: str, partition: int, backend: Backend, aggregator: RowAggregator | None = None,
                  changelog: ChangelogWriter | None = None) -> None:
         self.table = table
         self.partition = partition

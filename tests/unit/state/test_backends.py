@@ -56,3 +56,13 @@ def test_the_folders_of_dead_query_servers_are_swept_and_live_ones_kept(tmp_path
     os.utime(legacy_old, (old, old))
     assert sorted(p.name for p in sweep_dead_secondaries(tmp_path)) == ["query-dead", "query-old"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["query-mine", "query-new"]
+
+
+def test_both_backends_implement_the_written_interface(tmp_path):
+    from state.backends import Backend, MemoryBackend
+
+    rocks = RocksBackend(tmp_path / "p")
+    try:
+        assert isinstance(rocks, Backend) and isinstance(MemoryBackend(), Backend)
+    finally:
+        rocks.close()
