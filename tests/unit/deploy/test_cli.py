@@ -1,6 +1,8 @@
 """deploy.cli's checks that need no stack: the standalone API's token file, exit codes."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from deploy import cli
@@ -26,3 +28,38 @@ def test_a_request_statetable_refuses_exits_2_and_a_failure_1(tmp_path, monkeypa
     assert len(err) == 1 and err[0].startswith("statetable tables: no table 'nosuch'") and "Error" not in err[0]
     assert cli.main(["drill", "t", "--failure", "meteor"]) == cli.EXIT_USAGE
     assert "is not a drill" in capsys.readouterr().err
+
+
+GOOD = """-- topic: page-views
+-- schema: page STRING, ms BIGINT
+-- partitions: 2
+CREATE TABLE page_views AS SELECT page, SUM(ms) AS total_ms FROM page_views GROUP BY page;
+"""
+BROKEN = "-- topic: b\n-- schema: k STRING, v BIGINT\nCREATE TABLE broken AS SELECT k, MEDIAN(v) AS m FROM s GROUP BY k"
+
+
+@pytest.mark.parametrize("argv", [
+    ["tables", "nosuch"], ["run", "nosuch"], ["run", "broken"], ["restore", "nosuch"], ["verify", "nosuch"],
+    ["rebuild", "nosuch"], ["query", "nosuch", "k"], ["create-topic", "nosuch"], ["create-topic", "broken"],
+    ["produce", "nosuch"], ["dead-letters", "nosuch"], ["accept-offsets", "nosuch"],
+    ["drill", "page_views", "--failure", "meteor"], ["serve", "--readers", "1"], ["stack", "wipe-workers"],
+    ["produce", "page_views", "/no/such/file.jsonl"], ["restore", "broken"],
+])
+def test_every_mistake_a_user_can_type_is_one_line_without_a_python_class_name(argv, tmp_path, monkeypatch, capsys):
+    """Mistakes in the request (an unknown or refused table, a bad option, a missing file) end
+    with exit 2 and one line naming the command: no traceback, no `ValueError:`."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "page_views.sql").write_text(GOOD)
+    (tables / "broken.sql").write_text(BROKEN)
+    monkeypatch.setenv("STATETABLE_TABLES_DIR", str(tables))
+    monkeypatch.setenv("STATETABLE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("STATETABLE_API_TOKEN", "t" * 32)
+    monkeypatch.setenv("STATETABLE_KAFKA_BOOTSTRAP", "127.0.0.1:1")      # nothing a mistake should reach
+    monkeypatch.delenv("STATETABLE_DEBUG", raising=False)
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert code == cli.EXIT_USAGE, (argv, code, out.err)
+    assert len(lines) == 1 and lines[0].startswith(("statetable ", "stack ")), (argv, out.err)
+    assert not re.search(r"\b[A-Z]\w*(Error|Exception):", lines[0]) and "Traceback" not in out.err, lines[0]
