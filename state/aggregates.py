@@ -10,6 +10,11 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+__all__ = ["AGGREGATES", "Aggregate", "Avg", "Count", "CountDistinct", "LatestByOffset", "LatestKeepingNulls",
+           "Max", "Min", "OFFSET_BITS", "RETRACTING", "ROWS", "RetractingAggregator", "RetractingAvg",
+           "RetractingCount", "RetractingCountDistinct", "RetractingMax", "RetractingMin", "RetractingSum",
+           "RetractingTopN", "RowAggregator", "Sum", "TopN", "event_order", "ranked"]
+
 
 OFFSET_BITS = 40       # source offsets below 2**40; batch ids below 2**23
 

@@ -25,6 +25,10 @@ from state.errors import StateFenced
 from state.kafka_admin import ensure_topic, metadata_consumer, partition_watermarks, topic_metadata
 from state.kafka_config import client_config
 
+__all__ = ["BATCH_HEADER", "ChangelogRecord", "ChangelogWriter", "MARKER_PREFIX", "Marker",
+           "OUTPUT_BATCH_HEADER", "RECORD_LIMIT", "REFUSAL_PART_BYTES", "VALUE_LIMIT", "ensure_changelog",
+           "is_marker", "is_refusal", "marker_key", "partition_bounds", "refusal_key", "replay", "topic_name"]
+
 log = logging.getLogger(__name__)
 
 MARKER_PREFIX = b"\xff\x00batch\x00"  # data keys never start with 0xff (see codec tags)

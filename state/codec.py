@@ -15,6 +15,9 @@ from __future__ import annotations
 import decimal
 import struct
 
+__all__ = ["CodecError", "FORMAT_VERSION", "add_ints", "decode_key", "decode_value", "encode_key",
+           "encode_value", "prefix_upper_bound", "text_prefix"]
+
 FORMAT_VERSION = 1
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _TUPLE, _END = (

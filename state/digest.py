@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from xxhash import xxh3_64_intdigest
 
+__all__ = ["MASK", "apply_change", "entry_hash", "from_signed", "of_items", "to_signed"]
+
 MASK = (1 << 64) - 1
 
 

@@ -1,5 +1,7 @@
 """Named errors of the state library: each says what is wrong and what to do."""
 
+__all__ = ["ChangelogGap", "RestoreMismatch", "SnapshotCorrupt", "StateError", "StateFenced", "TransactionClosed"]
+
 
 class StateError(Exception):
     pass

@@ -27,6 +27,10 @@ from __future__ import annotations
 import os
 import signal
 
+__all__ = ["BATCH_POINTS", "ENV", "EXIT_CODE", "HOLD_LIMIT", "POINTS", "REBUILD_POINTS", "RELEASE_ENV",
+           "SCOPE_ENV", "STATE_POINTS", "TABLE_AGGREGATE_POINTS", "WORKER_ENV", "arm", "armed", "kill_session",
+           "point", "session_pids", "validate"]
+
 ENV = "STATETABLE_FAULT"
 SCOPE_ENV = "STATETABLE_FAULT_SCOPE"
 RELEASE_ENV = "STATETABLE_FAULT_RELEASE"

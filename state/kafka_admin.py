@@ -13,6 +13,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from state import kafka_errors
 from state.kafka_config import REPLICATION_ENV, client_config, min_insync_replicas, replication_factor
 
+__all__ = ["WANTED_TTL", "admin", "delete_topic", "ensure_topic", "group_committer", "metadata_consumer",
+           "partition_watermarks", "replication_warnings", "topic_metadata", "wanted_replication"]
+
 log = logging.getLogger(__name__)
 
 _clients: dict[tuple, object] = {}

@@ -29,6 +29,10 @@ import stat
 from functools import lru_cache
 from pathlib import Path
 
+__all__ = ["CONFIG_ENV", "MIN_ISR_ENV", "REPLICATION_ENV", "SECRET_WORDS", "client_config",
+           "connection_mismatch", "describe", "file_config", "min_insync_replicas", "replication_factor",
+           "spark_options"]
+
 CONFIG_ENV = "STATETABLE_KAFKA_CONFIG"
 REPLICATION_ENV = "STATETABLE_TOPIC_REPLICATION_FACTOR"
 MIN_ISR_ENV = "STATETABLE_TOPIC_MIN_INSYNC_REPLICAS"

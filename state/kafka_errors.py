@@ -14,6 +14,10 @@ import re
 
 from state.kafka_config import CONFIG_ENV, client_config
 
+__all__ = ["AUTHORIZATION_ERRORS", "BROKER_LOST", "CONNECTION_ERRORS", "KafkaAccessError", "LEADER_MOVING",
+           "REFUSED", "UNREACHABLE", "broker_lost", "connection_error", "denied", "is_connection_failure",
+           "recorder", "refused"]
+
 UNREACHABLE = {"_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN"}    # no broker answered
 REFUSED = {"_AUTHENTICATION", "_SSL"}                              # a broker answered, and refused the client
 CONNECTION_ERRORS = REFUSED | (UNREACHABLE - {"_TIMED_OUT"})       # worth remembering: a timeout says nothing of why

@@ -38,6 +38,8 @@ from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marke
 from state.codec import CodecError
 from state.errors import RestoreMismatch, TransactionClosed
 
+__all__ = ["CommitResult", "ReplayStats", "StatePartition", "Transaction", "TxStatus"]
+
 log = logging.getLogger(__name__)
 
 _PUT, _DELETE, _MERGE = 0, 1, 2

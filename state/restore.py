@@ -26,6 +26,8 @@ from state.errors import ChangelogGap, SnapshotCorrupt
 from state.partition import StatePartition
 from state.snapshots import SnapshotStore
 
+__all__ = ["RestoreReport", "copy_live_partition", "replay_tail", "restore_partition"]
+
 log = logging.getLogger(__name__)
 
 

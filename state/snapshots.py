@@ -21,6 +21,8 @@ from pathlib import Path
 from state import faults
 from state.errors import SnapshotCorrupt
 
+__all__ = ["CHUNK", "MANIFEST", "Manifest", "SnapshotStore"]
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"

@@ -34,6 +34,9 @@ from state.partition import StatePartition
 from state.restore import RestoreReport, replay_tail, restore_partition
 from state.snapshots import Manifest, SnapshotStore
 
+__all__ = ["DefinitionChanged", "StateTable", "TableSpec", "definition_fingerprint", "freeze_meaning",
+           "meaning_changes", "partition_of"]
+
 log = logging.getLogger(__name__)
 
 

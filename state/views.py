@@ -21,6 +21,8 @@ from state import codec
 from state.backends import MemoryBackend, PartitionMeta, RocksBackend
 from state.table import TableSpec
 
+__all__ = ["PartitionView", "TableView"]
+
 
 class PartitionView:
     def __init__(self, backend) -> None:

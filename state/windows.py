@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from state import codec
 from state.partition import StatePartition, Transaction
 
+__all__ = ["WindowSpec", "closing", "expire_idle", "fetch", "merge_sessions", "purge", "window_key"]
+
 
 @dataclass(frozen=True)
 class WindowSpec:
