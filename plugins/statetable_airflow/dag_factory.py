@@ -155,7 +155,8 @@ def rebuild_dag(table: TableDefinition) -> DAG:
 
             window = batch.rebuild_window(table, params["window_from"], params["window_to"], params["full"],
                                           (data_interval_start, data_interval_end))
-            if window is None and str(getattr(dag_run, "run_type", "")).endswith("backfill"):
+            run_type = getattr(dag_run, "run_type", None)
+            if window is None and str(getattr(run_type, "value", run_type)) == "backfill":
                 repeated = batch.repeated_full_rebuild(t)
                 if repeated:
                     raise AirflowSkipException(repeated)
