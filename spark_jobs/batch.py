@@ -359,13 +359,15 @@ def rebuild_window(table: TableDefinition, window_from: str | None, window_to: s
 
 
 def rebuild(name: str, spark=None, rt: Runtime | None = None,
-            window_range: tuple[int, int] | None = None) -> BatchCommit:
+            window_range: tuple[int, int] | None = None, unless_repeated: bool = False) -> BatchCommit:
     """Replace the state with a recomputation, as a new batch with its own changelog records.
 
     `window_range` (epoch ms, [from, to)) limits a windowed table's rebuild to
     the windows starting in that range, which is what a backfill of a date
     range means; other keys are left as they are. Tables without windows
-    always rebuild in full.
+    always rebuild in full. `unless_repeated`: return the last commit instead
+    when it already is a full rebuild (decided under the table's lock, so the
+    days of a backfill, which Airflow runs side by side, rebuild once).
     """
     rt = rt or Runtime.from_env()
     table, _ = registry.load_table(name, rt)
@@ -377,6 +379,9 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
             log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
             window_range = None
     with registry.table_lock(name, rt):
+        if unless_repeated and window_range is None and (why := repeated_full_rebuild(name, rt)):
+            log.info("rebuild %s: not run: %s", name, why)
+            return BatchLog(rt.batch_dir(name)).last_commit()
         return _rebuild(name, spark, rt, window_range)
 
 

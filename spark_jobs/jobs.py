@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finish-pending", action="store_true",
                         help="verify: first finish an interrupted batch from its plan")
     parser.add_argument("--window", default="", help="rebuild: FROM_MS:TO_MS, windows starting in [from, to); "
-                                                     "empty rebuilds in full")
+                                                     "empty rebuilds in full; `once`: in full unless the last "
+                                                     "commit already is a full rebuild")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides STATETABLE_KAFKA_BOOTSTRAP)")
     parser.add_argument("--result-file", help="write the outcome as JSON here")
     args = parser.parse_args(argv)
@@ -237,13 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             from spark_jobs import batch
 
             window = None
-            if args.window:
+            once = args.window == "once"      # a backfill day of a table without windows
+            if args.window and not once:
                 try:
                     window = tuple(int(part) for part in args.window.split(":"))
                     assert len(window) == 2
                 except (ValueError, AssertionError):
                     raise ValueError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
-            commit = batch.rebuild(args.table, rt=rt, window_range=window)
+            commit = batch.rebuild(args.table, rt=rt, window_range=window, unless_repeated=once)
             _write_result(args.result_file, commit_summary(commit))
             return 0
         from spark_jobs import batch, session

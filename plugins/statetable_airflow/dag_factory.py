@@ -149,17 +149,16 @@ def rebuild_dag(table: TableDefinition) -> DAG:
         @task(retries=0)
         def plan_rebuild(params=None, data_interval_start=None, data_interval_end=None, dag_run=None) -> str:
             """Validate the params and pick the window range before any Spark work."""
-            from airflow.sdk.exceptions import AirflowSkipException
-
             from spark_jobs import batch
 
             window = batch.rebuild_window(table, params["window_from"], params["window_to"], params["full"],
                                           (data_interval_start, data_interval_end))
             run_type = getattr(dag_run, "run_type", None)
             if window is None and str(getattr(run_type, "value", run_type)) == "backfill":
-                repeated = batch.repeated_full_rebuild(t)
-                if repeated:
-                    raise AirflowSkipException(repeated)
+                # Every day of a backfill means the same full rebuild for a table without windows;
+                # Airflow runs the days side by side, so the rebuild decides under the table's lock.
+                print(f"{t}: full rebuild, once per backfill (the table has no windows)")
+                return "once"
             if window is None:
                 print(f"{t}: full rebuild" + ("" if table.window else " (the table has no windows)"))
                 return ""
