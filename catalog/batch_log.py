@@ -64,7 +64,7 @@ def lease_seconds() -> float:
                          f"{DEFAULT_LEASE_SECONDS:.0f}") from None
 
 
-def _start_ticks(pid: int) -> str | None:
+def start_ticks(pid: int) -> str | None:
     """A process's start time in clock ticks since boot: with the pid, it names one process
     (a pid alone may have been reused)."""
     try:
@@ -77,7 +77,7 @@ def _start_ticks(pid: int) -> str | None:
 
 def this_driver() -> dict:
     """Who is writing: enough to tell a live holder from a dead one on its host, and to name it."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_ticks(os.getpid()),
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": start_ticks(os.getpid()),
             "run": _RUN, "at": time.time()}
 
 
@@ -102,7 +102,7 @@ def is_alive(holder: dict | None) -> bool:
     if not holder:
         return False
     if holder.get("host") == socket.gethostname():
-        return holder.get("started") is not None and _start_ticks(int(holder["pid"])) == holder["started"]
+        return holder.get("started") is not None and start_ticks(int(holder["pid"])) == holder["started"]
     return time.time() - float(holder.get("at", 0)) < lease_seconds()
 
 

@@ -9,7 +9,6 @@ import json
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 
 from deploy import airflow_server
 from catalog.settings import StackSettings
@@ -23,28 +22,15 @@ class AirflowApi:
         self.token = token or airflow_server.api_token(settings)
 
     def _call(self, method: str, path: str, body: dict | None = None, patience: float = 60.0) -> dict:
-        """One REST call. A GET the server did not answer (refused, reset, timed out: a busy
-        2-core stack) is asked again with backoff for `patience` seconds; a POST only when the
-        connection was refused, so a run is never triggered twice."""
-        data = json.dumps(body).encode() if body is not None else None
-        deadline, pause = time.monotonic() + patience, 1.0
-        while True:
-            req = urllib.request.Request(
-                self.base + path, data=data, method=method,
+        """One REST call; a GET the server did not answer is asked again for `patience` seconds, a
+        POST only when the connection was refused, so a run is never triggered twice."""
+        try:
+            return airflow_server.http_json(
+                self.base + path, method=method, body=json.dumps(body).encode() if body is not None else None,
                 headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    return json.load(resp)
-            except urllib.error.HTTPError as exc:
-                raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
-            except (OSError, TimeoutError) as exc:
-                refused = isinstance(getattr(exc, "reason", exc), ConnectionRefusedError)
-                if (method != "GET" and not refused) or time.monotonic() + pause > deadline:
-                    raise RuntimeError(f"{method} {self.base}{path}: no answer from the Airflow API "
-                                       f"({getattr(exc, 'reason', exc)}) after {patience:.0f}s") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 10.0)
+                patience=patience, retry_unanswered=method == "GET")
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120.0, on_wait=None) -> dict:
         """Wait until the dag-processor has parsed `dag_id` into the database (`on_wait(text)`

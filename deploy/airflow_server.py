@@ -219,15 +219,43 @@ def ensure_admin_password(settings: StackSettings) -> None:
     if path.exists() and ADMIN_USER in json.loads(path.read_text() or "{}"):
         path.chmod(0o600)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps({ADMIN_USER: secrets.token_urlsafe(16)}) + "\n")
-    path.chmod(0o600)
+    write_private(path, json.dumps({ADMIN_USER: secrets.token_urlsafe(16)}) + "\n")
 
 
 def admin_password(settings: StackSettings) -> str:
     return json.loads(_passwords_file(settings).read_text())[ADMIN_USER]
+
+
+class NoAnswer(RuntimeError):
+    """The server did not answer within the patience given."""
+
+
+def http_json(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict | None = None,
+              patience: float = 60.0, retry_unanswered: bool = True):
+    """One JSON call to the stack's Airflow, asked again with backoff for `patience` seconds while
+    the server does not answer (refused, reset, timed out, 5xx: a busy 2-core stack still
+    starting). `retry_unanswered=False` (a call that must not happen twice) retries only a
+    refused connection. A 4xx is the caller's to read (HTTPError)."""
+    deadline, pause, tries = time.monotonic() + patience, 1.0, 0
+    while True:
+        tries += 1
+        req = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or not retry_unanswered:
+                raise
+            last = f"HTTP {exc.code}"
+        except (OSError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if not retry_unanswered and not isinstance(reason, ConnectionRefusedError):
+                raise NoAnswer(f"{method} {url}: no answer ({reason})") from None
+            last = str(reason) or type(exc).__name__
+        if time.monotonic() + pause > deadline:
+            raise NoAnswer(f"{method} {url}: no answer in {patience:.0f}s ({tries} tries, last: {last})")
+        time.sleep(pause)
+        pause = min(pause * 2, 10.0)
 
 
 def api_token(settings: StackSettings, patience: float = 120.0) -> str:
@@ -237,25 +265,14 @@ def api_token(settings: StackSettings, patience: float = 120.0) -> str:
     waited for and where its log is."""
     body = json.dumps({"username": ADMIN_USER, "password": admin_password(settings)}).encode()
     url = f"{settings.airflow_url}/auth/token"
-    deadline, pause, tries = time.monotonic() + patience, 1.0, 0
-    while True:
-        tries += 1
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.load(resp)["access_token"]
-        except urllib.error.HTTPError as exc:
-            if exc.code < 500:
-                raise RuntimeError(f"the Airflow API refused the stack's admin login at {url}: {exc.code}; "
-                                   f"was {_passwords_file(settings)} replaced after Airflow started?") from None
-            last = f"HTTP {exc.code}"
-        except (OSError, TimeoutError) as exc:      # refused, reset, timed out: still starting
-            last = str(getattr(exc, "reason", exc)) or type(exc).__name__
-        if time.monotonic() + pause > deadline:
-            raise RuntimeError(f"the Airflow API at {url} gave no token in {patience:.0f}s ({tries} tries, last: "
-                               f"{last}); see {process(settings, 'api-server').log_file}") from None
-        time.sleep(pause)
-        pause = min(pause * 2, 10.0)
+    try:
+        return http_json(url, method="POST", body=body, headers={"Content-Type": "application/json"},
+                         patience=patience)["access_token"]
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"the Airflow API refused the stack's admin login at {url}: {exc.code}; "
+                           f"was {_passwords_file(settings)} replaced after Airflow started?") from None
+    except NoAnswer as exc:
+        raise RuntimeError(f"{exc}; see {process(settings, 'api-server').log_file}") from None
 
 
 def airflow_json(settings: StackSettings, *args: str):

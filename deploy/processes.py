@@ -200,4 +200,5 @@ def write_private(path: Path, text: str) -> None:
     """A secret's file, readable by its owner only from before the secret is in it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
+    path.chmod(0o600)          # touch keeps the mode of a file that already exists
     path.write_text(text)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import time
+import dataclasses
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catalog.batch_log import BatchLog
+from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.registry import spec_of
 from catalog.runtime import Runtime
@@ -35,11 +37,13 @@ class BatchTotals:
     read: int = 0
     merged: int = 0
     keys_changed: int = 0
+    dead_lettered: int = 0
     dead: dict[str, int] = field(default_factory=dict)
     buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     seconds_sum: float = 0.0
     keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
     committed_at: float | None = None
+    last: BatchCommit | None = None
 
     @property
     def batches(self) -> int:
@@ -50,6 +54,7 @@ class BatchTotals:
         self.read += counts.get("read", 0)
         self.merged += counts.get("parsed", 0)
         self.keys_changed += counts.get("keys_changed", 0)
+        self.dead_lettered += counts.get("dead_lettered", 0)
         for name, n in counts.items():
             if name.startswith("dead_") and name != "dead_lettered":
                 self.dead[name[5:]] = self.dead.get(name[5:], 0) + n
@@ -60,6 +65,37 @@ class BatchTotals:
         self.keys.update(commit.key_counts or {})
         self.last_batch = commit.batch_id
         self.committed_at = commit.committed_at
+        self.last = commit
+
+
+class _Folds:
+    """One fold per batch log, kept for the life of the process: the State tables page, `/tables`
+    and `/metrics` of a long-lived server read only the commits since their last look."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.folds: dict[str, BatchTotals] = {}
+
+    def fold(self, rt: Runtime, table: str) -> BatchTotals:
+        """A copy of the table's totals, brought up to its newest commit. A log begun again (its
+        folded last batch gone) is folded afresh."""
+        log = BatchLog(rt.batch_dir(table))
+        with self.guard:
+            folded = self.folds.setdefault(str(log.location), BatchTotals())
+            new = log.commits_after(folded.last_batch)
+            if not new and folded.last_batch >= 0 and log.commit(folded.last_batch) is None:
+                folded = self.folds[str(log.location)] = BatchTotals()
+                new = log.commits_after(-1)
+            for commit in new:
+                folded.add(commit)
+            return _copied(folded)
+
+
+def _copied(totals: BatchTotals) -> BatchTotals:
+    return dataclasses.replace(totals, dead=dict(totals.dead), buckets=list(totals.buckets), keys=dict(totals.keys))
+
+
+FOLDS = _Folds()
 
 
 def _verify_file(rt: Runtime, name: str) -> Path:
@@ -203,12 +239,9 @@ def utc(epoch: float | None) -> str | None:
 
 def table_status(table: TableDefinition, rt: Runtime) -> dict:
     batch_log = BatchLog(rt.batch_dir(table.name))
-    commits = batch_log.commits()
+    totals = FOLDS.fold(rt, table.name)
     pending = batch_log.pending_plan()
-    last = commits[-1] if commits else None
-    totals = BatchTotals()
-    for commit in commits:
-        totals.add(commit)
+    last = totals.last
     try:
         current_lag = lag(table.name, rt, table.topic, table)
     except OffsetDiscontinuity as exc:
@@ -240,7 +273,7 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
         "lag": current_lag,
         "freshness_seconds": None if last is None else round(time.time() - last.committed_at, 1),
         "snapshot_age_seconds": snapshot_age_seconds(table, rt),
-        "dead_letters": sum(c.counts.get("dead_lettered", 0) for c in commits),
+        "dead_letters": totals.dead_lettered,
         "dead_letters_by_reason": dict(sorted(totals.dead.items())),
         "last_verify": history[0] if history else None,
         "verified": {"text": verdict[0], "kind": verdict[1]},

@@ -119,14 +119,11 @@ def dead_letters(name: str, rt: Runtime | None = None, limit: int = 20) -> dict:
     """The newest `limit` dead letters of a table (their reason, source coordinates and the start
     of the value; at most `limit` read from each partition's end) and the count per reason over
     every committed batch (from the batch log, not by reading the whole topic)."""
-    from catalog.batch_log import BatchLog
-    from ops.status import BatchTotals
+    from ops.status import FOLDS
 
     rt = rt or Runtime.from_env()
     _table(name, rt)
-    totals = BatchTotals()
-    for commit in BatchLog(rt.batch_dir(name)).commits():
-        totals.add(commit)
+    totals = FOLDS.fold(rt, name)
     by_reason = dict(sorted(totals.dead.items(), key=lambda item: -item[1]))
     topic = rt.dead_letter_topic(name)
     meta = topic_metadata(admin(rt.bootstrap), rt.bootstrap, topic)

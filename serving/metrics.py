@@ -13,38 +13,17 @@ scrape, not with the table's age.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
-from ops.status import BUCKETS, BatchTotals
+from ops.status import BUCKETS, FOLDS
 
 PREFIX = "statetable"
 log = logging.getLogger("statetable.metrics")
-
-
-class _Folds:
-    """One fold per batch log, kept for the life of the server process."""
-
-    def __init__(self) -> None:
-        self.guard = threading.Lock()
-        self.folds: dict[str, BatchTotals] = {}
-
-    def fold(self, rt: Runtime, table: str) -> BatchTotals:
-        log = BatchLog(rt.batch_dir(table))
-        with self.guard:
-            folded = self.folds.setdefault(str(log.location), BatchTotals())
-            for commit in log.commits_after(folded.last_batch):
-                folded.add(commit)
-            return folded
-
-
-FOLDS = _Folds()
 
 
 def _bytes_under(path: Path) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 from state import codec
 from state.views import TableView
 from catalog import registry
-from catalog.batch_log import BatchLog
+from catalog.batch_log import BatchLog, start_ticks
 from catalog.mapping import key_names, row_of, shown, shown_columns, state_spec
 from catalog.definitions import TableDefinition, load_all
 from catalog.definitions import parse as parse_definition
@@ -74,15 +74,6 @@ def text_key(table: TableDefinition) -> bool:
 OWNER_FILE = "owner"
 
 
-def _process_start(pid: int) -> str:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): a pid reused by
-    another process has another start."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def sweep_dead_secondaries(path: Path) -> list[Path]:
     """Remove the `query-*` folders whose server process is gone; the ones removed."""
     gone = [folder for folder in path.glob("query-*") if not _owner_alive(folder)]
@@ -102,7 +93,7 @@ def _owner_alive(folder: Path) -> bool:
             return time.time() - folder.stat().st_mtime < 3600
         except OSError:
             return False
-    return _process_start(pid) == started and started != ""
+    return started != "" and start_ticks(pid) == started
 
 
 class NoSuchTable(LookupError):
@@ -351,7 +342,7 @@ class QueryService:
         self.tables_checked = time.monotonic()
         self.definitions = load_all(self.rt.tables_dir, broken=self.broken)
         self.secondary_root = Path(tempfile.mkdtemp(prefix="query-", dir=self._secondaries_dir()))
-        (self.secondary_root / OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
+        (self.secondary_root / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid()) or ''}")
         self.readers: dict[str, TableReader] = {}
         self.guard = threading.Lock()
         self.refresh_interval = refresh_interval if refresh_interval is not None else \

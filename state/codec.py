@@ -150,7 +150,7 @@ def decode_key(data: bytes) -> tuple:
 def text_prefix(prefix: str) -> bytes:
     """The bytes every key whose first part is a string starting with `prefix` begins with (the
     string's encoding without its terminator): `cust1` finds `cust1`, `cust10` ... `cust19`."""
-    return bytes([_STR]) + prefix.encode().replace(b"\x00", b"\x00\xff")
+    return bytes([_STR]) + _escape(prefix.encode())[:-1]
 
 
 def prefix_upper_bound(prefix: bytes) -> bytes | None:

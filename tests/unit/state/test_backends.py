@@ -42,15 +42,15 @@ def test_the_folders_of_dead_query_servers_are_swept_and_live_ones_kept(tmp_path
     import subprocess
     import sys
 
-    from serving.query import _process_start
+    from catalog.batch_log import start_ticks
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_start = _process_start(dead.pid)
+    dead_start = start_ticks(dead.pid)
     dead.wait()
     mine, theirs, legacy_new, legacy_old = (tmp_path / f"query-{n}" for n in ("mine", "dead", "new", "old"))
     for folder in (mine, theirs, legacy_new, legacy_old):
         folder.mkdir()
-    (mine / OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
+    (mine / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid())}")
     (theirs / OWNER_FILE).write_text(f"{dead.pid} {dead_start or 1}")
     old = time.time() - 7200
     os.utime(legacy_old, (old, old))
