@@ -287,9 +287,14 @@ def _scratch_copy(name: str, table, rt: Runtime, facts: dict):
 def _corrupt_latest_snapshots(name: str, table, store, facts: dict) -> str:
     flipped = []
     for p in range(table.partitions):
-        newest = store.list(name, p)[0]
-        victim = max(newest.files, key=lambda f: newest.files[f]["size"])
-        path = f"{newest.path}/{victim}"
+        snapshots = store.list(name, p)
+        newest = snapshots[0]
+        # The newest snapshot's own largest file: an SST it shares with older snapshots would
+        # take them down too, and the drill is about losing the newest one.
+        older = {store.file_path(m, n) for m in snapshots[1:] for n in m.files}
+        own = [f for f in newest.files if store.file_path(newest, f) not in older] or list(newest.files)
+        victim = max(own, key=lambda f: newest.files[f]["size"])
+        path = store.file_path(newest, victim)
         with store.fs.open_input_stream(path) as src:
             data = bytearray(src.read())
         data[len(data) // 2] ^= 0xFF

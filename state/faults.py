@@ -28,7 +28,7 @@ import os
 import signal
 
 __all__ = ["BATCH_POINTS", "ENV", "EXIT_CODE", "HOLD_LIMIT", "POINTS", "REBUILD_POINTS", "RELEASE_ENV",
-           "SCOPE_ENV", "STATE_POINTS", "TABLE_AGGREGATE_POINTS", "WORKER_ENV", "arm", "armed", "kill_session",
+           "RETENTION_POINTS", "SCOPE_ENV", "STATE_POINTS", "TABLE_AGGREGATE_POINTS", "WORKER_ENV", "arm", "armed", "kill_session",
            "point", "session_pids", "validate"]
 
 ENV = "STATETABLE_FAULT"
@@ -67,7 +67,12 @@ TABLE_AGGREGATE_POINTS = {      # an aggregate over a table's rows (two state st
     "rows.after_commit": "partition 0's rows stage committed (its retractions written), other partitions maybe not",
     "batch.after_rows": "every rows-stage partition committed, no group merged",
 }
-POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS, **TABLE_AGGREGATE_POINTS}
+RETENTION_POINTS = {            # snapshot retention (state/snapshots.py), crash-tested in tests/unit/state
+    "snapshot.retain_after_manifest": "an old snapshot's manifest deleted, its folder not yet",
+    "snapshot.retain_before_shared": "old snapshots deleted, no shared SST swept yet",
+    "snapshot.retain_mid_shared": "one unnamed shared SST deleted, others maybe not",
+}
+POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS, **TABLE_AGGREGATE_POINTS, **RETENTION_POINTS}
 
 _armed: str | None = None
 _armed_scope: str | None = None

@@ -47,7 +47,7 @@ def test_a_manifest_file_name_that_is_a_path_is_rejected_and_writes_nothing(save
 def test_a_failed_checksum_leaves_no_files_behind(saved):
     store, manifest, root = saved
     victim = max(manifest.files, key=lambda n: manifest.files[n]["size"])
-    with open(f"{manifest.path}/{victim}", "r+b") as f:
+    with open(store.file_path(manifest, victim), "r+b") as f:
         f.seek(0)
         f.write(b"\xff\xfe")
     target = root / "restore" / "p0000"
