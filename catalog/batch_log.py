@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
+POINTER = "last-commit.json"
 DEFAULT_LEASE_SECONDS = 600.0
 
 
@@ -196,6 +197,9 @@ class _FolderStore:
         except FileNotFoundError:
             return None
 
+    def exists(self, name: str) -> bool:
+        return (self.folder / name).exists()
+
     def names(self) -> list[str]:
         return [p.name for p in self.folder.iterdir() if not p.name.startswith(".")]
 
@@ -247,6 +251,17 @@ class _S3Store:
                 return None
             raise
 
+    def exists(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self.prefix + name)
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+
     def names(self) -> list[str]:
         found = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix,
@@ -282,6 +297,10 @@ class BatchLog:
 
     def write_commit(self, commit: BatchCommit, table: str = "") -> None:
         self._create(commit, "commit", table, "was committed meanwhile")
+        # A hint, written after the commit point: readers find the newest commit from here
+        # without listing the log (a crash before it, or a stale driver writing an older id,
+        # only costs them a step forward, see last_commit_id).
+        self.store.put(POINTER, self._encode({"batch_id": commit.batch_id}))
 
     def _takeovers(self, batch_id: int) -> list[str]:
         prefix = f"{batch_id:012d}.takeover-"
@@ -330,23 +349,51 @@ class BatchLog:
             raw[key] = {int(p): v for p, v in raw[key].items()}
         return BatchCommit(**raw)
 
+    def _entry(self, batch_id: int, suffix: str) -> str:
+        return f"{batch_id:012d}.{suffix}.json"
+
+    def last_commit_id(self) -> int | None:
+        """The newest committed batch id, found without listing the log: the pointer written
+        after each commit, then a step forward for every commit that exists past it (a crash
+        between a commit and its pointer, or a stale driver's late pointer). A log without a
+        pointer (written before it existed) or whose pointer names a missing commit is listed
+        once."""
+        data = self.store.get(POINTER)
+        newest = json.loads(data)["batch_id"] if data else None
+        if newest is None or not self.store.exists(self._entry(newest, "commit")):
+            ids = self._ids("commit")
+            if not ids:
+                return None
+            newest = ids[-1]
+        while self.store.exists(self._entry(newest + 1, "commit")):
+            newest += 1
+        return newest
+
     def last_commit(self) -> BatchCommit | None:
-        ids = self._ids("commit")
-        return self.commit(ids[-1]) if ids else None
+        newest = self.last_commit_id()
+        return None if newest is None else self.commit(newest)
 
     def pending_plan(self) -> BatchPlan | None:
-        """The newest plan without a commit: a batch a crash interrupted (or another driver runs)."""
-        plans, commits = self._ids("plan"), set(self._ids("commit"))
-        if plans and plans[-1] not in commits:
-            return self.plan(plans[-1])
-        return None
+        """The newest plan without a commit: a batch a crash interrupted (or another driver runs).
+        Batches are planned one after another, so it can only be the one after the last commit."""
+        newest = self.last_commit_id()
+        if newest is None:
+            plans = self._ids("plan")          # no commit yet: the log is a plan or two long
+            return self.plan(plans[-1]) if plans else None
+        return self.plan(newest + 1)
 
     def commits(self) -> list[BatchCommit]:
         return [self.commit(i) for i in self._ids("commit")]
 
     def commits_after(self, batch_id: int) -> list[BatchCommit]:
-        """The commits after `batch_id`, for readers that fold the log as it grows."""
-        return [c for i in self._ids("commit") if i > batch_id and (c := self.commit(i)) is not None]
+        """The commits after `batch_id`, for readers that fold the log as it grows: read one by
+        one from there, so a follower's poll costs what was committed since, not the log's age."""
+        if batch_id < 0:
+            return self.commits()
+        found = []
+        while (commit := self.commit(batch_id + 1 + len(found))) is not None:
+            found.append(commit)
+        return found
 
     # -- where reading stopped -------------------------------------------------
     def write_acceptance(self, after_batch: int, entry: dict) -> None:
