@@ -60,8 +60,12 @@ def test_without_snapshots_restores_from_the_full_changelog(built):
 
 def test_corrupt_snapshot_is_logged_and_skipped(built, caplog):
     table, original = built
-    newest = table.snapshots.list(table.spec.name, 0)[0]
-    victim = max((Path(newest.path) / name for name in newest.files), key=lambda f: f.stat().st_size)
+    kept = table.snapshots.list(table.spec.name, 0)
+    newest = kept[0]
+    # Its own file: an SST shared with the older snapshot (incremental snapshots) would take both down.
+    older = {table.snapshots.file_path(m, n) for m in kept[1:] for n in m.files}
+    victim = max((Path(table.snapshots.file_path(newest, name)) for name in newest.files
+                  if table.snapshots.file_path(newest, name) not in older), key=lambda f: f.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
