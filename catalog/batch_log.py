@@ -27,12 +27,14 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from catalog.errors import CatalogError
+
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
 DEFAULT_LEASE_SECONDS = 600.0
 
 
-class BatchLogLost(RuntimeError):
+class BatchLogLost(CatalogError, RuntimeError):
     """A table's changelog holds committed state its batch log knows nothing of: the log was lost
     or another deployment writes under the same namespace. Going on would apply the first batches
     again on top of the restored state (or skip them as already applied), so the writer stops."""
@@ -45,7 +47,7 @@ class BatchLogLost(RuntimeError):
             f"of its own (STATETABLE_NAMESPACE), or delete the changelog topic to start the table over.")
 
 
-class BatchHeld(RuntimeError):
+class BatchHeld(CatalogError, RuntimeError):
     """Another driver holds (or has just committed) the batch this one was about to write."""
 
     def __init__(self, table: str, batch_id: int, holder: dict | None, what: str, location: str) -> None:
@@ -118,7 +120,7 @@ class BatchPlan:
     accepted: dict | None = None           # an operator's acceptance of a reset or gap before this batch
     definition: dict | None = None         # {"fingerprint", "meaning"} of the definition the batch applies
     joins: dict | None = None              # joined table -> {"batch", "file"}: its state the batch joins (see
-                                           # MicroBatchRunner._pin_joins)
+                                           # planning.pin_joins)
     holder: dict | None = None             # the driver that planned it (see this_driver)
 
     @property

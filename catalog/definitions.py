@@ -27,6 +27,7 @@ from sqlglot.dialects.spark import Spark
 
 from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
 from state.windows import WindowSpec
+from catalog.errors import DefinitionError, UnsupportedSql
 
 SUPPORTED = (
     "CREATE TABLE t (col TYPE PRIMARY KEY, ...) WITH (topic='...') for source tables; "
@@ -59,10 +60,6 @@ class _DefinitionSQL(Spark):
 
     class Tokenizer(Spark.Tokenizer):
         KEYWORDS = {word: kind for word, kind in Spark.Tokenizer.KEYWORDS.items() if word != "SESSION"}
-
-
-class DefinitionError(ValueError):
-    """A table definition the product cannot run; the message says where and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -894,7 +891,7 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
     `SUM(amount) / COUNT(*) AS mean` or `UPPER(title) AS shout` (catalog.expressions.SUPPORTED).
     An aggregate in it that SELECT does not name is kept hidden in the state (`_h<n>`). Returns
     it as SQL over the row's columns."""
-    from catalog.expressions import SUPPORTED as ROW_SUPPORTED, Unsupported, compile_value
+    from catalog.expressions import SUPPORTED as ROW_SUPPORTED, compile_value
 
     path, target = scope.path, projection.this
     by_sql = {p.this.sql(dialect="spark"): alias for alias, p in named.items()}
@@ -914,7 +911,7 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
     expression = target.copy().transform(to_columns)
     try:
         compile_value(expression, set(key_names) | {a.name for a in aggregates})
-    except Unsupported as exc:
+    except UnsupportedSql as exc:
         raise _fail(path, _located(target, exc.node), f"column {projection.alias!r}: {exc}", ROW_SUPPORTED) from None
     return expression.sql(dialect="spark")
 
@@ -933,7 +930,7 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
             scope: "_Scope", columns: list) -> str:
     """HAVING over the rows' columns: an aggregate SELECT names becomes its alias, so the predicate
     reads the row as the API shows it. Returns it as Spark SQL text."""
-    from catalog.expressions import SUPPORTED as HAVING_SUPPORTED, Unsupported, compile_predicate
+    from catalog.expressions import SUPPORTED as HAVING_SUPPORTED, compile_predicate
 
     named = {projection.this.sql(dialect="spark"): alias for alias, projection in aggregates.items()}
 
@@ -953,7 +950,7 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
     predicate = node.copy().transform(to_columns)
     try:
         compile_predicate(predicate, set(key_names) | set(aggregates) | {a.name for a in columns})
-    except Unsupported as exc:
+    except UnsupportedSql as exc:
         raise _fail(path, _located(node, exc.node), f"HAVING: {exc}", HAVING_SUPPORTED) from None
     return predicate.sql(dialect="spark")
 
@@ -1095,7 +1092,7 @@ def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, i
 
 
 def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", aggregates: list, where) -> None:
-    from catalog.expressions import Unsupported, compile_predicate, compile_value
+    from catalog.expressions import compile_predicate, compile_value
 
     if window is not None:
         raise DefinitionError(f"{path}: table {name!r}: a window in an aggregate over a table's rows is not "
@@ -1107,7 +1104,7 @@ def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", agg
     for derived, sql in scope.derived.items():      # computed per row in Python (table_aggregate.RowStage)
         try:
             compile_value(sqlglot.parse_one(sql, dialect="spark"), set(scope.stream_fields))
-        except Unsupported as exc:
+        except UnsupportedSql as exc:
             raise DefinitionError(f"{path}: table {name!r}: {sql!r}: {exc}; an aggregate over a table's rows "
                                   f"computes expressions with catalog.expressions") from None
 

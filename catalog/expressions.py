@@ -16,6 +16,7 @@ import re
 from typing import Callable
 
 from sqlglot import exp
+from catalog.errors import UnsupportedSql
 
 SUPPORTED = ("column names (the key columns and the aggregates' aliases), the aggregates SELECT names, numbers, "
              "strings, TRUE/FALSE/NULL, = != <> < <= > >=, + - * / %, AND, OR, NOT, IS [NOT] NULL, IN (...), "
@@ -33,14 +34,6 @@ _VALUE_ERRORS = (ArithmeticError, TypeError, ValueError, AttributeError, Overflo
 _DECIMALS = decimal.Context(prec=400, Emax=999999, Emin=-999999, traps=[])
 _DECIMAL_LIMIT = decimal.Decimal(10) ** 38          # Spark's DECIMAL(38): past it, NULL
 MAX_ROUND_DIGITS = 38
-
-
-class Unsupported(ValueError):
-    """A construct outside SUPPORTED; `node` is where it is."""
-
-    def __init__(self, node: exp.Expression, what: str) -> None:
-        super().__init__(what)
-        self.node = node
 
 
 def compile_predicate(node: exp.Expression, columns: set[str]) -> Callable[[dict], bool]:
@@ -272,7 +265,7 @@ def _compile(node: exp.Expression, columns: set[str]) -> Callable[[dict], object
         return _compile(node.this, columns)
     if isinstance(node, exp.Column):
         if node.name not in columns:
-            raise Unsupported(node, f"column {node.sql()} (the rows have {sorted(columns)})")
+            raise UnsupportedSql(node, f"column {node.sql()} (the rows have {sorted(columns)})")
         name = node.name
         return lambda row: row.get(name)
     if isinstance(node, exp.Literal):
@@ -331,7 +324,7 @@ def _compile(node: exp.Expression, columns: set[str]) -> Callable[[dict], object
             if kind in ("double", "decimal", "string"):
                 return lambda row: _as_kind(function(row), kind, scale)
         return function
-    raise Unsupported(node, f"{node.key.upper()} ({node.sql()})")
+    raise UnsupportedSql(node, f"{node.key.upper()} ({node.sql()})")
 
 
 # Where Spark gives one result type to values of several: CASE of a BIGINT and a DOUBLE is all
@@ -457,7 +450,7 @@ def _argument(node: exp.Expression, child):
     """A function's argument, which the definition must give: CEIL() is refused when the table
     loads, not raised for every row."""
     if child is None:
-        raise Unsupported(node, f"{node.key.upper()}() needs an argument")
+        raise UnsupportedSql(node, f"{node.key.upper()}() needs an argument")
     return child
 
 
@@ -667,10 +660,10 @@ def _round_digits(node: exp.Expression) -> int:
         return 0
     value = digits.this if isinstance(digits, exp.Neg) else digits
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-        raise Unsupported(node, f"ROUND's digits must be an integer literal, not {digits.sql()}")
+        raise UnsupportedSql(node, f"ROUND's digits must be an integer literal, not {digits.sql()}")
     number = -int(value.this) if isinstance(digits, exp.Neg) else int(value.this)
     if abs(number) > MAX_ROUND_DIGITS:
-        raise Unsupported(node, f"ROUND to {number} digits (at most {MAX_ROUND_DIGITS} either side of the point)")
+        raise UnsupportedSql(node, f"ROUND to {number} digits (at most {MAX_ROUND_DIGITS} either side of the point)")
     return number
 
 
@@ -731,7 +724,7 @@ def _function(node: exp.Expression, columns: set[str]) -> Callable[[dict], objec
     if isinstance(node, (exp.Cast, exp.TryCast)):
         target = node.args["to"].this.name
         if target not in _CASTS:
-            raise Unsupported(node, f"CAST to {node.args['to'].sql()} (casts go to {sorted(_CASTS)})")
+            raise UnsupportedSql(node, f"CAST to {node.args['to'].sql()} (casts go to {sorted(_CASTS)})")
         return _null_safe(_CASTS[target], part(node.this))
     if type(node) in _ONE_ARGUMENT:
         return _null_safe(_ONE_ARGUMENT[type(node)], part(node.this))
@@ -752,7 +745,7 @@ def _function(node: exp.Expression, columns: set[str]) -> Callable[[dict], objec
     if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
         unit = node.args["unit"].name.upper()
         if unit not in _TRUNCATE:
-            raise Unsupported(node, f"DATE_TRUNC to {unit} (units {sorted(_TRUNCATE)})")
+            raise UnsupportedSql(node, f"DATE_TRUNC to {unit} (units {sorted(_TRUNCATE)})")
         return _null_safe(lambda v: _truncated(v, unit), part(node.this))
     if isinstance(node, exp.Replace):
         return _null_safe(lambda text, old, new: _to_text(text).replace(_to_text(old), _to_text(new)),

@@ -95,7 +95,7 @@ def row_of(table: TableDefinition, key: tuple, value, aggregator: RowAggregator 
 _COMPILED: dict[tuple, object] = {}
 
 
-def _compiled(compile_name: str, sql: str, columns: set[str]):
+def compiled(compile_name: str, sql: str, columns: set[str]):
     """catalog.expressions' `compile_name` of `sql` over `columns`, once per process."""
     key = (compile_name, sql, frozenset(columns))
     if key not in _COMPILED:
@@ -121,7 +121,7 @@ def shown_columns(table: TableDefinition) -> list[str]:
 
 def _with_computed(table: TableDefinition, row: dict) -> dict:
     """The row with its computed SELECT columns."""
-    row.update({name: _compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()})
+    row.update({name: compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()})
     return row
 
 
@@ -130,7 +130,7 @@ def shown(table: TableDefinition, row: dict | None) -> dict | None:
     while the state keeps its aggregate."""
     if row is None or table.having is None:
         return row
-    passes = _compiled("compile_predicate", table.having, _row_columns(table) | set(table.computed))
+    passes = compiled("compile_predicate", table.having, _row_columns(table) | set(table.computed))
     return _hide(table, row) if passes(row) else None
 
 

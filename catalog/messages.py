@@ -32,6 +32,3 @@ def raised_by_us(exc: BaseException) -> bool:
     return "site-packages" not in parts and any(p in OUR_PACKAGES for p in parts[-3:-1])
 
 
-class UserError(ValueError):
-    """A request the user can fix (an option, a table name, a batch), as opposed to a failure of
-    the work: the CLI exits 2 for these, 1 for the others."""

@@ -19,6 +19,7 @@ from state.table import StateTable
 from catalog.mapping import state_spec
 from catalog.definitions import DefinitionError, TableDefinition, load_all
 from catalog.runtime import Runtime
+from catalog.errors import LockTimeout
 
 log = logging.getLogger("statetable.catalog")
 
@@ -97,10 +98,6 @@ _held_guard = threading.Lock()
 
 
 LOCK_PATIENCE_ENV = "STATETABLE_LOCK_WAIT_SECONDS"
-
-
-class LockTimeout(RuntimeError):
-    """Another job held the table's lock for longer than this one may wait."""
 
 
 def lock_patience() -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 from deploy import postgres_server
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 from catalog.settings import PROJECT_ROOT, StackSettings
+from deploy.errors import NoAnswer
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 EXECUTOR_ENV = "STATETABLE_AIRFLOW_EXECUTOR"
@@ -224,10 +225,6 @@ def ensure_admin_password(settings: StackSettings) -> None:
 
 def admin_password(settings: StackSettings) -> str:
     return json.loads(_passwords_file(settings).read_text())[ADMIN_USER]
-
-
-class NoAnswer(RuntimeError):
-    """The server did not answer within the patience given."""
 
 
 def http_json(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict | None = None,

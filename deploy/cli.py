@@ -6,7 +6,8 @@ import json
 import sys
 
 from catalog import settings as stack_settings
-from catalog.messages import UserError, one_line
+from catalog.errors import UserError
+from catalog.messages import one_line
 
 PRIVATE_UMASK = 0o077
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from deploy.errors import ProcessExited
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,6 @@ def require_free_ports(what: str, host: str, *ports: int) -> None:
             f"{what}: {host}:{','.join(map(str, taken))} already in use by another process; stop it "
             f"(statetable stack down in its checkout) or choose other ports (see README, Ports)"
         )
-
-
-class ProcessExited(RuntimeError):
-    """A process the stack waits for died while starting: waiting longer cannot help."""
 
 
 def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition") -> None:

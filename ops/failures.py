@@ -27,6 +27,7 @@ from state import faults
 from spark_jobs import jobs
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
+from ops.errors import NothingToInject
 
 log = logging.getLogger("statetable.failures")
 
@@ -56,10 +57,6 @@ WORKER_KILL_POINT = "commit.after_changelog"
 CLIENT_GRACE_SECONDS = 10.0
 SNAPSHOT_DRILLS = ("corrupt_latest_snapshot", "lose_all_snapshots")
 KILLS = ("kill_mid_batch", "kill_engine", "kill_worker")     # these make the batch they kill
-
-
-class NothingToInject(Exception):
-    """The failure needs something the table does not have now (e.g. unread input to kill a batch over)."""
 
 
 @dataclass

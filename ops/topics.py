@@ -17,17 +17,14 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from catalog.definitions import TableDefinition
-from catalog.messages import UserError
+from catalog.errors import UserError
 from catalog.registry import load_table
 from catalog.runtime import Runtime
 from state.kafka_admin import admin, ensure_topic, metadata_consumer, partition_watermarks, topic_metadata
 from state.kafka_config import client_config
+from ops.errors import TopicMissing
 
 PROGRESS_EVERY = 50_000
-
-
-class TopicMissing(UserError, LookupError):
-    """The table's input topic does not exist (the message names the command that makes it)."""
 
 
 def _table(name: str, rt: Runtime) -> TableDefinition:

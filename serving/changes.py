@@ -21,11 +21,7 @@ from catalog.definitions import TableDefinition
 from catalog.mapping import key_names, row_of, shown, state_spec
 from catalog.runtime import Runtime
 from state.table import DefinitionChanged
-
-
-class DefinitionMismatch(RuntimeError):
-    """The table's state was built under another definition than its .sql file now holds: its
-    changes decoded with the file's would put one aggregate's values under another's name."""
+from serving.errors import DefinitionMismatch
 
 
 def built_with(table: TableDefinition, commit: BatchCommit | None) -> None:

@@ -37,6 +37,9 @@ from catalog.definitions import TableDefinition, load_all
 from catalog.definitions import parse as parse_definition
 from state.table import DefinitionChanged
 from catalog.runtime import Runtime
+from serving.errors import NoSuchTable
+from serving.errors import BadQuery
+from serving.errors import StateUnavailable
 
 log = logging.getLogger("statetable.query")
 
@@ -94,22 +97,6 @@ def _owner_alive(folder: Path) -> bool:
         except OSError:
             return False
     return started != "" and start_ticks(pid) == started
-
-
-class NoSuchTable(LookupError):
-    pass
-
-
-class BadQuery(ValueError):
-    """A malformed key, range, limit or cursor (HTTP 422)."""
-
-
-class StateUnavailable(RuntimeError):
-    """The table's local state is missing or being restored (HTTP 503)."""
-
-    def __init__(self, message: str, retry_after: int = 5) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass

@@ -32,6 +32,7 @@ from catalog.registry import spec_of
 from catalog.runtime import Runtime
 from state.errors import ChangelogGap
 from state.table import DefinitionChanged, StateTable
+from serving.errors import ReplicaUnavailable
 
 log = logging.getLogger("statetable.replica")
 
@@ -194,10 +195,6 @@ def batches_behind(logged: int | None, served: int | None) -> int:
     """How many committed batches an answer from `served` trails the batch log's `logged` by
     (None: nothing committed / nothing served yet)."""
     return 0 if logged is None else max(0, logged - (-1 if served is None else served))
-
-
-class ReplicaUnavailable(RuntimeError):
-    """A replica that cannot follow; the message names the cause and the fix."""
 
 
 def write_status(folder: Path, status: dict) -> None:

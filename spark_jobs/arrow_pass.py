@@ -33,6 +33,7 @@ from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
 from catalog.expressions import java_double
 from spark_jobs.parse import LONE_SURROGATE, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_EPOCH_MS
+from spark_jobs.errors import ArrowUnsupported
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
 INTEGERS = set(INT_RANGES)
@@ -42,10 +43,6 @@ INT_TEXT = re.compile(r"-?[0-9]+\Z")                 # ASCII digits only: int() 
 EPOCH_TEXT = re.compile(r"-?[0-9]{1,18}\Z")
 FLOAT_MAX = 3.4028234663852886e38
 SPLIT_BELOW = 8           # blocks this small are judged record by record
-
-
-class Unsupported(ValueError):
-    """A definition the Arrow pass does not cover (the Spark-SQL pass runs it)."""
 
 
 def arrow_type(dtype: str) -> pa.DataType:
@@ -96,33 +93,33 @@ def pass_fields(table: TableDefinition) -> dict[str, str]:
 
 
 def check_supported(table: TableDefinition) -> None:
-    """Raise Unsupported for what the Arrow pass cannot run yet; checked before the first batch."""
+    """Raise ArrowUnsupported for what the Arrow pass cannot run yet; checked before the first batch."""
     if table.kind != "aggregate":
-        raise Unsupported("source tables")
+        raise ArrowUnsupported("source tables")
     if table.joins:
-        raise Unsupported("joins")
+        raise ArrowUnsupported("joins")
     fields = pass_fields(table)
     scaled = [name for name, dtype in table.schema if dtype.startswith("DECIMAL(")]
     if scaled:
-        raise Unsupported(f"DECIMAL(p,s) field {scaled[0]}")     # the pass reads bare DECIMALs only
+        raise ArrowUnsupported(f"DECIMAL(p,s) field {scaled[0]}")     # the pass reads bare DECIMALs only
     used = [k.split(".")[-1] for k in table.key_columns] + [a.split(".")[-1] for g in table.aggregates for a in g.args]
     for name in used:
         if name not in fields:
-            raise Unsupported(f"column {name}")
+            raise ArrowUnsupported(f"column {name}")
         if fields[name].split("(")[0] in ("TIMESTAMP", "DATE", "DECIMAL"):
             # Their Python values differ between Spark rows and Arrow (zone-aware datetimes,
             # decimals): state written by one pass must key and fold alike under the other.
-            raise Unsupported(f"{fields[name]} column {name} as a key or aggregate input")
+            raise ArrowUnsupported(f"{fields[name]} column {name} as a key or aggregate input")
     for agg in table.aggregates:
         score = fields.get(agg.args[0].split(".")[-1]) if agg.function == "topk" else None
         if score is not None and score not in INTEGERS and score not in ("DOUBLE", "FLOAT"):
-            raise Unsupported(f"TOPK over a {score} score")        # the pass ranks numbers as doubles
+            raise ArrowUnsupported(f"TOPK over a {score} score")        # the pass ranks numbers as doubles
     if table.where:
         empty = pa.table({n: pa.array([], arrow_type(t)) for n, t in table.schema})
         try:
             empty.filter(where_expression(table))
         except Exception as exc:   # noqa: BLE001 - any pyarrow kernel or translation gap
-            raise Unsupported(f"WHERE {table.where} ({exc})") from None
+            raise ArrowUnsupported(f"WHERE {table.where} ({exc})") from None
 
 
 def output_columns(table: TableDefinition) -> list[tuple[str, str, pa.DataType]]:
@@ -191,7 +188,7 @@ def where_expression(table: TableDefinition):
         if other_type in ("TIMESTAMP", "DATE") and isinstance(value, str):
             parsed = _timestamp_ms(value) if other_type == "TIMESTAMP" else _date(value)
             if parsed is None:
-                raise Unsupported(f"literal {node.sql()} is not a {other_type}")
+                raise ArrowUnsupported(f"literal {node.sql()} is not a {other_type}")
             return pa.scalar(parsed * 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC")) \
                 if other_type == "TIMESTAMP" else pa.scalar(parsed, pa.date32())
         return value
@@ -208,7 +205,7 @@ def where_expression(table: TableDefinition):
             return convert(node.this)
         if isinstance(node, exp.Column):
             if node.name not in fields:
-                raise Unsupported(f"column {node.sql()}")
+                raise ArrowUnsupported(f"column {node.sql()}")
             return pc.field(node.name)
         if isinstance(node, exp.Boolean):
             return pc.scalar(bool(node.this))
@@ -250,13 +247,13 @@ def where_expression(table: TableDefinition):
         if isinstance(node, (exp.Like, exp.ILike)):
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
-                raise Unsupported(f"LIKE {pattern.sql()}")
+                raise ArrowUnsupported(f"LIKE {pattern.sql()}")
             # sqlglot keeps NOT LIKE as Like(negate=True) rather than Not(Like): honour it.
             matched = pc.Expression._call("match_like", [_expr(convert(node.this))],
                                           pc.MatchSubstringOptions(pattern.this,
                                                                    ignore_case=isinstance(node, exp.ILike)))
             return ~matched if node.args.get("negate") else matched
-        raise Unsupported(f"{node.key.upper()} in WHERE")
+        raise ArrowUnsupported(f"{node.key.upper()} in WHERE")
 
     return convert(sqlglot.parse_one(table.where, dialect="spark"))
 

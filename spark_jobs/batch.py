@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
 from catalog.definitions import TableDefinition
-from spark_jobs.microbatch import MicroBatchRunner, per_state_partition
+from spark_jobs.partition_tasks import per_state_partition
+from spark_jobs.table_frames import TableFrames
 from spark_jobs.offsets import OffsetRange, spark_reader
 from catalog.runtime import Runtime, task_state_dir
 from spark_jobs import mirror, parse
@@ -75,25 +76,25 @@ def _kept(table: TableDefinition, key: tuple, value, purged_at: int | None) -> b
 
 def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     """(partials, purge watermark): every key's final state from full history as a DataFrame of
-    partials with their state partitions (see MicroBatchRunner.partitioned), or None without
+    partials with their state partitions (see TableFrames.partitioned), or None without
     history; and the watermark of the last purge, whose expired windows the state no longer
     holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
-    runner = MicroBatchRunner(spark, table, tables, rt, writer=False)
+    frames = TableFrames(spark, table, tables, rt)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
     if table.over_table:
         from spark_jobs.table_aggregate import recomputed_groups
 
-        return (None if last is None else recomputed_groups(spark, runner, table, rt, last)), None
+        return (None if last is None else recomputed_groups(frames, last)), None
     if table.table_join:
         from spark_jobs.table_join import recomputed_rows
 
-        return (None if last is None else recomputed_rows(spark, runner, table, rt, last)), None
+        return (None if last is None else recomputed_rows(frames, last)), None
     if table.kind == "source":
         if last is None:
             return None, None
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
-        return runner.partitioned(runner._source_partials(classified)), None
+        return frames.partitioned(frames.source_partials(classified)), None
     if not table.bronze:
         raise ValueError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
                          f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
@@ -105,11 +106,11 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     bronze = spark.read.format("delta").load(path)
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
-    selected = runner._selected(runner._joined(bronze))
+    selected = frames.selected(frames.joined(bronze))
     if table.ttl_ms is not None:
         selected = _last_lives(spark, table, selected, commits)
-    partials = runner._partials(selected, exclude=refused)
-    return runner.partitioned(partials), last_purge_watermark(table, commits)
+    partials = frames.partials(selected, exclude=refused)
+    return frames.partitioned(partials), last_purge_watermark(table, commits)
 
 
 def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit]):
@@ -125,7 +126,7 @@ def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit
     from pyspark.sql import Window, functions as F
 
     from catalog.definitions import EVENT_MS
-    from spark_jobs.microbatch import _q
+    from spark_jobs.table_frames import column
 
     if not commits:
         return events
@@ -137,8 +138,8 @@ def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit
             marks.append((commit.batch_id, high))
     if not marks:
         return events
-    keys = [_q(table, k) for k in table.key_columns]
-    by_batch = events.groupBy(*keys, "batch_id").agg(F.max(_q(table, EVENT_MS)).alias("_newest_in"))
+    keys = [column(table, k) for k in table.key_columns]
+    by_batch = events.groupBy(*keys, "batch_id").agg(F.max(column(table, EVENT_MS)).alias("_newest_in"))
     order = Window.partitionBy(*keys).orderBy("batch_id")
     by_batch = (by_batch
                 .withColumn("_newest", F.max("_newest_in").over(order.rowsBetween(Window.unboundedPreceding, 0)))
@@ -417,7 +418,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     if table.input_table:               # an aggregate over a table: its rows stage first, as a batch does
         from spark_jobs.table_stages import rebuild_rows
 
-        rebuild_rows(spark, MicroBatchRunner(spark, table, tables, rt, writer=False), table, rt, last, batch_id)
+        rebuild_rows(TableFrames(spark, table, tables, rt), last, batch_id)
     # Partition by partition, in Spark tasks beside the state (as verify compares): the driver
     # holds the commit summaries, never the table.
     ctx = _RebuildContext(table, spec, str(rt.state_dir), rt, last.batch_id, batch_id, purged_at, window_range)

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 from state import faults
-from catalog.messages import UserError
 from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
                                  readonly_partitions, spec_of, stage_tables, state_rows, state_table, table_lock)
 from catalog.definitions import DefinitionError
 from catalog.runtime import Runtime
+from spark_jobs.errors import RollbackRefused
 
 log = logging.getLogger("statetable.jobs")
 
@@ -84,11 +84,6 @@ def follow(name: str, poll_seconds: float = 0.5, spark=None, rt: Runtime | None 
             if not commits:
                 stop.wait(poll_seconds)
     return committed
-
-
-
-class RollbackRefused(UserError):
-    """A restore to an earlier batch than the batch log's last commit, not forced."""
 
 
 def restore(name: str, batch: int | None = None, rt: Runtime | None = None, missing_only: bool = False,

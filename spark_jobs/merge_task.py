@@ -144,7 +144,7 @@ def _changed_rows(ctx: MergeContext, aggregator, part, partials, last: dict, cha
                           [None if r is None else decode(r) for r in raw], aggregator)
 
 
-def _unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
+def unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
     """change_columns of the changed keys that are not the batch's partial keys: windows past
     retention, keys a TTL expired, sessions merged under another start or swallowed; every one
     for a rebuild, whose commit holds no partials (`last` empty)."""
@@ -162,7 +162,7 @@ def outputs_of(table: TableDefinition, aggregator):
         return None
 
     def outputs(changes: dict) -> list:
-        return change_records(table.output_topic, _unbatched_rows(table, aggregator, {}, changes)) if changes else []
+        return change_records(table.output_topic, unbatched_rows(table, aggregator, {}, changes)) if changes else []
     return outputs
 
 
@@ -246,7 +246,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             if not changes:
                 return []
             built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
-            built["other"] = _unbatched_rows(ctx.table, spec.aggregator, last, changes)
+            built["other"] = unbatched_rows(ctx.table, spec.aggregator, last, changes)
             return change_records(ctx.table.output_topic, built["rows"]) + \
                 change_records(ctx.table.output_topic, built["other"])
 
@@ -266,7 +266,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
             if not commit["noop"] and (ctx.table.ttl_ms or sessions is not None):
                 other = built.get("other")
                 rows = pa.concat_tables([rows, other if other is not None else
-                                         _unbatched_rows(ctx.table, spec.aggregator, last, changes)])
+                                         unbatched_rows(ctx.table, spec.aggregator, last, changes)])
             write_change_rows(mirror_dir, ctx.batch_id, partition, rows)
             lap("mirror_changes")
         summary["delta_keys"] = len(last)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 from state import kafka_config
+from spark_jobs.errors import OffsetDiscontinuity
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,6 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
 def full_range(bootstrap: str, topic: str) -> OffsetRange:
     """Everything currently retained in `topic`."""
     return OffsetRange(topic, watermarks(bootstrap, topic))
-
-
-class OffsetDiscontinuity(ValueError):
-    """The topic no longer continues where the table stopped reading: it was recreated,
-    truncated or replaced, or retention deleted records nobody read."""
 
 
 def topic_id(bootstrap: str, topic: str, timeout: float = 10.0) -> str | None:

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from catalog.priority import batch_niceness, yield_cpu_to_queries
 from catalog.settings import JARS_DIR
+from spark_jobs.errors import EngineUnavailable
 
 log = logging.getLogger("statetable.session")
 
@@ -133,10 +134,6 @@ def submit_options(app_name: str) -> dict:
 def is_connect(spark) -> bool:
     """Whether `spark` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-class EngineUnavailable(RuntimeError):
-    """The Spark Connect server a job was pointed at does not answer."""
 
 
 def _host_port(url: str) -> tuple[str, int]:

@@ -26,11 +26,12 @@ from dataclasses import replace
 import pyarrow as pa
 
 from catalog.definitions import TableDefinition, input_definition
-from catalog.mapping import _compiled, rows_spec, state_spec
+from catalog.mapping import compiled, rows_spec, state_spec
 from catalog.runtime import Runtime, arrow_filesystem, spark_path
 from state import codec, faults
 from state.table import partition_of
-from spark_jobs.table_stages import (_DELTA_SCHEMA, StageContext, _part_file, batch_folder, input_history,
+from spark_jobs.batch_step import BatchStep
+from spark_jobs.table_stages import (DELTA_SCHEMA, StageContext, part_file, batch_folder, input_history,
                                      open_stage, read_input, retractions_path, summary)
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,8 @@ class RowStage:
         self.table = table
         self.columns = list(source.value_columns)
         fields = set(self.columns)
-        self.derived = [(name, _compiled("compile_value", sql, fields)) for name, sql in table.derived.items()]
-        self.where = _compiled("compile_predicate", table.where, fields) if table.where else None
+        self.derived = [(name, compiled("compile_value", sql, fields)) for name, sql in table.derived.items()]
+        self.where = compiled("compile_predicate", table.where, fields) if table.where else None
         self.keys = [k.split(".")[-1] for k in table.key_columns]
         self.args = [[a.split(".")[-1] for a in column.args] for column in table.aggregates]
         self.functions = [column.function for column in table.aggregates]
@@ -104,8 +105,8 @@ def merge_rows(ctx: StageContext, group) -> pa.Table:
             write_parquet_atomically(pa.table({
                 "_sp": pa.array([partition_of(k, route) for k in deltas], pa.int32()),
                 "_key": pa.array(list(deltas), pa.binary()),
-                "_delta": pa.array([encode(d) for d in deltas.values()], pa.binary())}, schema=_DELTA_SCHEMA),
-                ctx.retractions, _part_file(partition))
+                "_delta": pa.array([encode(d) for d in deltas.values()], pa.binary())}, schema=DELTA_SCHEMA),
+                ctx.retractions, part_file(partition))
         result = tx.commit()
         if partition == 0:
             faults.point("rows.after_commit")
@@ -120,7 +121,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
     the table's state, its change topic and its mirror changes."""
     import pyarrow.compute as pc
 
-    from spark_jobs.merge_task import _unbatched_rows, outputs_of
+    from spark_jobs.merge_task import unbatched_rows, outputs_of
     from spark_jobs.mirror import write_change_rows
 
     started = time.monotonic()
@@ -157,40 +158,41 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
             # A re-run of a committed partition writes the rows its keys have now (its first run
             # may have died before this file).
             changed = result.changes if not result.noop else dict(zip(keys, part.get_raw_many(keys)))
-            write_change_rows(mirror_dir, ctx.batch_id, partition, _unbatched_rows(ctx.table, aggregator, {}, changed or {}))
+            write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, aggregator, {}, changed or {}))
         ms = {"groups": round((time.monotonic() - started) * 1000)}
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), seeded=False)
     finally:
         table.close()
 
 
-def run_batch(runner, plan, started: float) -> dict:
-    """One batch of an aggregate over a table (MicroBatchRunner.run_one): read the input table's
+def run(table_run, plan, started: float, begun_at: float) -> BatchStep:
+    """One batch of an aggregate over a table (MicroBatchRunner._pass): read the input table's
     records in the plan's ranges with Spark's Kafka source, dead-letter what its schema refuses,
-    then the two stages. Returns what MicroBatchRunner._commit_batch records."""
+    then the two stages. `begun_at` is unused: its tasks report no cold start."""
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots
     from spark_jobs import mirror
     from spark_jobs.partition_tasks import per_state_partition
 
-    table, rt, spark = runner.table, runner.rt, runner.spark
-    source = input_definition(table, runner.tables)
-    read = read_input(runner, plan, started, source)
+    table, rt, spark = table_run.table, table_run.rt, table_run.spark
+    source = input_definition(table, table_run.tables)
+    read = read_input(table_run, plan, started, source)
     steps = read.steps
 
     root = retractions_path(rt, table.name)
     ctx = StageContext(table, source, plan.batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
-                       batch_folder(root, plan.batch_id), runner.spec.changelog, local_replica_roots(rt))
-    runner._describe(plan.batch_id, "rows")
-    rows = runner.partitioned(runner._source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
+                       batch_folder(root, plan.batch_id), table_run.spec.changelog, local_replica_roots(rt))
+    table_run.describe(plan.batch_id, "rows")
+    frames = table_run.frames
+    rows = frames.partitioned(frames.source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
     row_summaries = per_state_partition(spark, rows, table.partitions, lambda group: merge_rows(ctx, group),
                                         f"{table.name} batch {plan.batch_id}: rows")
     read.classified.unpersist()
     steps["rows"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_rows")
 
-    runner._describe(plan.batch_id, "groups")
+    table_run.describe(plan.batch_id, "groups")
     deltas = spark.read.schema("_sp INT, _key BINARY, _delta BINARY").parquet(spark_path(ctx.retractions)) \
         .withColumn("_kind", F.lit("partial"))
     mirror_dir = mirror.changes_path(rt, table.name)
@@ -204,10 +206,9 @@ def run_batch(runner, plan, started: float) -> dict:
              "groups in %.1fs", table.name, plan.batch_id, rows_changed,
              sum(s["groups_touched"] for s in row_summaries.values()),
              sum(s["keys_changed"] for s in summaries.values()), steps["rows"] + steps["groups"])
-    return {"reasons": read.reasons, "read": read.read, "late": 0, "dead": read.dead, "refused": {},
-            "refused_counts": {}, "summaries": summaries,
-            "delta_keys": sum(s["delta_keys"] for s in row_summaries.values()), "watermark": None,
-            "steps": steps, "extra": {"rows_changed": rows_changed}, "release": ()}
+    return BatchStep(reasons=read.reasons, read=read.read, dead=read.dead, summaries=summaries,
+                     delta_keys=sum(s["delta_keys"] for s in row_summaries.values()), steps=steps,
+                     extra={"rows_changed": rows_changed})
 
 
 def drop_retractions(rt: Runtime, table: str, through_batch: int) -> None:
@@ -226,14 +227,15 @@ def drop_retractions(rt: Runtime, table: str, through_batch: int) -> None:
             fs.delete_dir(entry.path)
 
 
-def recomputed_groups(spark, runner, table: TableDefinition, rt: Runtime, last):
+def recomputed_groups(frames, last):
     """Every group's state from the input topic's whole history up to the last commit (verify,
     rebuild): each input key's last row, each row's contribution folded into its group. Rows with
-    `_sp`, `_k*` and `_state` (the encoded state), as MicroBatchRunner.partitioned gives them."""
+    `_sp`, `_k*` and `_state` (the encoded state), as TableFrames.partitioned gives them."""
     from spark_jobs.merge_task import partial_values
 
-    source = input_definition(table, runner.tables)
-    latest = input_history(spark, runner, table, rt, last, source).toArrow()
+    spark, table = frames.spark, frames.table
+    source = input_definition(table, frames.tables)
+    latest = input_history(frames, last, source).toArrow()
     stage = RowStage(table, source)
     groups: dict[tuple, tuple] = {}
     for row in partial_values(source, latest):

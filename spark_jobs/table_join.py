@@ -4,7 +4,7 @@ join, Kafka Streams' KIP-213; `ON a.id = b.id` is the primary-key join). An inne
 where b has none; a left join shows b's columns as NULL.
 
 A batch reads a's records in its plan's ranges, and joins b's committed state pinned in the plan
-(as a stream-table join does, MicroBatchRunner._pin_joins); b's changes since the previous batch's
+(as a stream-table join does, planning.pin_joins); b's changes since the previous batch's
 pin are the keys whose rows differ between the two pinned files. One task per partition of a's
 keys then:
 
@@ -27,8 +27,9 @@ import pyarrow as pa
 
 from catalog.definitions import TableDefinition, input_definition
 from catalog.mapping import rows_spec, state_spec
-from catalog.runtime import Runtime, arrow_filesystem
+from catalog.runtime import arrow_filesystem
 from state import codec, faults
+from spark_jobs.batch_step import BatchStep
 from spark_jobs.table_stages import INDEX, StageContext, input_history, open_stage, read_input, summary
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
     import pyarrow.compute as pc
 
     from spark_jobs.arrow_pass import encoded_keys
-    from spark_jobs.merge_task import _unbatched_rows, outputs_of, partial_values
+    from spark_jobs.merge_task import unbatched_rows, outputs_of, partial_values
     from spark_jobs.mirror import write_change_rows
 
     started = time.monotonic()
@@ -150,7 +151,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
         if mirror_dir is not None:
             encoded = [codec.encode_key((k,)) for k in a_rows]
             changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
-            write_change_rows(mirror_dir, ctx.batch_id, partition, _unbatched_rows(ctx.table, None, {}, changed or {}))
+            write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
         ms = {"join": round((time.monotonic() - started) * 1000)}
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
                         affected=len(a_rows), joined=right)
@@ -163,23 +164,23 @@ def changed_keys(old: dict, new: dict) -> list:
     return sorted((k for k in set(old) | set(new) if old.get(k) != new.get(k)), key=lambda k: codec.encode_key((k,)))
 
 
-def run_batch(runner, plan, started: float) -> dict:
-    """One batch of a join of tables (MicroBatchRunner.run_one): a's records in the plan's ranges
+def run(table_run, plan, started: float, begun_at: float) -> BatchStep:
+    """One batch of a join of tables (MicroBatchRunner._pass): a's records in the plan's ranges
     (its source-table pass, dead letters as a source table's), b's changes between its pins, and
-    one merge task per partition. Returns what MicroBatchRunner._commit_batch records."""
+    one merge task per partition. `begun_at` is unused: its tasks report no cold start."""
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots
     from spark_jobs import mirror
     from spark_jobs.partition_tasks import per_state_partition
 
-    table, rt, spark = runner.table, runner.rt, runner.spark
-    source = input_definition(table, runner.tables)
-    right = runner.tables[table.joins[0].table]
-    read = read_input(runner, plan, started, source)
+    table, rt, spark = table_run.table, table_run.rt, table_run.spark
+    source = input_definition(table, table_run.tables)
+    right = table_run.tables[table.joins[0].table]
+    read = read_input(table_run, plan, started, source)
     steps = read.steps
 
-    folder = f"{runner.log.location}/joins"
+    folder = f"{table_run.log.location}/joins"
     pin = (plan.joins or {}).get(right.name, {})
     since = pin.get("since_file")
     b_now = pinned_rows(folder, pin.get("file"), right)
@@ -187,10 +188,11 @@ def run_batch(runner, plan, started: float) -> dict:
         else changed_keys(pinned_rows(folder, since, right), b_now)
     pins = {"folder": folder, "file": pin.get("file"), "right": right}
     ctx = StageContext(table, source, plan.batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
-                       "", runner.spec.changelog, local_replica_roots(rt))
+                       "", table_run.spec.changelog, local_replica_roots(rt))
     mirror_dir = mirror.changes_path(rt, table.name)
-    runner._describe(plan.batch_id, "join")
-    rows = runner.partitioned(runner._source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
+    table_run.describe(plan.batch_id, "join")
+    frames = table_run.frames
+    rows = frames.partitioned(frames.source_partials(read.classified, source)).withColumn("_kind", F.lit("partial"))
     summaries = per_state_partition(spark, rows, table.partitions,
                                     lambda group: merge_join(ctx, pins, changed_b, mirror_dir, group),
                                     f"{table.name} batch {plan.batch_id}: join")
@@ -202,23 +204,23 @@ def run_batch(runner, plan, started: float) -> dict:
              "%d changed, in %.1fs", table.name, plan.batch_id, sum(s["rows_changed"] for s in summaries.values()),
              source.name, len(changed_b), right.name, pin.get("batch"), sum(s["affected"] for s in summaries.values()),
              sum(s["keys_changed"] for s in summaries.values()), steps["join"])
-    return {"reasons": read.reasons, "read": read.read, "late": 0, "dead": read.dead, "refused": {},
-            "refused_counts": {}, "summaries": summaries,
-            "delta_keys": sum(s["delta_keys"] for s in summaries.values()), "watermark": None, "steps": steps,
-            "extra": {"joined_keys_changed": len(changed_b)}, "release": ()}
+    return BatchStep(reasons=read.reasons, read=read.read, dead=read.dead, summaries=summaries,
+                     delta_keys=sum(s["delta_keys"] for s in summaries.values()), steps=steps,
+                     extra={"joined_keys_changed": len(changed_b)})
 
 
-def recomputed_rows(spark, runner, table: TableDefinition, rt: Runtime, last):
+def recomputed_rows(frames, last):
     """Every joined row from a's whole history up to the last commit and b as that batch pinned it
     (verify, rebuild): rows with `_sp`, `_k0` and `_state` (the encoded row)."""
     from spark_jobs.merge_task import partial_rows
     from state.table import partition_of
 
-    source = input_definition(table, runner.tables)
-    right = runner.tables[table.joins[0].table]
-    keys, rows = partial_rows(source, input_history(spark, runner, table, rt, last, source).toArrow())
+    spark, table = frames.spark, frames.table
+    source = input_definition(table, frames.tables)
+    right = frames.tables[table.joins[0].table]
+    keys, rows = partial_rows(source, input_history(frames, last, source).toArrow())
     pin = (last.joins or {}).get(right.name, {})
-    b_rows = pinned_rows(f"{runner.log.location}/joins", pin.get("file"), right)
+    b_rows = pinned_rows(f"{frames.log.location}/joins", pin.get("file"), right)
     shape = JoinShape(table, source, right)
     out = {}
     for key, row in zip(keys, rows):

@@ -46,11 +46,11 @@ def batch_folder(root: str, batch_id: int) -> str:
     return f"{root}/b{batch_id:012d}"
 
 
-def _part_file(partition: int) -> str:
+def part_file(partition: int) -> str:
     return f"p{partition:05d}.parquet"
 
 
-_DELTA_SCHEMA = pa.schema([("_sp", pa.int32()), ("_key", pa.binary()), ("_delta", pa.binary())])
+DELTA_SCHEMA = pa.schema([("_sp", pa.int32()), ("_key", pa.binary()), ("_delta", pa.binary())])
 
 
 def open_stage(spec, ctx: StageContext, partition: int):
@@ -85,7 +85,7 @@ class InputRead:
     steps: dict
 
 
-def read_input(runner, plan, started: float, source: TableDefinition) -> InputRead:
+def read_input(table_run, plan, started: float, source: TableDefinition) -> InputRead:
     """The read and dead-letter steps every table of tables shares (MicroBatchRunner's fault points
     after_read, after_dead_letters and after_bronze, which these tables keep none of)."""
     from pyspark import StorageLevel
@@ -94,9 +94,11 @@ def read_input(runner, plan, started: float, source: TableDefinition) -> InputRe
     from spark_jobs import parse
     from spark_jobs.offsets import OffsetRange, spark_reader
 
-    table, rt = runner.table, runner.rt
-    runner._describe(plan.batch_id, "read")
-    raw = spark_reader(runner.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), runner.reader_group)
+    from spark_jobs import sinks
+
+    table, rt = table_run.table, table_run.rt
+    table_run.describe(plan.batch_id, "read")
+    raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
     classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000)) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
@@ -106,27 +108,27 @@ def read_input(runner, plan, started: float, source: TableDefinition) -> InputRe
     faults.point("batch.after_read")
     log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
              read_count, source.name, steps["read"], read_count / max(steps["read"], 1e-6))
-    runner._describe(plan.batch_id, "dead_letters")
+    table_run.describe(plan.batch_id, "dead_letters")
     dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
-    dead_count = runner._write_dead_letters(dead, plan.batch_id)
+    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id)
     steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_dead_letters")
     faults.point("batch.after_bronze")
     return InputRead(classified, reasons, read_count, dead_count, steps)
 
 
-def input_history(spark, runner, table: TableDefinition, rt: Runtime, last, source: TableDefinition):
+def input_history(frames, last, source: TableDefinition):
     """The input table's latest row per key over its topic's whole history up to `last` (verify,
     rebuild): compaction keeps each key's last record, which is all this needs."""
     from spark_jobs import parse
     from spark_jobs.offsets import OffsetRange, spark_reader
 
-    full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(spark, rt.bootstrap, full), source, source.key_columns)
-    return runner._source_partials(classified, source)
+    full = OffsetRange(frames.table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
+    classified = parse.classify(spark_reader(frames.spark, frames.rt.bootstrap, full), source, source.key_columns)
+    return frames.source_partials(classified, source)
 
 
-def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch_id: int) -> int:
+def rebuild_rows(frames, last, batch_id: int) -> int:
     """A rebuild's rows stage (spark_jobs.batch._rebuild): every partition replaced by the input's
     last row per key over its whole history, committed as the rebuild's batch. Each task leaves an
     empty retraction file first, so a rebuild that dies here and is finished from its plan (an
@@ -135,8 +137,9 @@ def rebuild_rows(spark, runner, table: TableDefinition, rt: Runtime, last, batch
 
     from spark_jobs.partition_tasks import per_state_partition
 
-    source = input_definition(table, runner.tables)
-    rows = runner.partitioned(input_history(spark, runner, table, rt, last, source)).withColumn("_kind", F.lit("partial"))
+    spark, table, rt = frames.spark, frames.table, frames.rt
+    source = input_definition(table, frames.tables)
+    rows = frames.partitioned(input_history(frames, last, source)).withColumn("_kind", F.lit("partial"))
     ctx = StageContext(table, source, batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
                        batch_folder(retractions_path(rt, table.name), batch_id))
     summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group),
@@ -164,7 +167,7 @@ def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
                 tx.delete_encoded(key)
         for key, row in wanted.items():
             tx.put_encoded(key, row)
-        write_parquet_atomically(_DELTA_SCHEMA.empty_table(), ctx.retractions, _part_file(partition))
+        write_parquet_atomically(DELTA_SCHEMA.empty_table(), ctx.retractions, part_file(partition))
         result = tx.commit()
         return summary(partition, part, result, {"rows": round((time.monotonic() - started) * 1000)}, hydrated)
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import decimal
 import struct
+from state.errors import CodecError
 
 __all__ = ["CodecError", "FORMAT_VERSION", "add_ints", "decode_key", "decode_value", "encode_key",
            "encode_value", "prefix_upper_bound", "text_prefix"]
@@ -31,10 +32,6 @@ _pack_q = struct.Struct(">Q").pack
 _unpack_q = struct.Struct(">Q").unpack_from
 _pack_d = struct.Struct(">d").pack
 _unpack_d = struct.Struct(">d").unpack_from
-
-
-class CodecError(ValueError):
-    """Bytes that are not a valid encoding, or a value that cannot be encoded."""
 
 
 def _escape(raw: bytes) -> bytes:

@@ -1,10 +1,18 @@
 """Named errors of the state library: each says what is wrong and what to do."""
 
-__all__ = ["ChangelogGap", "RestoreMismatch", "SnapshotCorrupt", "StateError", "StateFenced", "TransactionClosed"]
+__all__ = ["ChangelogGap", "CodecError", "DefinitionChanged", "KafkaAccessError", "RestoreMismatch", "SnapshotCorrupt",
+           "StateError", "StateFenced", "TransactionClosed", "meaning_changes"]
+
+
+def meaning_changes(old: dict | None, new: dict | None) -> list[str]:
+    """Human-readable differences between two meanings (what DefinitionChanged names)."""
+    old, new = old or {}, new or {}
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]
 
 
 class StateError(Exception):
-    pass
+    """Every named error of the state library is one: catch it to handle them all."""
 
 
 class SnapshotCorrupt(StateError):
@@ -25,3 +33,24 @@ class StateFenced(StateError):
 
 class TransactionClosed(StateError):
     """A write to, or a second commit of, a transaction that is no longer open."""
+
+
+class CodecError(StateError, ValueError):
+    """Bytes that are not a valid encoding, or a value that cannot be encoded."""
+
+
+class KafkaAccessError(StateError, RuntimeError):
+    """Kafka refused statetable's client: the message is the one line to show."""
+
+
+class DefinitionChanged(StateError, ValueError):
+    """The table's definition no longer means what its state was built with."""
+
+    def __init__(self, table: str, old: dict | None, new: dict | None, where: str = "its state") -> None:
+        changes = meaning_changes(old, new) or ["(the recorded definition is unknown)"]
+        super().__init__(
+            f"table {table!r}: the definition changed since {where} was built: {'; '.join(changes)}. "
+            f"`statetable rebuild {table}` (or the {table}__rebuild DAG) builds the new definition's state "
+            f"from history and cuts over when it is committed; until then the old state keeps serving. "
+            f"Or put the old definition back.")
+        self.changes = changes

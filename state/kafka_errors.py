@@ -13,6 +13,7 @@ import os
 import re
 
 from state.kafka_config import CONFIG_ENV, client_config
+from state.errors import KafkaAccessError
 
 __all__ = ["AUTHORIZATION_ERRORS", "BROKER_LOST", "CONNECTION_ERRORS", "KafkaAccessError", "LEADER_MOVING",
            "REFUSED", "UNREACHABLE", "broker_lost", "connection_error", "denied", "is_connection_failure",
@@ -33,10 +34,6 @@ BROKER_LOST = LEADER_MOVING | {"_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_
                                "COORDINATOR_LOAD_IN_PROGRESS", "NOT_ENOUGH_REPLICAS",
                                "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "_MSG_TIMED_OUT", "_TIMED_OUT_QUEUE"}
 _seen: dict[str, tuple[str, str]] = {}
-
-
-class KafkaAccessError(RuntimeError):
-    """Kafka refused statetable's client: the message is the one line to show."""
 
 
 def recorder(bootstrap: str):

@@ -33,6 +33,7 @@ from state.changelog import ChangelogWriter
 from state.partition import StatePartition
 from state.restore import RestoreReport, replay_tail, restore_partition
 from state.snapshots import Manifest, SnapshotStore
+from state.errors import DefinitionChanged, meaning_changes
 
 __all__ = ["DefinitionChanged", "StateTable", "TableSpec", "definition_fingerprint", "freeze_meaning",
            "meaning_changes", "partition_of"]
@@ -87,26 +88,6 @@ def freeze_meaning(meaning: dict) -> tuple:
 
 def definition_fingerprint(meaning: dict) -> str:
     return hashlib.sha256(json.dumps(meaning, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def meaning_changes(old: dict | None, new: dict | None) -> list[str]:
-    """Human-readable differences between two meanings."""
-    old, new = old or {}, new or {}
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
-            if old.get(key) != new.get(key)]
-
-
-class DefinitionChanged(ValueError):
-    """The table's definition no longer means what its state was built with."""
-
-    def __init__(self, table: str, old: dict | None, new: dict | None, where: str = "its state") -> None:
-        changes = meaning_changes(old, new) or ["(the recorded definition is unknown)"]
-        super().__init__(
-            f"table {table!r}: the definition changed since {where} was built: {'; '.join(changes)}. "
-            f"`statetable rebuild {table}` (or the {table}__rebuild DAG) builds the new definition's state "
-            f"from history and cuts over when it is committed; until then the old state keeps serving. "
-            f"Or put the old definition back.")
-        self.changes = changes
 
 
 def partition_of(key: bytes, partitions: int) -> int:

@@ -75,4 +75,76 @@ def test_the_walk_sees_the_real_imports():
     """The checks above can fail only if the walk finds imports: known edges must be there."""
     assert any(n.startswith("catalog.") for n in MODULES["spark_jobs.jobs"])
     assert any(n.startswith("ops.") for n in MODULES["serving.query"])
-    assert "pyspark.sql" in MODULES["spark_jobs.microbatch"]
+    assert "pyspark.sql" in MODULES["spark_jobs.sql_step"]
+
+
+def _sources() -> dict[str, ast.Module]:
+    return {f"{layer}.{path.stem}": ast.parse(path.read_text(), str(path))
+            for layer in LAYERS for path in sorted((FOLDERS.get(layer) or ROOT / layer).glob("*.py"))}
+
+
+SOURCES = _sources()
+
+
+def _private_names(tree: ast.Module) -> set[str]:
+    """Underscore names a module defines: its functions, classes, constants and their methods."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _root(node: ast.AST) -> str:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return getattr(node, "id", "")
+
+
+def _foreign_names(tree: ast.Module) -> set[str]:
+    """Names a module binds to other libraries' modules and objects (their privates are theirs)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] not in LAYERS)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] not in LAYERS:
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def test_no_module_reaches_into_another_modules_underscore_names():
+    """A module's underscore names are its own: another module neither imports them nor calls
+    them on an object (as the batch path once called the runner's `_partials`), so a newcomer
+    can change a private helper knowing every caller is in the same file."""
+    owners: dict[str, set[str]] = {}
+    for module, tree in SOURCES.items():
+        for name in _private_names(tree):
+            owners.setdefault(name, set()).add(module)
+    reached = []
+    for module, tree in SOURCES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LAYERS:
+                reached += [f"{module}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+            elif isinstance(node, ast.Attribute) and node.attr in owners and module not in owners[node.attr] \
+                    and _root(node) not in {"self", "cls"} | _foreign_names(tree):
+                reached.append(f"{module}:{node.lineno} uses .{node.attr} of {sorted(owners[node.attr])}")
+    assert reached == []
+
+
+def test_the_batch_path_reads_as_small_steps():
+    """#44: the runner only orders the steps (plan, pass, merge, commit, after-commit); no class of
+    the Spark layer holds more than one job's worth of code."""
+    assert len((ROOT / "spark_jobs" / "microbatch.py").read_text().splitlines()) < 350
+    big = [f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines" for module, tree in SOURCES.items()
+           if module.startswith("spark_jobs.") for node in ast.walk(tree)
+           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300]
+    assert big == []
+    runner = next(n for n in SOURCES["spark_jobs.microbatch"].body
+                  if isinstance(n, ast.ClassDef) and n.name == "MicroBatchRunner")
+    init = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
+              for c in ast.walk(init) if isinstance(c, ast.Call)}
+    assert called <= {"TableRun", "engine_of"}, f"the runner's constructor calls {sorted(called)}: no I/O there"

@@ -15,7 +15,8 @@ import sqlglot
 from confluent_kafka import Producer
 
 from catalog.definitions import DefinitionError, load_all
-from catalog.expressions import Unsupported, compile_predicate, compile_value
+from catalog.errors import UnsupportedSql
+from catalog.expressions import compile_predicate, compile_value
 from serving.query import BadQuery, lookup
 from spark_jobs import jobs
 from state.kafka_admin import ensure_topic
@@ -172,9 +173,9 @@ def test_row_expressions_are_total_and_follow_spark_sql(sql, row, expected):
 
 
 def test_round_digits_and_missing_arguments_are_refused_when_the_table_loads(tmp_path):
-    with pytest.raises(Unsupported, match="at most 38"):
+    with pytest.raises(UnsupportedSql, match="at most 38"):
         compile_value(sqlglot.parse_one("ROUND(x, 40)", dialect="spark"), {"x"})
-    with pytest.raises(Unsupported, match="integer literal"):
+    with pytest.raises(UnsupportedSql, match="integer literal"):
         compile_value(sqlglot.parse_one("ROUND(x, x)", dialect="spark"), {"x"})
     assert compile_predicate(sqlglot.parse_one("x > 1", dialect="spark"), {"x"})({"x": "abc"}) is False
     good = "-- topic: t\n-- schema: k STRING, v DOUBLE\nCREATE TABLE {n} AS SELECT k, SUM(v) AS s{extra} FROM t GROUP BY k\n"

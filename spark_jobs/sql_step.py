@@ -1,0 +1,86 @@
+"""One batch through the Spark-SQL pass (from_json, joins, groupBy): source tables, stream-table
+joins, and what the Arrow pass does not cover (arrow_pass.check_supported). Same signature and
+result as arrow_step.run: read → dead letters → bronze → merge, each followed by its fault point."""
+from __future__ import annotations
+
+import logging
+import time
+
+from catalog.batch_log import BatchPlan
+from spark_jobs import merge_step, parse, sinks
+from spark_jobs.batch_step import BatchStep
+from spark_jobs.offsets import OffsetRange, spark_reader
+from spark_jobs.table_run import TableRun
+from state import faults
+
+__all__ = ["run"]
+
+log = logging.getLogger("statetable.microbatch")
+
+
+def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -> BatchStep:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    table, frames = table_run.table, table_run.frames.for_batch(plan.watermark_ms)
+    table_run.describe(plan.batch_id, "read")
+    raw = spark_reader(table_run.spark, table_run.rt.bootstrap, OffsetRange(plan.topic, plan.ranges),
+                       table_run.reader_group)
+    key_fields = table.stream_key_fields if table.kind == "aggregate" else table.key_columns
+    # The plan's creation time is the batch's clock: a re-run judges future event times alike.
+    classified = parse.classify(raw, table, key_fields, now_ms=int(plan.created_at * 1000)) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    events = parse.good_events(classified, table)
+    late, late_count, batch_max = None, 0, None
+    watermark = plan.watermark_ms
+    if table.window is not None:
+        events, late, batch_max = frames.split_late(events, plan.watermark_ms)
+        events = events.persist(StorageLevel.MEMORY_AND_DISK)
+        late = late.persist(StorageLevel.MEMORY_AND_DISK)
+        late_count = late.count()
+    elif table.timed:
+        batch_max = events.agg(F.max(F.unix_millis(F.col(table.event_time)))).first()[0]
+    if batch_max is not None:
+        watermark = max(watermark or batch_max, batch_max)
+    reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+    read_count = sum(reasons.values())
+    steps = {"read": time.monotonic() - started}
+    faults.point("batch.after_read")
+    log.info("%s batch %d: read %d records in %.1fs (%.0f records/s)", table.name, plan.batch_id,
+             read_count, time.monotonic() - started, read_count / max(time.monotonic() - started, 1e-6))
+
+    table_run.describe(plan.batch_id, "dead_letters")
+    dead = parse.dead_letters(classified, plan.topic)
+    if table.window is not None and late_count:
+        dead = dead.unionByName(frames.late_dead_letters(late, plan.topic))
+    if table.kind == "source":
+        dead = dead.where(F.col("reason") != "null_value")   # tombstones delete, they are not errors
+    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id)
+    steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
+    faults.point("batch.after_dead_letters")
+
+    unenriched = events
+    if table.joins:
+        events = frames.enrich(events, plan.joins).persist(StorageLevel.MEMORY_AND_DISK)   # bronze keeps it
+    persisted = tuple(frame for frame in (classified, unenriched, events, late) if frame is not None)
+    table_run.describe(plan.batch_id, "bronze")
+    if table.bronze:
+        sinks.write_bronze(table_run, events, plan.batch_id)
+    steps["bronze"] = time.monotonic() - started - sum(steps.values())
+    faults.point("batch.after_bronze")
+
+    table_run.describe(plan.batch_id, "aggregate_merge")
+    join_counts: dict = {}
+    events = events.withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))    # as bronze has it
+    partials = frames.batch_partials(events, classified, join_counts)
+    summaries = merge_step.merge(table_run, partials.withColumn("_kind", F.lit("partial")), plan.batch_id,
+                                 watermark, plan.watermark_ms, begun_at)
+    steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
+    refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
+    refused_counts = sinks.dead_letter_refused(table_run, events, classified, refused, plan) \
+        if refused and table.kind == "aggregate" else {}
+    faults.point("batch.after_merge")
+    return BatchStep(reasons=reasons, read=read_count, late=late_count, dead=dead_count, refused=refused,
+                     refused_counts=refused_counts, summaries=summaries,
+                     delta_keys=sum(s["delta_keys"] for s in summaries.values()), watermark=watermark,
+                     steps=steps, extra=join_counts, release=persisted)
