@@ -31,6 +31,24 @@ from catalog.errors import CatalogError
 
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
+HEAD = "checkpoint-head.json"          # {"upto": U, "file": name}: commits up to U live in that checkpoint
+KEEP_ENV = "STATETABLE_BATCH_LOG_KEEP"
+DEFAULT_KEEP = 100                      # as Spark's minBatchesToRetain
+SLIM_DROP = ("holder", "joins")         # what only the newest batches need (the next plan's driver, pins)
+
+
+def keep_batches() -> int:
+    """How many newest batches the log keeps as files (plans, commits, takeovers); older commits
+    are folded into one checkpoint file, at most 2x this many batches apart."""
+    raw = os.environ.get(KEEP_ENV, str(DEFAULT_KEEP))
+    try:
+        keep = int(raw)
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise ValueError(f"{KEEP_ENV}={raw!r}: the batch log must keep at least 1 batch as files; unset it for "
+                         f"the default {DEFAULT_KEEP}")
+    return keep
 DEFAULT_LEASE_SECONDS = 600.0
 
 
@@ -154,6 +172,14 @@ def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:
     return {int(p): (int(r[0]), int(r[1])) for p, r in raw.items()}
 
 
+def _commit_of(raw: dict) -> "BatchCommit":
+    """A commit entry as read back (JSON keys are strings; partitions are ints)."""
+    raw = dict(raw)
+    for key in ("changelog_offsets", "digests", "key_counts"):
+        raw[key] = {int(p): v for p, v in raw[key].items()}
+    return BatchCommit(**raw)
+
+
 class _FolderStore:
     """Entries as files; the conditional create is a hard link, which fails if the name exists."""
 
@@ -201,6 +227,9 @@ class _FolderStore:
 
     def exists(self, name: str) -> bool:
         return (self.folder / name).exists()
+
+    def delete(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         return [p.name for p in self.folder.iterdir() if not p.name.startswith(".")]
@@ -264,6 +293,9 @@ class _S3Store:
                 return False
             raise
 
+    def delete(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+
     def names(self) -> list[str]:
         found = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix,
@@ -277,6 +309,7 @@ class BatchLog:
         location = str(location)
         self.store = _S3Store(location) if location.startswith("s3://") else _FolderStore(Path(location))
         self.location = self.store.location
+        self._folded: tuple[int, dict[int, dict]] | None = None     # (upto, batch id -> slim commit)
 
     def _ids(self, suffix: str) -> list[int]:
         return sorted(int(n.split(".")[0]) for n in self.store.names() if n.endswith(f".{suffix}.json"))
@@ -346,10 +379,10 @@ class BatchLog:
     def commit(self, batch_id: int) -> BatchCommit | None:
         raw = self._read(batch_id, "commit")
         if raw is None:
-            return None
-        for key in ("changelog_offsets", "digests", "key_counts"):
-            raw[key] = {int(p): v for p, v in raw[key].items()}
-        return BatchCommit(**raw)
+            raw = self._checkpointed(batch_id)
+            if raw is None:
+                return None
+        return _commit_of(raw)
 
     def _entry(self, batch_id: int, suffix: str) -> str:
         return f"{batch_id:012d}.{suffix}.json"
@@ -385,7 +418,112 @@ class BatchLog:
         return self.plan(newest + 1)
 
     def commits(self) -> list[BatchCommit]:
-        return [self.commit(i) for i in self._ids("commit")]
+        """Every commit, oldest first: the checkpoint's folded ones, then the files after it,
+        read one by one (the log is never listed once it has a checkpoint)."""
+        head = self._head()
+        if head is None:
+            return [self.commit(i) for i in self._ids("commit")]
+        upto, folded = self._load_checkpoint(head)
+        found = [_commit_of({**folded[i], "ranges": _ranges_from_json(folded[i]["ranges"])}) for i in sorted(folded)]
+        tail = upto + 1
+        while (commit := self.commit(tail)) is not None:
+            found.append(commit)
+            tail += 1
+        return found
+
+    # -- compaction -------------------------------------------------------------
+    def _head(self) -> dict | None:
+        data = self.store.get(HEAD)
+        return None if data is None else json.loads(data)
+
+    def _load_checkpoint(self, head: dict) -> tuple[int, dict[int, dict]]:
+        if self._folded is None or self._folded[0] != head["upto"]:
+            import gzip
+
+            data = self.store.get(head["file"])
+            if data is None:
+                raise FileNotFoundError(f"batch log {self.location}: {HEAD} names {head['file']}, which is missing; "
+                                        f"restore the batch log folder from a backup")
+            entries = json.loads(gzip.decompress(data))["commits"]
+            self._folded = (head["upto"], {entry["batch_id"]: entry for entry in entries})
+        return self._folded
+
+    def _checkpointed(self, batch_id: int) -> dict | None:
+        """A folded commit's entry (its ranges as tuples), or None when the checkpoint does not
+        hold it. Only a batch at or before the head's `upto` reads the checkpoint file."""
+        head = self._head()
+        if head is None or batch_id > head["upto"]:
+            return None
+        entry = self._load_checkpoint(head)[1].get(batch_id)
+        return None if entry is None else {**entry, "ranges": _ranges_from_json(entry["ranges"])}
+
+    def compact_if_due(self, keep: int | None = None) -> int | None:
+        """Fold old commits when the log holds 2x `keep` batches past its checkpoint (checked
+        after each commit: one small read)."""
+        keep = keep or keep_batches()
+        last = self.last_commit_id()
+        head = self._head()
+        if last is None or last - (head["upto"] if head else -1) < 2 * keep:
+            return None
+        return self.compact(keep)
+
+    def compact(self, keep: int | None = None) -> int | None:
+        """Fold every commit older than the newest `keep` into a checkpoint file (gzip JSON; each
+        commit as recorded, less SLIM_DROP), move the head to it, then remove what it folded:
+        the folded batches' plans, commits, takeovers and acceptances, and older checkpoints.
+
+        Crash-safe in that order: until the head moves, readers use the old checkpoint and the
+        files; after it, the files it folded are never read (readers start after `upto`), so a
+        crash anywhere leaves leftovers the next compaction removes, never a lost commit. Only
+        compaction lists the log, which it keeps to ~2x `keep` batches. Returns the new upto."""
+        import gzip
+
+        from state import faults
+
+        keep = keep or keep_batches()
+        last = self.last_commit_id()
+        if last is None or last - keep < 0:
+            return None
+        upto = last - keep
+        head = self._head()
+        before, folded = self._load_checkpoint(head) if head else (-1, {})
+        if upto > before:
+            entries = [folded[i] for i in sorted(folded)]
+            for batch_id in range(before + 1, upto + 1):
+                raw = self._read(batch_id, "commit")
+                if raw is None:
+                    raise FileNotFoundError(f"batch log {self.location}: commit {batch_id} is missing between its "
+                                            f"checkpoint (up to {before}) and the last commit ({last}); nothing "
+                                            f"was compacted")
+                entries.append({k: v for k, v in raw.items() if k not in SLIM_DROP})
+            name = f"checkpoint-{upto:012d}.json.gz"
+            payload = json.dumps({"upto": upto, "commits": entries}, sort_keys=True, separators=(",", ":"))
+            self.store.put(name, gzip.compress(payload.encode(), 6))
+            faults.point("batch_log.after_checkpoint")
+            self.store.put(HEAD, self._encode({"upto": upto, "file": name}))
+            self._folded = None
+            faults.point("batch_log.after_head")
+        else:
+            upto, name = before, head["file"]
+        swept = 0
+        for entry in self.store.names():
+            batch = entry.split(".")[0]
+            old = entry.startswith("checkpoint-") and entry.endswith(".json.gz") and entry != name
+            if old or (batch.isdigit() and int(batch) <= upto):
+                self.store.delete(entry)
+                swept += 1
+                if swept == 1:
+                    faults.point("batch_log.mid_sweep")
+        return upto
+
+    def changelog_of(self, commit: BatchCommit, default: str) -> str:
+        """The changelog topic `commit` wrote: recorded in it, or (a commit written before commits
+        recorded it) in the newest earlier commit that does, else `default`."""
+        batch_id = commit.batch_id
+        while commit is not None and not commit.changelog and batch_id > 0:
+            batch_id -= 1
+            commit = self.commit(batch_id)
+        return (commit.changelog if commit is not None else None) or default
 
     def commits_after(self, batch_id: int) -> list[BatchCommit]:
         """The commits after `batch_id`, for readers that fold the log as it grows: read one by

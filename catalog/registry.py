@@ -43,13 +43,18 @@ def spec_of(table: TableDefinition, rt: Runtime):
     from catalog.batch_log import BatchLog
 
     spec = state_spec(table, rt.namespace)
+    batch_log = BatchLog(rt.batch_dir(table.name))
     changelog = None
-    for commit in reversed(BatchLog(rt.batch_dir(table.name)).commits()):
+    # Newest first, and one step: every commit records the changelog it wrote (a log written
+    # before they did is walked back to the rebuild that named one, or to its start).
+    batch_id = batch_log.last_commit_id()
+    while batch_id is not None and batch_id >= 0 and (commit := batch_log.commit(batch_id)) is not None:
         if commit.changelog:
             changelog = commit.changelog
             break
         if commit.definition and commit.definition.get("fingerprint") != spec.fingerprint:
             break
+        batch_id -= 1
     return replace(spec, changelog=changelog) if changelog else spec
 
 

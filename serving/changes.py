@@ -41,15 +41,17 @@ def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[i
     """(batch id, event body) of the first committed batch past `after_batch`, or None yet.
     Raises DefinitionMismatch for a batch built under another definition than `table`."""
     spec = state_spec(table, rt.namespace)
-    topic, previous = spec.changelog, {}
-    for commit in BatchLog(rt.batch_dir(table.name)).commits():
-        if commit.changelog and commit.changelog != topic:      # a rebuild moved the state to a new topic
-            topic, previous = commit.changelog, {}
-        if commit.batch_id > after_batch:
-            built_with(table, commit)
-            return commit.batch_id, batch_changes(table, rt, spec.aggregator, topic, previous, commit)
-        previous = commit.changelog_offsets
-    return None
+    batch_log = BatchLog(rt.batch_dir(table.name))
+    commit = batch_log.commit(max(after_batch, -1) + 1)       # two reads a step, however old the table
+    if commit is None:
+        return None
+    built_with(table, commit)
+    topic = batch_log.changelog_of(commit, spec.changelog)
+    before = batch_log.commit(commit.batch_id - 1) if commit.batch_id > 0 else None
+    # A rebuild that moved the state to a new topic starts its offsets afresh.
+    previous = before.changelog_offsets if before is not None \
+        and batch_log.changelog_of(before, spec.changelog) == topic else {}
+    return commit.batch_id, batch_changes(table, rt, spec.aggregator, topic, previous, commit)
 
 
 def batch_changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previous: dict[int, int],

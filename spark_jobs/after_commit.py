@@ -1,6 +1,6 @@
 """What follows a batch's commit entry: the mirror's change files committed (and folded when
-due), a table of tables' retraction files dropped, snapshots when due, and the consumer group's
-offsets for lag tools. All of it is repeated for the last committed batch when a runner starts,
+due), a table of tables' retraction files dropped, snapshots when due, the consumer group's
+offsets for lag tools, and the batch log compacted when due. All of it is repeated for the last committed batch when a runner starts,
 so a crash after the commit entry leaves nothing undone; each step has its fault point."""
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def finish(run: TableRun, commit: BatchCommit, snapshots: bool = True) -> None:
     faults.point("batch.after_snapshot")
     commit_group_offsets(run, commit)
     faults.point("batch.after_offsets")
+    run.log.compact_if_due()            # old commits folded into one checkpoint file (BatchLog.compact)
 
 
 def snapshot_if_due(run: TableRun, commit: BatchCommit) -> None:

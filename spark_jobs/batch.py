@@ -435,6 +435,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
                 **({"window_from_ms": window_range[0], "window_to_ms": window_range[1]} if window_range else {})},
         watermark_ms=last.watermark_ms, seconds=round(time.monotonic() - started, 3), definition=definition,
         joins=last.joins,               # a join of tables was rebuilt against its last pins
+        changelog=spec.changelog,
     )
     batch_log.write_commit(commit, name)
     mirror.commit_changes(rt, name, batch_id)         # else the next run's start does (see _after_commit)

@@ -136,6 +136,7 @@ class MicroBatchRunner:
             counts=self._counts(plan, step), watermark_ms=step.watermark, seconds=round(time.monotonic() - started, 3),
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.table_run.definition,
             refused=[[list(k), reason] for k, reason in sorted(step.refused.items(), key=repr)] or None,
+            changelog=self.table_run.spec.changelog,
             joins=plan.joins if self.table.table_join else None,
         )
         self.table_run.log.write_commit(commit, self.table.name)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["BATCH_POINTS", "ENV", "EXIT_CODE", "HOLD_LIMIT", "POINTS", "REBUILD_POINTS", "RELEASE_ENV",
+__all__ = ["BATCH_LOG_POINTS", "BATCH_POINTS", "ENV", "EXIT_CODE", "HOLD_LIMIT", "POINTS", "REBUILD_POINTS", "RELEASE_ENV",
            "RETENTION_POINTS", "SCOPE_ENV", "STATE_POINTS", "TABLE_AGGREGATE_POINTS", "WORKER_ENV", "arm", "armed", "kill_session",
            "point", "session_pids", "validate"]
 
@@ -72,7 +72,13 @@ RETENTION_POINTS = {            # snapshot retention (state/snapshots.py), crash
     "snapshot.retain_before_shared": "old snapshots deleted, no shared SST swept yet",
     "snapshot.retain_mid_shared": "one unnamed shared SST deleted, others maybe not",
 }
-POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS, **TABLE_AGGREGATE_POINTS, **RETENTION_POINTS}
+BATCH_LOG_POINTS = {            # batch log compaction (catalog/batch_log.py), crash-tested in tests/test_batch_log.py
+    "batch_log.after_checkpoint": "old commits folded into a checkpoint file, the head not yet moved to it",
+    "batch_log.after_head": "the head names the new checkpoint, nothing folded removed yet",
+    "batch_log.mid_sweep": "some folded entries removed, others not",
+}
+POINTS = {**STATE_POINTS, **BATCH_POINTS, **REBUILD_POINTS, **TABLE_AGGREGATE_POINTS, **RETENTION_POINTS,
+          **BATCH_LOG_POINTS}
 
 _armed: str | None = None
 _armed_scope: str | None = None

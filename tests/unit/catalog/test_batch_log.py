@@ -61,3 +61,83 @@ def test_an_empty_log_and_a_first_plan(tmp_path):
     assert log.last_commit() is None and log.pending_plan() is None and log.commits_after(-1) == []
     log.write_plan(_plan(0), "t")
     assert log.pending_plan().batch_id == 0
+
+
+def _fast_log(tmp_path, batches: int) -> BatchLog:
+    """A log of `batches` plans and commits written as the product writes them, without the
+    conditional create's fsyncs (the format is the same)."""
+    import json
+    from dataclasses import asdict
+
+    folder = tmp_path / "log"
+    folder.mkdir(parents=True)
+    for i in range(batches):
+        for suffix, entry in (("plan", _plan(i)), ("commit", _commit(i))):
+            (folder / f"{i:012d}.{suffix}.json").write_text(json.dumps(asdict(entry), sort_keys=True))
+    (folder / POINTER).write_text(json.dumps({"batch_id": batches - 1}))
+    return BatchLog(folder)
+
+
+def _same(a: BatchCommit, b: BatchCommit) -> bool:
+    from dataclasses import asdict
+
+    from catalog.batch_log import SLIM_DROP
+
+    strip = lambda c: {k: v for k, v in asdict(c).items() if k not in SLIM_DROP}    # noqa: E731
+    return strip(a) == strip(b)
+
+
+def test_a_long_log_compacted_keeps_every_commit_and_few_files(tmp_path):
+    log = _fast_log(tmp_path, 5000)
+    before = log.commits()
+    assert log.compact(keep=100) == 4899
+    files = sorted(p.name for p in (tmp_path / "log").iterdir())
+    assert len(files) == 2 * 100 + 3                           # 100 plans and commits, pointer, head, checkpoint
+    after = log.commits()
+    assert [c.batch_id for c in after] == list(range(5000))
+    assert all(_same(a, b) for a, b in zip(before, after))
+    assert _same(log.commit(17), before[17]) and log.commit(17).ranges == {0: (170, 180)}
+    assert log.last_commit_id() == 4999 and [c.batch_id for c in log.commits_after(4890)] == list(range(4891, 5000))
+
+    counting = _Counting(log.store)
+    log.store = counting
+    for i in range(5000, 5099):
+        log.write_plan(_plan(i), "t")
+        log.write_commit(_commit(i), "t")
+        assert log.compact_if_due(keep=100) is None
+    assert counting.listings == 0                  # not due until 2x keep past the checkpoint
+    assert [c.batch_id for c in log.commits()] == list(range(5099)) and counting.listings == 0
+    log.write_plan(_plan(5099), "t")
+    log.write_commit(_commit(5099), "t")
+    assert log.compact_if_due(keep=100) == 4999 and counting.listings == 1
+    assert [c.batch_id for c in log.commits()] == list(range(5100))
+
+
+COMPACT = """
+import sys
+from catalog.batch_log import BatchLog
+BatchLog(sys.argv[1]).compact(keep=100)
+"""
+
+
+def test_compaction_killed_at_each_step_loses_no_commit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from state import faults
+
+    for point in sorted(faults.BATCH_LOG_POINTS):
+        log = _fast_log(tmp_path / point, 1000)
+        before = log.commits()
+        killed = subprocess.run([sys.executable, "-c", COMPACT, log.location], capture_output=True, text=True,
+                                env={**os.environ, faults.ENV: point}, cwd=Path(__file__).resolve().parents[3])
+        assert killed.returncode == faults.EXIT_CODE, (point, killed.stderr[-2000:])
+        after = BatchLog(log.location)
+        assert len(after.commits()) == 1000 and all(_same(a, b) for a, b in zip(before, after.commits())), point
+        assert after.last_commit().batch_id == 999 and after.commit(3).batch_id == 3
+        assert after.compact(keep=100) == 899                    # the next compaction finishes the job
+        names = sorted(p.name for p in Path(log.location).iterdir())
+        assert len(names) == 203 and len([n for n in names if n.startswith("checkpoint-0")]) == 1, point
+        assert all(_same(a, b) for a, b in zip(before, BatchLog(log.location).commits())), point
