@@ -41,7 +41,7 @@ SUPPORTED = (
 HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
-    "output_topic", "key_format", "emit", "ttl",
+    "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
 }
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
@@ -97,6 +97,10 @@ class TableDefinition:
     snapshot_keep: int = 3
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
+    maintain_every: int = 288                  # Delta OPTIMIZE and VACUUM after every Nth batch (a day of */5)
+    delta_retention_ms: int = 7 * 86_400_000   # VACUUM deletes files the tables dropped longer ago than this
+    bronze_retention_ms: int | None = None     # bronze rows of batches committed longer ago are deleted (None:
+                                               # kept forever, which verify and rebuild need; see _bronze_retention)
     output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
     having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
     derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
@@ -382,6 +386,25 @@ def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
     table.aggregates.append(AggregateColumn(TTL_AGGREGATE, "max", (EVENT_MS,), hidden=True))
 
 
+def _bronze_retention(path: Path, header: _Header, table: "TableDefinition") -> None:
+    """`-- bronze_retention: 90d` (default `forever`): bronze keeps the events of batches committed
+    within that long. Verify and rebuild recompute a table from all of its bronze, so a table
+    whose bronze lost its oldest batches refuses them (spark_jobs.batch) and gets no rebuild or
+    restore-verify DAG; the option is the trade of that proof for disk."""
+    raw = header.get("bronze_retention")
+    if raw is None or raw.strip().lower() == "forever":
+        return
+    where = header.where(path, "bronze_retention")
+    if not table.bronze:
+        raise DefinitionError(f"{where}: table {table.name!r} keeps no bronze (bronze: off); remove bronze_retention")
+    retention = _duration_option(path, header, "bronze_retention", None, table.name)
+    if retention < table.delta_retention_ms:
+        raise DefinitionError(f"{where}: table {table.name!r}: bronze_retention={raw} is shorter than delta_retention "
+                              f"({table.delta_retention_ms // 3_600_000} h), the time dropped files stay for readers; "
+                              f"raise bronze_retention or lower delta_retention")
+    table.bronze_retention_ms = retention
+
+
 def _topic_option(path: Path, header: _Header, key: str) -> str | None:
     raw = header.get(key)
     if raw is None:
@@ -614,6 +637,8 @@ def _parse(path: Path, text: str) -> TableDefinition:
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
         mirror_every=_int_option(path, header, "mirror_every", 10),
+        maintain_every=_int_option(path, header, "maintain_every", 288),
+        delta_retention_ms=_duration_option(path, header, "delta_retention", 7 * 86_400_000),
         bronze=_switch_option(path, header, "bronze", True),
         output_topic=_topic_option(path, header, "output_topic"),
         schedule=_schedule(path, header),
@@ -624,6 +649,11 @@ def _parse(path: Path, text: str) -> TableDefinition:
         else _aggregate_table(path, create, header, common)
     table.emit = _emit(path, header, table)
     _ttl(path, header, table)
+    if table.delta_retention_ms < 3_600_000:
+        raise DefinitionError(f"{header.where(path, 'delta_retention')}: table {table.name!r}: delta_retention must be "
+                              f"at least 1h: a batch's files are written before its Delta commit, and a reader may "
+                              f"still read files a commit dropped")
+    _bronze_retention(path, header, table)
     if table.output_topic is not None and table.output_topic == table.topic:
         raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
                               f"to its own input topic {table.topic!r}; name another output_topic")

@@ -98,6 +98,9 @@ def _copied(totals: BatchTotals) -> BatchTotals:
 FOLDS = _Folds()
 
 
+VERIFY_KEEP = 1000          # drills in a table's verify history (a daily drill: about three years)
+
+
 def _verify_file(rt: Runtime, name: str) -> Path:
     return rt.data_dir / "verify" / f"{name}.jsonl"
 
@@ -113,6 +116,12 @@ def record_verify(rt: Runtime, name: str, record: dict) -> None:
         out.write(line + "\n")
         out.flush()
         os.fsync(out.fileno())
+        size = out.tell()
+    if size > VERIFY_KEEP * 2 * len(line):     # rarely: cut to the newest VERIFY_KEEP records
+        kept = path.read_text().splitlines()[-VERIFY_KEEP:]
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join(kept) + "\n")
+        os.replace(tmp, path)
 
 
 def verify_fields(verified: dict) -> dict:
@@ -186,9 +195,15 @@ def _record_in_store(rt: Runtime, name: str, line: str) -> None:
     record is an object of its own (S3 appends nothing), named to sort by time."""
     import uuid
 
+    import pyarrow.fs as pafs
+
     fs, folder = _store_folder(rt, name)
     with fs.open_output_stream(f"{folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json") as out:
         out.write(line.encode())
+    found = sorted(f.path for f in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+                   if f.type == pafs.FileType.File)
+    for old in found[:-VERIFY_KEEP]:        # the newest VERIFY_KEEP records stay
+        fs.delete_file(old)
 
 
 def _history_in_store(rt: Runtime, name: str, limit: int) -> list[dict]:

@@ -1,6 +1,7 @@
 """What follows a batch's commit entry: the mirror's change files committed (and folded when
 due), a table of tables' retraction files dropped, snapshots when due, the consumer group's
-offsets for lag tools, and the batch log compacted when due. All of it is repeated for the last committed batch when a runner starts,
+offsets for lag tools, the Delta tables compacted and vacuumed when due, and the batch log
+compacted when due. All of it is repeated for the last committed batch when a runner starts,
 so a crash after the commit entry leaves nothing undone; each step has its fault point."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 from catalog.batch_log import BatchCommit
 from catalog.runtime import task_state_dir
-from spark_jobs import mirror
+from spark_jobs import delta_maintenance, mirror
 from spark_jobs.partition_tasks import task_faults
 from spark_jobs.table_run import TableRun
 from state import faults
@@ -33,6 +34,7 @@ def finish(run: TableRun, commit: BatchCommit, snapshots: bool = True) -> None:
     faults.point("batch.after_snapshot")
     commit_group_offsets(run, commit)
     faults.point("batch.after_offsets")
+    delta_maintenance.maintain_if_due(run.spark, run.rt, run.table, commit)    # every maintain_every batches
     run.log.compact_if_due()            # old commits folded into one checkpoint file (BatchLog.compact)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from catalog.errors import UserError
 
-__all__ = ["ArrowUnsupported", "EngineUnavailable", "JobError", "OffsetDiscontinuity", "RollbackRefused"]
+__all__ = ["ArrowUnsupported", "EngineUnavailable", "HistoryTrimmed", "JobError", "OffsetDiscontinuity", "RollbackRefused"]
 
 
 class JobError(Exception):
@@ -25,3 +25,7 @@ class ArrowUnsupported(JobError, ValueError):
 
 class RollbackRefused(JobError, UserError):
     """A restore to an earlier batch than the batch log's last commit, not forced."""
+
+
+class HistoryTrimmed(JobError, UserError):
+    """A recomputation that needs history a retention option deleted."""

@@ -44,3 +44,16 @@ def test_an_old_record_without_time_or_restore_still_reads():
 def test_ages():
     assert [age_text(s) for s in (None, 5, 90, 7200, 172800)] == ["never", "5s ago", "1.5m ago", "2.0h ago",
                                                                    "2.0d ago"]
+
+
+def test_the_verify_history_keeps_its_newest_records(tmp_path, monkeypatch):
+    from catalog.runtime import Runtime
+    from ops import status
+
+    monkeypatch.setattr(status, "VERIFY_KEEP", 10)
+    rt = Runtime("127.0.0.1:1", tmp_path, str(tmp_path / "snapshots"), tmp_path / "tables")
+    for i in range(35):
+        status.record_verify(rt, "t", {"batch_id": i, "ok": True})
+    lines = (tmp_path / "verify" / "t.jsonl").read_text().splitlines()
+    assert 10 <= len(lines) <= 20 and status.verify_history(rt, "t", limit=1)[0]["batch_id"] == 34
+    assert [r["batch_id"] for r in status.verify_history(rt, "t", limit=100)][-1] >= 15
