@@ -61,6 +61,10 @@ class Runtime:
         """The batch log's location: durable, so that any driver can run the next batch."""
         return f"{self.store_uri}/batches/{table}" if self.store_uri else self.data_dir / "batches" / table
 
+    def verified_dir(self, table: str) -> str:
+        """Where verify keeps the expected state it proved exact (spark_jobs.verify_chain)."""
+        return f"{self.store_uri}/verified/{table}" if self.store_uri else str(self.data_dir / "verified" / table)
+
     def delta_path(self, table: str, kind: str) -> str:
         """kind: bronze (parsed events), mirror (the state as a Delta table), dlq (dead letters)."""
         if self.store_uri:

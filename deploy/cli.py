@@ -373,7 +373,7 @@ def _verify(args) -> int:
     from spark_jobs import batch
 
     _logging()
-    result = batch.verify(args.table)
+    result = batch.verify(args.table, full=args.full)
     print(result.summary())
     status.record_verify(Runtime.from_env(), args.table, {
         "run_id": "cli", "failure": "none", "ok": result.ok,
@@ -506,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="compare a table's state with a batch recomputation")
     p.add_argument("table")
+    p.add_argument("--full", action="store_true",
+                   help="recompute from the beginning, not from the last verified checkpoint (the default runs in "
+                        "full at least weekly)")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("rebuild", help="replace a table's state with a batch recomputation")

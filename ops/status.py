@@ -131,7 +131,7 @@ def verify_fields(verified: dict) -> dict:
         "batch_id": verified.get("batch_id"), "keys_compared": verified.get("keys_compared"),
         "differences": verified["missing"] + verified["unexpected"] + verified["different"] if verified else None,
         "digest_mismatches": verified.get("digest_mismatches"), "examples": verified.get("examples", []),
-        "verify_seconds": verified.get("seconds"),
+        "verify_seconds": verified.get("seconds"), "chained_from": verified.get("chained_from"),
     }
 
 

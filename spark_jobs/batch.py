@@ -40,6 +40,8 @@ class VerifyResult:
     examples: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     upstream: list["VerifyResult"] = field(default_factory=list)    # the tables whose change topic it reads
+    chained_from: int | None = None      # recomputed from the checkpoint verified at this batch (verify_chain)
+    note: str = ""                       # why a chained verify ran in full (a refused checkpoint)
 
     @property
     def ok(self) -> bool:
@@ -47,7 +49,9 @@ class VerifyResult:
             and all(u.ok for u in self.upstream)
 
     def summary(self) -> str:
-        head = (f"{self.table} at batch {self.batch_id}: {self.keys_compared} keys compared, {self.missing} missing, "
+        how = "in full" if self.chained_from is None else f"from the checkpoint verified at batch {self.chained_from}"
+        head = (f"{self.table} at batch {self.batch_id} ({how}{'; ' + self.note if self.note else ''}): "
+                f"{self.keys_compared} keys compared, {self.missing} missing, "
                 f"{self.unexpected} unexpected, {self.different} different, digest mismatches in partitions "
                 f"{self.digest_mismatches or 'none'}")
         lines = [head] + [f"  key {e['key']}: state={e['state']!r} recomputed={e['recomputed']!r}" for e in self.examples]
@@ -169,11 +173,25 @@ def _compare_group(ctx, group):
 
     from spark_jobs.merge_task import partial_rows
 
-    table, purged_at, compare = ctx
+    from spark_jobs import verify_chain
+
+    table, purged_at, compare, chain = ctx
     partition = group.column("_sp")[0].as_py()
     keys, values = partial_rows(table, group.filter(pc.equal(group.column("_kind"), "partial")))
-    expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
-    summary = _compare_partition(compare, partition, expected)
+    if chain is not None and chain.start is not None:
+        try:
+            expected = verify_chain.expected_from_checkpoint(chain.start, partition)
+        except verify_chain.CheckpointCorrupt as exc:
+            return pa.table({"summary": [json.dumps({"partition": partition, "checkpoint_refused": str(exc)})]})
+        merge = compare[0].aggregator.merge
+        for key, value in zip(keys, values):
+            expected[key] = merge(expected.get(key), value)
+    else:
+        expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
+    summary = _compare_partition(compare, partition, dict(expected))
+    if chain is not None and not (summary["missing"] or summary["unexpected"] or summary["different"]) \
+            and summary["digest_ok"]:
+        summary["checkpoint"] = verify_chain.write_partition(chain.write_to, partition, expected)
     return pa.table({"summary": [json.dumps(summary, default=str)]})
 
 
@@ -265,22 +283,26 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10, _chain: tuple = ()) -> VerifyResult:
-    """Compare the table's state with a recomputation from its history. A table that reads another
-    table's change topic (a chain) is verified after that table, upstream first: its own
-    recomputation is only as good as the topic it reads."""
+def verify(name: str, spark=None, rt: Runtime | None = None, examples: int = 10, _chain: tuple = (),
+           full: bool = False) -> VerifyResult:
+    """Compare the table's state with a recomputation from its history: from the last verified
+    checkpoint and the batches since (spark_jobs.verify_chain), or from the beginning when `full`,
+    when there is no checkpoint, or when its chain began a week ago. A table that reads another
+    table's change topic is verified after that table, upstream first: its own recomputation is
+    only as good as the topic it reads."""
     rt = rt or Runtime.from_env()
     table, tables = registry.load_table(name, rt)
-    upstream = [verify(t.name, spark, rt, examples, _chain + (name,)) for t in sorted(tables.values(), key=lambda t: t.name)
+    upstream = [verify(t.name, spark, rt, examples, _chain + (name,), full)
+                for t in sorted(tables.values(), key=lambda t: t.name)
                 if t.output_topic and t.output_topic == table.topic and t.name not in _chain + (name,)]
     with registry.table_lock(name, rt):
-        result = _verify(name, spark, rt, examples)
+        result = _verify(name, spark, rt, examples, full)
     result.upstream = upstream
     return result
 
 
-def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
-    from spark_jobs import session
+def _verify(name: str, spark, rt: Runtime, examples: int, full: bool = False) -> VerifyResult:
+    from spark_jobs import session, verify_chain
 
     started = time.monotonic()
     table, tables = registry.load_table(name, rt)
@@ -292,16 +314,19 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
     result = VerifyResult(table.name, last.batch_id if last else None)
-    from pyspark.sql import functions as F
-
-    partials, purged_at = recomputed(spark, table, tables, rt)
+    spec = registry.spec_of(table, rt)
+    chain = verify_chain.plan(rt, table, spec.fingerprint, result.batch_id, full)
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
-    compare = (registry.spec_of(table, rt), str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri,
-               last.batch_id if last else None)
-    ctx = (table, purged_at, compare)
-    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
-    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
-                                    f"verify {name}: compare")
+    compare = (spec, str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri, result.batch_id)
+    summaries = _compare_all(spark, table, tables, rt, compare, chain)
+    refused = sorted({s["checkpoint_refused"] for s in summaries.values() if s.get("checkpoint_refused")})
+    if refused:
+        result.note = (f"the checkpoint verified at batch {chain.start['batch_id']} was refused ({'; '.join(refused)}), "
+                       f"so this verify recomputed from the beginning")
+        log.warning("verify %s: %s", name, result.note)
+        chain = verify_chain.Chain(None, chain.write_to)
+        summaries = _compare_all(spark, table, tables, rt, compare, chain)
+    result.chained_from = chain.start["batch_id"] if chain is not None and chain.start else None
     for p, s in sorted(summaries.items()):
         result.keys_compared += s["keys_compared"]
         result.missing += s["missing"]
@@ -310,9 +335,47 @@ def _verify(name: str, spark, rt: Runtime, examples: int) -> VerifyResult:
         if not s["digest_ok"]:
             result.digest_mismatches.append(p)
         result.examples.extend(s["examples"][:max(0, examples - len(result.examples))])
+    if chain is not None:
+        files = {p: s["checkpoint"] for p, s in summaries.items() if s.get("checkpoint")}
+        if result.ok and len(files) == table.partitions:
+            verify_chain.record(rt, name, chain, result.batch_id, spec.fingerprint, files)
+        else:
+            verify_chain.discard(chain)
     result.seconds = round(time.monotonic() - started, 3)
     log.info("verify %s", result.summary())
     return result
+
+
+def _compare_all(spark, table: TableDefinition, tables: dict, rt: Runtime, compare: tuple, chain) -> dict:
+    """Every partition compared in its own task: against a recomputation from the beginning, or
+    (a chain with a start) from the checkpoint plus bronze's batches after it."""
+    from pyspark.sql import functions as F
+
+    if chain is not None and chain.start is not None:
+        partials, purged_at = _partials_since(spark, table, tables, rt, chain.start["batch_id"]), None
+    else:
+        partials, purged_at = recomputed(spark, table, tables, rt)
+    ctx = (table, purged_at, compare, chain)
+    rows = None if partials is None else partials.withColumn("_kind", F.lit("partial"))
+    return per_state_partition(spark, rows, table.partitions, lambda group: _compare_group(ctx, group),
+                               f"verify {table.name}: compare")
+
+
+def _partials_since(spark, table: TableDefinition, tables: dict, rt: Runtime, after_batch: int):
+    """The partials of bronze's batches after `after_batch`, as the batches applied them (WHERE,
+    refused keys left out), with their state partitions; None when bronze holds none."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs import delta_files
+
+    path = rt.delta_path(table.name, "bronze")
+    if not delta_files.exists(path):
+        return None
+    frames = TableFrames(spark, table, tables, rt)
+    bronze = spark.read.format("delta").load(path).where(F.col("batch_id") > F.lit(after_batch))
+    commits = BatchLog(rt.batch_dir(table.name)).commits_after(after_batch)
+    refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
+    return frames.partitioned(frames.partials(frames.selected(frames.joined(bronze)), exclude=refused))
 
 
 def repeated_full_rebuild(name: str, rt: Runtime | None = None) -> str | None:

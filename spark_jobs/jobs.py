@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-snapshot", action="store_true", help="run: leave snapshots to a later task")
     parser.add_argument("--finish-pending", action="store_true",
                         help="verify: first finish an interrupted batch from its plan")
+    parser.add_argument("--full", action="store_true",
+                        help="verify: recompute from the beginning, not from the last verified checkpoint")
     parser.add_argument("--window", default="", help="rebuild: FROM_MS:TO_MS, windows starting in [from, to); "
                                                      "empty rebuilds in full; `once`: in full unless the last "
                                                      "commit already is a full rebuild")
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         spark = session.get_or_create(f"statetable-verify-{args.table}")
         finished = run(args.table, rt=rt, spark=spark, snapshots=False, finish_pending_only=True) \
             if args.finish_pending else []
-        result = batch.verify(args.table, spark=spark, rt=rt)
+        result = batch.verify(args.table, spark=spark, rt=rt, full=args.full)
         print(result.summary(), flush=True)
         from dataclasses import asdict
 
