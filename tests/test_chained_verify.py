@@ -71,7 +71,7 @@ def test_a_chained_verify_finds_what_a_full_one_finds_and_refuses_a_damaged_chec
     untouched, touched = everyone[150], changed[0]
     _flip(rt, untouched, (1, 5.0, 5.0))
     _flip(rt, touched, (7, 7.0, 7.0))
-    _produce(rt, suffix, [everyone[3]], 1, 2000)          # a new batch, so the chain has something to add
+    _produce(rt, suffix, [everyone[3], touched], 1, 2000)   # `touched` changes again after the checkpoint
     jobs.run(TABLE, until_caught_up=True, spark=spark, rt=rt)
     third = batch.verify(TABLE, spark=spark, rt=rt)
     assert third.chained_from == second.batch_id, third.summary()
