@@ -1,0 +1,304 @@
+"""A table's year (#46): what a batch, a snapshot, a verify, a restore and the disk cost once a
+table is old and large, against the same table young, in one run.
+
+A private broker and a local Spark session in this process. Table `aging`: ~100-byte rows
+(LATEST_BY_OFFSET of an 80-character payload and a SUM) over --keys keys in 4 partitions,
+loaded in batches of up to 1M events; then, in order:
+
+  young      --probe batches of --batch-events events: time per batch at about 100 batches
+  aged       the batch log aged to --age batches through BatchLog itself (empty committed
+             batches, as a rebuild writes them, compacted as the product compacts them)
+  old        --probe batches again: time per batch at --age batches
+  snapshot   every partition snapshotted, then 1% of the keys changed and snapshotted again:
+             bytes uploaded by each (incremental snapshots upload only new SSTs)
+  verify     a full verify, 1% of the keys changed, then a verify from that checkpoint
+  restore    the local state wiped, every partition restored from snapshots plus changelog
+  disk       files and bytes the table leaves outside and inside its state folders
+  long run   --consecutive batches with a query server answering beside them: RSS of this
+             process and its Spark JVM, and of the server, sampled every 10 batches
+  keys       the same --rate-events workload into this table and into a 10k-key table
+
+Prints one JSON object (also written to --out).
+
+    .venv/bin/python -m bench.aging [--keys 2000000] [--age 100000] [--consecutive 1000]
+    # the issue's shape: --keys 20000000 --age 100000 --consecutive 1000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+TOKEN = "bench-token-" + "a" * 24
+DEFINITION = """-- topic: {topic}
+-- schema: k STRING, payload STRING, v BIGINT
+-- partitions: 4
+-- snapshot_every: 1000000000
+-- max_records_per_batch: 1000000
+CREATE TABLE {name} AS
+SELECT k, LATEST_BY_OFFSET(payload) AS payload, SUM(v) AS total
+FROM {topic_name}
+GROUP BY k;
+"""
+
+
+def _produce(bootstrap: str, topic: str, keys, seed: int) -> int:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
+    rng, sent = random.Random(seed), 0
+    pad = "p" * 60
+    for k in keys:
+        value = json.dumps({"k": f"k{k:09d}", "payload": f"{pad}{rng.getrandbits(64):020d}", "v": k % 1000})
+        while True:
+            try:
+                producer.produce(topic, value.encode(), key=f"k{k:09d}".encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        sent += 1
+        if sent % 100_000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    return sent
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return 0.0
+
+
+def _tree(pid: int) -> list[int]:
+    out = [pid]
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((child / "stat").read_text().split(") ")[1].split()[1]) == pid:
+                out += _tree(int(child.name))
+        except (FileNotFoundError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _disk(paths: list[Path]) -> dict:
+    files, size = 0, 0
+    for root in paths:
+        for path in root.rglob("*") if root.exists() else ():
+            if path.is_file():
+                files += 1
+                size += path.stat().st_size
+    return {"files": files, "mb": round(size / 2**20, 1)}
+
+
+def _median_batch_seconds(run, batches: int, events: int, keys: int, topic: str, bootstrap: str, seed: int) -> list:
+    rng, seconds = random.Random(seed), []
+    for i in range(batches):
+        _produce(bootstrap, topic, (rng.randrange(keys) for _ in range(events)), seed + i)
+        (commit,) = run(max_batches=1)
+        seconds.append(commit.seconds)
+    return seconds
+
+
+def _age(rt, table: str, until: int) -> dict:
+    """Empty committed batches up to `until`, written and compacted by BatchLog as the product
+    writes a batch without input (a rebuild's plan and commit)."""
+    from dataclasses import replace
+
+    from catalog.batch_log import BatchLog, BatchPlan
+
+    log = BatchLog(rt.batch_dir(table))
+    last = log.last_commit()
+    started = time.monotonic()
+    ends = {p: end for p, (_, end) in last.ranges.items()}
+    empty = {p: (end, end) for p, end in ends.items()}
+    for batch_id in range(last.batch_id + 1, until):
+        log.write_plan(BatchPlan(batch_id, last.topic, empty, last.watermark_ms, topic_id=last.topic_id,
+                                 definition=last.definition), table)
+        log.write_commit(replace(last, batch_id=batch_id, ranges=empty, counts={"read": 0}, seconds=0.0,
+                                 committed_at=time.time(), holder=None), table)
+        log.compact_if_due()
+    return {"batches": until, "seconds": round(time.monotonic() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", type=int, default=2_000_000)
+    parser.add_argument("--age", type=int, default=100_000)
+    parser.add_argument("--probe", type=int, default=20, help="batches timed young and old")
+    parser.add_argument("--batch-events", type=int, default=10_000)
+    parser.add_argument("--consecutive", type=int, default=1000)
+    parser.add_argument("--rate-events", type=int, default=1_000_000)
+    parser.add_argument("--broker-port", type=int, default=25612)
+    parser.add_argument("--api-port", type=int, default=25615)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs/benchmarks/aging.json"))
+    args = parser.parse_args()
+
+    from bench.broker import private_broker
+    from catalog.registry import load_table
+    from spark_jobs import batch, jobs, session
+    from state.kafka_admin import ensure_topic
+    from tests.table_env import isolated_runtime
+
+    root = Path(tempfile.mkdtemp(prefix="statetable-bench-aging-"))
+    result: dict = {"keys": args.keys, "partitions": 4, "row_bytes": "~100"}
+    with private_broker(args.broker_port) as cfg:
+        rt, suffix = isolated_runtime(cfg.kafka_bootstrap, root)
+        spark = session.get_or_create("bench-aging")
+        tables = {}
+        for name, topic in (("aging", "aging_events" + suffix), ("aging_small", "aging_small_events" + suffix)):
+            ensure_topic(rt.bootstrap, topic, 4)
+            (rt.tables_dir / f"{name}.sql").write_text(DEFINITION.format(topic=topic, name=name, topic_name=topic))
+            tables[name] = topic
+
+        def run(table="aging", **kw):
+            return jobs.run(table, spark=spark, rt=rt, **kw)
+
+        started = time.monotonic()
+        _produce(rt.bootstrap, tables["aging"], range(args.keys), 1)
+        produced = time.monotonic() - started
+        loaded = run(until_caught_up=True)
+        result["load"] = {"produce_seconds": round(produced, 1), "batches": len(loaded),
+                          "seconds": round(time.monotonic() - started - produced, 1),
+                          "events_per_second": round(args.keys / max(sum(c.seconds for c in loaded), 1e-6))}
+        print(f"[load] {args.keys:,} keys in {len(loaded)} batches", flush=True)
+
+        young = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 10)
+        result["young"] = {"batch": loaded[-1].batch_id + args.probe, "median_batch_seconds": statistics.median(young)}
+        result["aged"] = _age(rt, "aging", args.age)
+        print(f"[age] batch log aged to {args.age:,} batches in {result['aged']['seconds']}s", flush=True)
+        old = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 20)
+        result["old"] = {"batch": args.age + args.probe, "median_batch_seconds": statistics.median(old)}
+        result["old_over_young"] = round(result["old"]["median_batch_seconds"] /
+                                         result["young"]["median_batch_seconds"], 3)
+
+        table, _ = load_table("aging", rt)
+        st = jobs.state_table(table, rt)
+        try:
+            full = [st.snapshot(p) for p in range(4)]
+            _produce(rt.bootstrap, tables["aging"], random.Random(3).sample(range(args.keys), args.keys // 100), 3)
+            st.close()
+            run(until_caught_up=True)
+            started = time.monotonic()
+            after = [st.snapshot(p) for p in range(4)]
+            result["snapshot"] = {
+                "full_bytes": sum(m.total_bytes for m in full), "full_uploaded": sum(m.uploaded for m in full),
+                "after_1pct_uploaded": sum(m.uploaded for m in after),
+                "after_1pct_seconds": round(time.monotonic() - started, 2)}
+            result["snapshot"]["uploaded_share"] = round(result["snapshot"]["after_1pct_uploaded"] /
+                                                         max(result["snapshot"]["full_bytes"], 1), 4)
+        finally:
+            st.close()
+
+        first = batch.verify("aging", spark=spark, rt=rt, full=True)
+        _produce(rt.bootstrap, tables["aging"], random.Random(4).sample(range(args.keys), args.keys // 100), 4)
+        run(until_caught_up=True)
+        chained = batch.verify("aging", spark=spark, rt=rt)
+        result["verify"] = {"full_seconds": first.seconds, "full_ok": first.ok, "chained_seconds": chained.seconds,
+                            "chained_ok": chained.ok, "chained_from": chained.chained_from,
+                            "chained_over_full": round(chained.seconds / max(first.seconds, 1e-6), 3)}
+        print(f"[verify] full {first.seconds}s, chained {chained.seconds}s", flush=True)
+
+        st = jobs.state_table(table, rt)
+        try:
+            st.wipe_local()
+            started = time.monotonic()
+            for p in range(4):
+                st.restore(p)
+            result["restore_seconds"] = round(time.monotonic() - started, 2)
+        finally:
+            st.close()
+
+        def disk() -> dict:
+            data = Path(rt.data_dir)
+            outside = [data / "batches" / "aging", *[Path(rt.delta_path("aging", k)) for k in
+                                                      ("bronze", "mirror", "mirror_changes", "dlq")],
+                       Path(rt.verified_dir("aging"))]
+            return {"outside_state": _disk(outside), "state": _disk([data / "state"]),
+                    "snapshots": _disk([Path(rt.snapshot_uri)]), "batch_log": _disk([data / "batches" / "aging"])}
+
+        result["disk_before_long_run"] = disk()
+        env = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
+        server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port",
+                                   str(args.api_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        stop = threading.Event()
+
+        def ask() -> None:
+            import httpx
+
+            with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5) as client:
+                while not stop.is_set():
+                    try:
+                        client.get(f"http://127.0.0.1:{args.api_port}/tables/aging/rows", params={"limit": 10})
+                    except httpx.TransportError:
+                        pass
+                    time.sleep(0.05)
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        samples, seconds = [], []
+        rng = random.Random(5)
+        try:
+            for i in range(args.consecutive):
+                _produce(rt.bootstrap, tables["aging"], (rng.randrange(args.keys) for _ in range(1000)), 100 + i)
+                (commit,) = run(max_batches=1)
+                seconds.append(commit.seconds)
+                if i % 10 == 0:
+                    samples.append({"batch": i, "driver_and_jvm_mb": round(sum(_rss_mb(p) for p in _tree(os.getpid())), 1),
+                                    "api_server_mb": round(sum(_rss_mb(p) for p in _tree(server.pid)), 1)})
+        finally:
+            stop.set()
+            server.terminate()
+            server.wait(timeout=30)
+
+        def window(lo: int, hi: int, key: str) -> float:
+            values = [s[key] for s in samples if lo <= s["batch"] < hi]
+            return round(statistics.mean(values), 1) if values else 0.0
+
+        n = args.consecutive
+        result["long_run"] = {
+            "batches": n, "median_batch_seconds": statistics.median(seconds),
+            "rss_mb": {key: {"batches_100_200": window(100, 200, key), "last_100": window(n - 100, n, key)}
+                       for key in ("driver_and_jvm_mb", "api_server_mb")},
+            "samples": samples}
+        result["disk_after_long_run"] = disk()
+
+        rates = {}
+        _produce(rt.bootstrap, tables["aging_small"], range(10_000), 6)
+        run("aging_small", until_caught_up=True)
+        for name, keys in (("aging", args.keys), ("aging_small", 10_000)):
+            rng = random.Random(7)
+            _produce(rt.bootstrap, tables[name], (rng.randrange(keys) for _ in range(args.rate_events)), 7)
+            commits = run(name, until_caught_up=True)
+            rates[name] = round(sum(c.counts["read"] for c in commits) / max(sum(c.seconds for c in commits), 1e-6))
+        result["events_per_second"] = {"large_table": rates["aging"], "10k_key_table": rates["aging_small"],
+                                       "large_over_small": round(rates["aging"] / max(rates["aging_small"], 1), 3)}
+        spark.stop()
+
+    result["targets"] = {
+        "batch_time_old_within_1_2x": result["old_over_young"] <= 1.2,
+        "snapshot_after_1pct_at_most_5pct": result["snapshot"]["uploaded_share"] <= 0.05,
+        "chained_verify_at_most_20pct": result["verify"]["chained_over_full"] <= 0.2,
+        "rss_flat_within_1_1x": all(v["last_100"] <= 1.1 * v["batches_100_200"]
+                                    for v in result["long_run"]["rss_mb"].values() if v["batches_100_200"]),
+    }
+    text = json.dumps(result, indent=1)
+    Path(args.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
