@@ -51,25 +51,18 @@ GROUP BY k;
 
 
 def _produce(bootstrap: str, topic: str, keys, seed: int) -> int:
-    from confluent_kafka import Producer
+    """One event per key in `keys`, through the samples' producer (deploy.samples)."""
+    from deploy.samples import producer_for, send_records
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
-    rng, sent = random.Random(seed), 0
-    pad = "p" * 60
-    for k in keys:
-        value = json.dumps({"k": f"k{k:09d}", "payload": f"{pad}{rng.getrandbits(64):020d}", "v": k % 1000})
-        while True:
-            try:
-                producer.produce(topic, value.encode(), key=f"k{k:09d}".encode())
-                break
-            except BufferError:
-                producer.poll(0.1)
-        sent += 1
-        if sent % 100_000 == 0:
-            producer.poll(0)
-    producer.flush(120)
-    return sent
+    rng, pad = random.Random(seed), "p" * 60
+
+    def records():
+        for k in keys:
+            key = f"k{k:09d}"
+            yield key.encode(), json.dumps({"k": key, "payload": f"{pad}{rng.getrandbits(64):020d}",
+                                            "v": k % 1000}).encode()
+
+    return send_records(producer_for(bootstrap), topic, records())
 
 
 def _rss_mb(pid: int) -> float:

@@ -26,12 +26,12 @@ SEED_SCORES = [  # (player, product, score)
 ]
 
 
-def _producer(bootstrap: str) -> Producer:
+def producer_for(bootstrap: str) -> Producer:
     return Producer(client_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 20, "log_level": 2,
                                                  "queue.buffering.max.messages": 1000000}))
 
 
-def _send(producer: Producer, topic: str, records) -> int:
+def send_records(producer: Producer, topic: str, records) -> int:
     sent = 0
     for key, value in records:
         while True:
@@ -68,7 +68,7 @@ def payments(n: int, seed: int = 2):
 
 def produce_payments(bootstrap: str, topic: str, events: int, seed: int = 2) -> int:
     """`events` sample payments into a topic of one's own (benchmarks with many payment tables)."""
-    return _send(_producer(bootstrap), topic, payments(events, seed))
+    return send_records(producer_for(bootstrap), topic, payments(events, seed))
 
 
 def produce_scores(bootstrap: str, suffix: str = "", partitions: int = 4) -> dict[str, int]:
@@ -79,13 +79,13 @@ def produce_scores(bootstrap: str, suffix: str = "", partitions: int = 4) -> dic
     scores = [(None, json.dumps({"score": s, "product_id": g, "player_id": p}).encode()) for p, g, s in SEED_SCORES]
     # A score of an unknown player: the inner join drops it and counts it.
     scores.append((None, json.dumps({"score": 99999, "product_id": 1, "player_id": 404}).encode()))
-    return {"score-events": _send(_producer(bootstrap), "score-events" + suffix, scores)}
+    return {"score-events": send_records(producer_for(bootstrap), "score-events" + suffix, scores)}
 
 
 def produce_movies(bootstrap: str, topic: str) -> int:
     """The movies sample (title -> genre) into a topic of one's own."""
     ensure_topic(bootstrap, topic, 2)
-    return _send(_producer(bootstrap), topic, ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
+    return send_records(producer_for(bootstrap), topic, ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
                                                for t, g in GENRES.items()))
 
 
@@ -93,24 +93,24 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
             suffix: str = "", scores: bool = True) -> dict[str, int]:
     """Produce a table's sample; `suffix` renames the topics (tests keep their topics apart).
     `scores=False` leaves out the leaderboard's score events (see `produce_scores`)."""
-    producer = _producer(bootstrap)
+    producer = producer_for(bootstrap)
 
     def topic(base: str) -> str:
         ensure_topic(bootstrap, base + suffix, partitions)
         return base + suffix
 
     if name == "movie_tickets_sold":
-        return {"movie_ticket_sales": _send(producer, topic("movie_ticket_sales"), movie_ticket_sales(events or 10000))}
+        return {"movie_ticket_sales": send_records(producer, topic("movie_ticket_sales"), movie_ticket_sales(events or 10000))}
     if name == "movies":
-        return {"movies": _send(producer, topic("movies"), ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
+        return {"movies": send_records(producer, topic("movies"), ((t.encode(), json.dumps({"title": t, "genre": g}).encode())
                                                            for t, g in GENRES.items()))}
     if name == "payments_per_customer":
-        return {"payments": _send(producer, topic("payments"), payments(events or 10000))}
+        return {"payments": send_records(producer, topic("payments"), payments(events or 10000))}
     if name in ("leaderboard", "players", "products"):
         sent = {
-            "players": _send(producer, topic("players"), ((str(i).encode(), json.dumps({"id": i, "name": n}).encode())
+            "players": send_records(producer, topic("players"), ((str(i).encode(), json.dumps({"id": i, "name": n}).encode())
                                                           for i, n in PLAYERS.items())),
-            "products": _send(producer, topic("products"),
+            "products": send_records(producer, topic("products"),
                               ((str(i).encode(), json.dumps({"id": i, "name": n}).encode()) for i, n in PRODUCTS.items())),
         }
         if scores:
