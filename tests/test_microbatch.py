@@ -211,7 +211,7 @@ def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, s
     }
     for value in bad.values():
         producer.produce(topic, value, partition=0)
-    samples._send(producer, topic, samples.movie_ticket_sales(300, seed=9))
+    samples.send_records(producer, topic, samples.movie_ticket_sales(300, seed=9))
     assert producer.flush(30) == 0
 
     commits = jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)
