@@ -388,15 +388,20 @@ def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
 
 def _bronze_retention(path: Path, header: _Header, table: "TableDefinition") -> None:
     """`-- bronze_retention: 90d` (default `forever`): bronze keeps the events of batches committed
-    within that long. Verify and rebuild recompute a table from all of its bronze, so a table
-    whose bronze lost its oldest batches refuses them (spark_jobs.batch) and gets no rebuild or
-    restore-verify DAG; the option is the trade of that proof for disk."""
+    within that long, and every batch after the last verified checkpoint. A verify then goes on
+    from checkpoint to checkpoint (spark_jobs.verify_chain), but a full verify and a rebuild,
+    which recompute from all of bronze, refuse (spark_jobs.errors.HistoryTrimmed): the option
+    trades the weekly proof from the beginning for disk."""
     raw = header.get("bronze_retention")
     if raw is None or raw.strip().lower() == "forever":
         return
     where = header.where(path, "bronze_retention")
     if not table.bronze:
         raise DefinitionError(f"{where}: table {table.name!r} keeps no bronze (bronze: off); remove bronze_retention")
+    if table.kind != "aggregate" or table.window is not None or table.ttl_ms is not None or table.input_table:
+        raise DefinitionError(f"{where}: table {table.name!r}: bronze_retention is for aggregate tables without "
+                              f"windows or a ttl, whose verify goes on from checkpoint to checkpoint; this one "
+                              f"recomputes from all of bronze every time, so remove bronze_retention")
     retention = _duration_option(path, header, "bronze_retention", None, table.name)
     if retention < table.delta_retention_ms:
         raise DefinitionError(f"{where}: table {table.name!r}: bronze_retention={raw} is shorter than delta_retention "

@@ -107,15 +107,16 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     path = rt.delta_path(table.name, "bronze")
     if not delta_files.exists(path):
         return None, None
-    from spark_jobs.delta_maintenance import bronze_from_batch
+    from spark_jobs.verify_chain import bronze_from_batch
 
     trimmed = bronze_from_batch(rt, table.name)
     if trimmed:
         from spark_jobs.errors import HistoryTrimmed
 
         raise HistoryTrimmed(f"table {table.name!r}: bronze holds batches from {trimmed} on (`-- bronze_retention` in "
-                             f"{table.path} deleted the older ones), and verify and rebuild recompute the table from "
-                             f"all of its history; set `-- bronze_retention: forever` to keep history from now on")
+                             f"{table.path} deleted the older ones), and a full verify or a rebuild recomputes the "
+                             f"table from all of its history; set `-- bronze_retention: forever` to keep history "
+                             f"from now on")
     bronze = spark.read.format("delta").load(path)
     commits = BatchLog(rt.batch_dir(table.name)).commits()
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]

@@ -1,7 +1,8 @@
 """The Delta tables a table keeps, kept small: bronze, the mirror and the dead letters gain files
 every batch (or every fold), and nothing else ever rewrites or deletes them. Every
 `maintain_every` batches the batch job compacts each (OPTIMIZE: the small files since the last
-compaction become a few large ones), deletes bronze older than `bronze_retention`, and vacuums
+compaction become a few large ones), deletes bronze older than `bronze_retention` (but never a
+batch after the last verified checkpoint, which the next verify starts from), and vacuums
 (VACUUM: files the tables dropped more than `delta_retention` ago leave the disk). The mirror's
 change table is not compacted: its files leave it by name at each fold (spark_jobs.mirror).
 
@@ -16,25 +17,18 @@ from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime, spark_path
 from spark_jobs import delta_files, mirror
+from spark_jobs.verify_chain import BRONZE_FROM, bronze_from_batch
 
-__all__ = ["BRONZE_FROM", "bronze_from_batch", "maintain", "maintain_if_due"]
+__all__ = ["maintain", "maintain_if_due"]
 
 log = logging.getLogger("statetable.maintenance")
 
-BRONZE_FROM = "statetable.bronze.fromBatch"     # table property: bronze's first batch after a retention delete
 
 
 def maintain_if_due(spark, rt: Runtime, table: TableDefinition, commit: BatchCommit) -> dict | None:
     if commit.batch_id == 0 or commit.batch_id % table.maintain_every:
         return None
     return maintain(spark, rt, table)
-
-
-def bronze_from_batch(rt: Runtime, table: str) -> int | None:
-    """The first batch bronze still holds when a retention delete trimmed it, else None."""
-    found = delta_files.load(rt.delta_path(table, "bronze"))
-    value = None if found is None else found.metadata().configuration.get(BRONZE_FROM)
-    return None if value is None else int(value)
 
 
 def _tables(rt: Runtime, table: TableDefinition) -> dict[str, str]:
@@ -45,15 +39,24 @@ def _tables(rt: Runtime, table: TableDefinition) -> dict[str, str]:
 
 
 def _trim_bronze(spark, rt: Runtime, table: TableDefinition, path: str) -> int | None:
-    """Delete bronze rows of batches committed before `bronze_retention`; returns bronze's new
-    first batch (None: nothing was old enough)."""
+    """Delete bronze rows of batches committed before `bronze_retention` and covered by a verified
+    checkpoint (spark_jobs.verify_chain: the next verify needs every batch after it); returns
+    bronze's new first batch (None: nothing was both old enough and verified)."""
+    from catalog.registry import spec_of
+    from spark_jobs.verify_chain import latest
+
+    checkpoint = latest(rt, table, spec_of(table, rt).fingerprint, any_age=True)
+    if checkpoint is None:
+        log.info("%s: bronze_retention waits for a verified checkpoint: without one, verify needs all of bronze",
+                 table.name)
+        return None
     cutoff = time.time() - table.bronze_retention_ms / 1000
-    first = None
+    first = checkpoint["batch_id"] + 1
     for commit in BatchLog(rt.batch_dir(table.name)).commits():
         if commit.committed_at >= cutoff:
-            first = commit.batch_id
+            first = min(first, commit.batch_id)
             break
-    if first is None or first <= (bronze_from_batch(rt, table.name) or 0):
+    if first <= (bronze_from_batch(rt, table.name) or 0):
         return None
     where = spark_path(path)
     spark.sql(f"DELETE FROM delta.`{where}` WHERE batch_id < {first}")

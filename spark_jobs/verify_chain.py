@@ -26,13 +26,24 @@ from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime, arrow_filesystem
 from spark_jobs.errors import JobError
 
-__all__ = ["Chain", "CheckpointCorrupt", "FULL_EVERY_DAYS", "chainable", "discard", "expected_from_checkpoint",
+__all__ = ["BRONZE_FROM", "Chain", "CheckpointCorrupt", "bronze_from_batch", "FULL_EVERY_DAYS", "chainable", "discard", "expected_from_checkpoint",
            "forget", "latest", "plan", "record", "write_partition"]
 
 log = logging.getLogger("statetable.verify")
 
 FULL_EVERY_DAYS = float(os.environ.get("STATETABLE_FULL_VERIFY_DAYS", "7"))
 MANIFEST = "_manifest.json"
+BRONZE_FROM = "statetable.bronze.fromBatch"     # bronze's table property: its first batch after a retention delete
+
+
+def bronze_from_batch(rt: Runtime, table: str) -> int | None:
+    """The first batch bronze still holds when a retention delete trimmed it (delta_maintenance),
+    else None."""
+    from spark_jobs import delta_files
+
+    found = delta_files.load(rt.delta_path(table, "bronze"))
+    value = None if found is None else found.metadata().configuration.get(BRONZE_FROM)
+    return None if value is None else int(value)
 
 
 class CheckpointCorrupt(JobError):
@@ -56,9 +67,10 @@ def _folder(rt: Runtime, table: str, batch_id: int) -> str:
     return f"{rt.verified_dir(table)}/b{batch_id:012d}"
 
 
-def latest(rt: Runtime, table: TableDefinition, definition: str) -> dict | None:
+def latest(rt: Runtime, table: TableDefinition, definition: str, any_age: bool = False) -> dict | None:
     """The newest checkpoint's manifest a verify may start from: of this definition, with a root
-    (the full verify that began the chain) younger than FULL_EVERY_DAYS. None: verify in full."""
+    (the full verify that began the chain) younger than FULL_EVERY_DAYS unless `any_age` (bronze
+    was trimmed: no full verify is possible any more). None: verify in full."""
     import pyarrow.fs as pafs
 
     if not chainable(table):
@@ -74,7 +86,7 @@ def latest(rt: Runtime, table: TableDefinition, definition: str) -> dict | None:
             continue                       # a verify that did not finish (or was not exact) left no manifest
         if manifest.get("definition") != definition:
             return None
-        if time.time() - manifest["root_at"] > FULL_EVERY_DAYS * 86400:
+        if not any_age and time.time() - manifest["root_at"] > FULL_EVERY_DAYS * 86400:
             log.info("%s: the verified chain began %.1f days ago (a full verify at least every %g days): verifying "
                      "in full", table.name, (time.time() - manifest["root_at"]) / 86400, FULL_EVERY_DAYS)
             return None
@@ -84,11 +96,21 @@ def latest(rt: Runtime, table: TableDefinition, definition: str) -> dict | None:
 
 def plan(rt: Runtime, table: TableDefinition, definition: str, batch_id: int | None, full: bool) -> Chain | None:
     """The chain a verify at `batch_id` follows (None: no checkpoint is kept for this table)."""
+    from spark_jobs.errors import HistoryTrimmed
+
     if not chainable(table) or batch_id is None:
         return None
-    start = None if full else latest(rt, table, definition)
-    if start is not None and start["batch_id"] >= batch_id:
+    trimmed = bronze_from_batch(rt, table.name)
+    start = None if full else latest(rt, table, definition, any_age=trimmed is not None)
+    if start is not None and start["batch_id"] >= batch_id and trimmed is None:
         start = None                      # nothing committed since: a full verify is the only news
+    if trimmed is not None and (start is None or start["batch_id"] + 1 < trimmed):
+        needs = "a full verify recomputes from batch 0" if start is None else \
+            f"a verify from the checkpoint verified at batch {start['batch_id']} needs every batch after it"
+        raise HistoryTrimmed(
+            f"table {table.name!r}: bronze holds batches from {trimmed} on (`-- bronze_retention` in {table.path} "
+            f"deleted the older ones), and {needs}; verify without --full goes on from the newest checkpoint, or "
+            f"set `-- bronze_retention: forever` to keep history from now on")
     return Chain(start, _folder(rt, table.name, batch_id))
 
 

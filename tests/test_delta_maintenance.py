@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from deploy import samples
-from spark_jobs import batch, delta_files, delta_maintenance, jobs
+from spark_jobs import batch, delta_files, delta_maintenance, jobs, verify_chain
 from tests.table_env import isolated_runtime, read_topic
 
 TABLE = "movie_tickets_sold"
@@ -54,24 +54,35 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert _files_on_disk(bronze) == len(delta_files.load(bronze).file_uris()) == 1
     assert spark.read.format("delta").load(bronze).count() == produced
 
-    # A retention that splits the batches: two more after a pause, then bronze keeps only those.
+    # A retention that splits the batches: two more after a pause and a verify (the checkpoint
+    # that bronze keeps every batch after), then bronze keeps only the recent ones.
     time.sleep(3)
     for round_ in (4, 5):
         samples.produce(TABLE, rt.bootstrap, 500, suffix=suffix)
         produced += 500
         (commit,) = jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
-    table.delta_retention_ms, table.bronze_retention_ms = 3_600_000, 2_500
+    verified = batch.verify(TABLE, spark=spark, rt=rt)
+    assert verified.ok and verified.batch_id == 5, verified.summary()
+    from catalog.batch_log import BatchLog
+
+    age = time.time() - BatchLog(rt.batch_dir(TABLE)).commit(4).committed_at    # batch 3 is 3 s older still
+    table.delta_retention_ms, table.bronze_retention_ms = 3_600_000, int((age + 1.5) * 1000)
     report = delta_maintenance.maintain(spark, rt, table)
-    assert report["bronze"]["bronze_from_batch"] == 4 == delta_maintenance.bronze_from_batch(rt, TABLE)
+    assert report["bronze"]["bronze_from_batch"] == 4 == verify_chain.bronze_from_batch(rt, TABLE)
     kept = spark.read.format("delta").load(bronze)
     assert sorted(r["batch_id"] for r in kept.select("batch_id").distinct().collect()) == [4, 5]
     assert kept.count() == 1000
 
-    # Verify now refuses, in one line naming the option, from the CLI too (a user's mistake: exit 2).
-    cli = subprocess.run([STATETABLE, "verify", TABLE], capture_output=True, text=True, env={**os.environ, **rt.as_env()})
+    # A full verify now refuses, in one line naming the option, from the CLI too (exit 2); a
+    # verify from the checkpoint still proves the table.
+    env = {**os.environ, **rt.as_env()}
+    cli = subprocess.run([STATETABLE, "verify", TABLE, "--full"], capture_output=True, text=True, env=env)
     assert cli.returncode == 2, cli.stderr[-2000:]
-    message = cli.stderr.strip().splitlines()
-    assert len(message) == 1 and "bronze_retention" in message[0] and "Error" not in message[0], message
+    message = [line for line in cli.stderr.splitlines() if "bronze_retention" in line]
+    assert len(message) == 1 and "a full verify recomputes from batch 0" in message[0], cli.stderr[-2000:]
+    assert "Error" not in cli.stderr and "Traceback" not in cli.stderr, cli.stderr[-2000:]
+    with pytest.raises(Exception, match="bronze_retention"):
+        batch.rebuild(TABLE, spark=spark, rt=rt)
 
     # The table goes on: the next batch commits into the trimmed bronze, and the state equals
     # pandas over every record the topic holds.
@@ -83,6 +94,8 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert len(records) == produced
     expected = records.groupby("title")["ticket_total_value"].count().to_dict()
     assert {k[0]: v[0] for k, v in jobs.state_rows(TABLE, rt).items()} == expected
+    chained = batch.verify(TABLE, spark=spark, rt=rt)
+    assert chained.ok and chained.chained_from == 5, chained.summary()
 
 
 @pytest.mark.parametrize("header, fragment", [
@@ -90,6 +103,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     ("-- bronze: off\n-- bronze_retention: 30d\n", "keeps no bronze"),
     ("-- delta_retention: 10m\n", "at least 1h"),
     ("-- bronze_retention: soon\n", "not a duration"),
+    ("-- bronze_retention: 30d\n-- event_time: sale_ts\n-- ttl: 30d\n", "without windows or a ttl"),
 ])
 def test_retention_options_fail_fast_naming_the_table_and_the_fix(tmp_path, header, fragment):
     from catalog.definitions import DefinitionError, parse

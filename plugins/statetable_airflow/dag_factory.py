@@ -209,10 +209,7 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
     tables = load_all(tables_dir or Runtime.from_env().tables_dir, broken={} if broken is None else broken)
     dags = {}
     for table in tables.values():
-        # Source tables and tables over a table recompute from their topic; a bronze retention
-        # deletes the history the others recompute from (spark_jobs.errors.HistoryTrimmed).
-        recomputable = (table.bronze and table.bronze_retention_ms is None) or table.kind == "source" \
-            or table.over_table
+        recomputable = table.bronze or table.kind == "source" or table.over_table   # the last two: from their topic
         dag = incremental_dag(table, tables)
         dags[dag.dag_id] = dag
         for build in (rebuild_dag, restore_verify_dag) if recomputable else ():
