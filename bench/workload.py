@@ -12,7 +12,7 @@ import time
 
 from confluent_kafka import Producer
 
-from deploy.samples import _send
+from deploy.samples import send_records
 from state.kafka_admin import ensure_topic
 
 Reference = dict[str, tuple[int, int]]
@@ -41,7 +41,7 @@ def produce_random(bootstrap: str, topic: str, events: int, keys: int, partition
                 print(f"  produced {i:,} events ({i / (time.monotonic() - started):,.0f}/s)", flush=True)
             yield key.encode(), b'{"k":"%s","v":%d}' % (key.encode(), value)
 
-    _send(_producer(bootstrap), topic, records())
+    send_records(_producer(bootstrap), topic, records())
     return {k: (n, s) for k, (n, s) in expected.items()}
 
 
@@ -49,7 +49,7 @@ def produce_distinct(bootstrap: str, topic: str, first: int, count: int, partiti
     """One event (value 1) for each of keys first..first+count-1: a table of `count` new keys."""
     ensure_topic(bootstrap, topic, partitions)
     keys = (f"key{i:07d}".encode() for i in range(first, first + count))
-    _send(_producer(bootstrap), topic, ((key, b'{"k":"%s","v":1}' % key) for key in keys))
+    send_records(_producer(bootstrap), topic, ((key, b'{"k":"%s","v":1}' % key) for key in keys))
     return {f"key{i:07d}": (1, 1) for i in range(first, first + count)}
 
 
