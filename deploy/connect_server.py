@@ -17,6 +17,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from catalog import scratch
 from catalog.priority import batch_niceness
 from catalog.settings import StackSettings, adopt_cluster_env, connect_token
 from deploy import spark_cluster
@@ -48,7 +49,7 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
     if workers:
         adopt_cluster_env(settings)        # the store's address, for the s3a jars and conf below
     conf = spark_conf("statetable-connect", settings.master_url if workers else
-                      os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"))
+                      os.environ.get("STATETABLE_SPARK_MASTER", "local[*]"), scratch=scratch_dir(settings))
     if workers:
         # One executor per worker, one core each: tasks spread over the workers as over machines.
         conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers),
@@ -70,6 +71,11 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
     return conf
 
 
+def scratch_dir(settings: StackSettings) -> Path:
+    """The server's Spark local dirs and java.io.tmpdir (see catalog.scratch); emptied by `start`."""
+    return scratch.root(settings.state_dir) / "spark-connect"
+
+
 def command(settings: StackSettings, host: str | None = None) -> list[str]:
     conf = server_conf(settings, host)
     cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
@@ -88,6 +94,7 @@ def start(settings: StackSettings) -> None:
         return
     require_free_ports("spark-connect", settings.host, settings.connect_port)
     settings.connect_dir.mkdir(parents=True, exist_ok=True)
+    scratch.for_server(settings.state_dir, scratch_dir(settings).name)
     process(settings).start(command(settings), env=environment(settings), cwd=settings.connect_dir)
 
 
@@ -100,6 +107,7 @@ def foreground(settings: StackSettings, host: str) -> None:
     import subprocess
 
     env = environment(settings, with_token=False)
+    scratch.for_server(settings.state_dir, scratch_dir(settings).name)
     cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
     server = subprocess.Popen(cmd, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):

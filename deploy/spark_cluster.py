@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -124,6 +125,9 @@ def start_worker(settings: StackSettings, index: int) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if proc.is_running():
             return
+        # A killed worker's executors left their blocks here; nothing of it is in use now.
+        shutil.rmtree(folder / "tmp", ignore_errors=True)
+        (folder / "tmp").mkdir()
         require_free_ports(proc.name, settings.host, worker_port(settings, index))
         proc.start(
             [str(VENV_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", settings.master_url,

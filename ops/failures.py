@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -208,8 +209,11 @@ class _OneBatch:
     def __init__(self, name: str, rt: Runtime, point: str, scope: str, once: bool = True):
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix=f"statetable-drill-{name}-"))
-        self.once, self.err = folder / "fired", open(folder / "stderr", "w+")
+        from catalog import scratch, settings
+
+        # In this process's scratch folder: removed by `finish`, swept if this process dies first.
+        self.folder = Path(tempfile.mkdtemp(prefix=f"drill-{name}-", dir=scratch.for_process(settings.load().state_dir)))
+        self.once, self.err = self.folder / "fired", open(self.folder / "stderr", "w+")
         env = {**os.environ, **rt.as_env(), faults.ENV: point,
                faults.SCOPE_ENV: f"{scope}@{self.once}" if once else scope}
         self.proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.submit", "run", name, "--max-batches", "1",
@@ -232,7 +236,10 @@ class _OneBatch:
         finally:
             self.abandon()
         with open(self.err.name) as err:
-            return self.proc.returncode, err.read()[-2000:]
+            tail = err.read()[-2000:]
+        self.err.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return self.proc.returncode, tail
 
     def abandon(self) -> None:
         if self.proc.poll() is None:

@@ -72,10 +72,15 @@ V1_SOURCES = "avro,csv,json,orc,parquet,text"     # Spark's default list without
 SESSION_CONFS = {"spark.sql.ansi.enabled": "false"}
 
 
-def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
+def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = None) -> dict[str, str]:
+    """The configuration of a driver statetable starts. Its scratch files go to `scratch`, by
+    default a folder of this process under the stack's folder (see catalog.scratch)."""
+    from catalog import scratch as scratch_dirs
+    from catalog import settings
     from spark_jobs import arrow_batches
 
     jar_paths = [str(p) for p in spark_jars()]
+    scratch = scratch or scratch_dirs.for_process(settings.load().state_dir)
     conf = {
         "spark.app.name": app_name,
         "spark.jars": ",".join(jar_paths),
@@ -103,7 +108,10 @@ def spark_conf(app_name: str, master: str | None = None) -> dict[str, str]:
         # Each session's worker daemon imports the Arrow pass and the state library before it forks:
         # workers Spark stopped after a minute idle come back warm (spark_jobs/worker_daemon.py).
         "spark.python.daemon.module": "spark_jobs.worker_daemon",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG} "
+                                         f"{scratch_dirs.java_options(scratch)}",
+        # Spark's local dirs (shuffle blocks, userFiles) with the rest of the driver's scratch.
+        "spark.local.dir": str(scratch),
         **DELTA_CONF,
         # Hadoop's local filesystem sets each file's mode itself (umask 022 by default), whatever
         # the process's umask: Delta tables hold the table's events, so their owner's alone.

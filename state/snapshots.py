@@ -105,6 +105,19 @@ def _identity(backend) -> str | None:
         return None
 
 
+def _checkpoint_place(backend) -> dict:
+    """Where a snapshot's checkpoint is made: beside the database, so RocksDB hard-links its SSTs
+    instead of copying them, and a writer killed mid-snapshot leaves it where the next snapshot of
+    the partition (which only its one writer takes) removes it, not in /tmp for good."""
+    path = getattr(backend, "path", None)
+    if path is None:
+        return {"prefix": "statetable-cp-"}
+    prefix = f".{Path(path).name}.checkpoint-"
+    for stale in Path(path).parent.glob(f"{prefix}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return {"prefix": prefix, "dir": Path(path).parent}
+
+
 class SnapshotStore:
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -129,7 +142,7 @@ class SnapshotStore:
         identity = _identity(backend)
         known = self._known_ssts(table, partition, identity)
         uploaded = 0
-        with tempfile.TemporaryDirectory(prefix="statetable-cp-") as tmp:
+        with tempfile.TemporaryDirectory(**_checkpoint_place(backend)) as tmp:
             checkpoint = Path(tmp) / "cp"
             backend.checkpoint(checkpoint)
             folder = f"{self._partition_dir(table, partition)}/b{meta.applied_batch:012d}-{uuid.uuid4().hex[:8]}"

@@ -77,6 +77,7 @@ def _listening_addresses(pids) -> set[tuple[str, int]]:
 
 
 def test_up_status_down_leaves_nothing_running(own_stack_env):
+    jvm_scratch_before = _jvm_scratch_in_tmp()
     before = _cli(own_stack_env, "stack", "status", check=False)
     assert before.returncode != 0
     assert before.stdout.splitlines() == DOWN
@@ -90,6 +91,10 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     assert re.search(r"^spark-connect warmed in [0-9.]+s: 100,000 records through statetable_engine_warmup \(batch 0\)",
                      up.stdout, re.M), up.stdout
     assert up.stdout.index("spark-connect warmed") < up.stdout.index("Airflow UI:")
+
+    connect_scratch = Path(own_stack_env["STATETABLE_STACK_DIR"]) / "tmp" / "spark-connect"
+    assert {p.name.split("-")[0] for p in connect_scratch.iterdir()} >= {"spark", "blockmgr"}, \
+        list(connect_scratch.iterdir())
 
     status = _cli(own_stack_env, "stack", "status")
     lines = status.stdout.splitlines()
@@ -121,3 +126,14 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     assert stack.running_pids(cfg) == {}
     after = _cli(own_stack_env, "stack", "status", check=False)
     assert after.stdout.splitlines() == DOWN
+    # Spark's and the codecs' scratch went to the stack's folder (catalog.scratch), not /tmp,
+    # where a killed JVM's stayed for good.
+    assert _jvm_scratch_in_tmp() - jvm_scratch_before == set()
+    assert (Path(state_dir) / "tmp" / "spark-connect").is_dir()
+
+
+def _jvm_scratch_in_tmp() -> set[str]:
+    import tempfile
+
+    return {p.name for pattern in ("spark-*", "blockmgr-*", "artifacts-*", "liblz4*", "snappy*")
+            for p in Path(tempfile.gettempdir()).glob(pattern)}
