@@ -24,6 +24,7 @@ from spark_jobs import mirror, parse
 from catalog import registry
 from catalog.mapping import state_spec
 from state import faults
+from state.errors import DefinitionChanged
 
 log = logging.getLogger("statetable.batch")
 
@@ -555,7 +556,7 @@ def _rebuild_group(ctx: _RebuildContext, group):
         for key, value in mine.items():
             tx.put(key, value)
         _mirror_changes(table, rt, ctx.batch_id, p, gone + list(mine), [None] * len(gone) + list(mine.values()))
-        result = tx.commit(outputs_of(table, ctx.spec.aggregator))
+        result = tx.commit(outputs_of(table, ctx.spec.aggregator), recount=True)
         st.snapshot(p)
         meta = part.meta
         summary = {"partition": p, "keys_changed": result.keys_changed, "changelog_offset": meta.changelog_offset,
@@ -587,9 +588,18 @@ def _adopt(table: TableDefinition, tables: dict, spark, rt: Runtime, batch_log: 
     from state.changelog import ensure_changelog
     from state.table import StateTable
 
+    from spark_jobs.errors import HistoryTrimmed
+
     name = table.name
     spec = registry.spec_of(table, rt)
-    expected = recompute(spark, table, tables, rt)
+    try:
+        expected = recompute(spark, table, tables, rt)
+    except HistoryTrimmed:
+        from spark_jobs.verify_chain import bronze_from_batch
+
+        raise HistoryTrimmed(str(DefinitionChanged(name, (last.definition or {}).get("meaning"), spec.meaning_dict(),
+                                                   where=f"its last batch ({last.batch_id})",
+                                                   history_from=bronze_from_batch(rt, name)))) from None
     batch_id = last.batch_id + 1
     spec = replace(spec, changelog=f"{rt.namespace}{name}-changelog-{spec.fingerprint[:8]}-{uuid.uuid4().hex[:6]}")
     ensure_changelog(rt.bootstrap, spec.changelog_topic, spec.partitions)

@@ -29,7 +29,7 @@ def prepare(run: TableRun) -> None:
 
     table, rt = run.table, run.rt
     drop_stale_cache(run.spec, rt)
-    check_definition(run.log, table.name, run.definition)
+    check_definition(run.log, table.name, run.definition, run.rt)
     ensure_topic(rt.bootstrap, run.dead_letter_topic, 1, {"cleanup.policy": "compact"})
     ensure_changelog(rt.bootstrap, run.spec.changelog_topic, table.partitions)
     if table.input_table:
@@ -41,14 +41,17 @@ def prepare(run: TableRun) -> None:
     _check_log_matches_changelog(run)
 
 
-def check_definition(batch_log: BatchLog, name: str, definition: dict) -> None:
+def check_definition(batch_log: BatchLog, name: str, definition: dict, rt=None) -> None:
     """The batch log speaks for the durable state (changelog and snapshots), also where no local
     store exists: a batch, finished or pending, under another definition stops every writer."""
     for entry, what in ((batch_log.pending_plan(), "pending batch"), (batch_log.last_commit(), "last batch")):
         recorded = getattr(entry, "definition", None)
         if recorded and recorded.get("fingerprint") != definition["fingerprint"]:
+            from spark_jobs.verify_chain import bronze_from_batch
+
             raise DefinitionChanged(name, recorded.get("meaning"), definition["meaning"],
-                                    where=f"its {what} ({entry.batch_id})")
+                                    where=f"its {what} ({entry.batch_id})",
+                                    history_from=None if rt is None else bronze_from_batch(rt, name))
 
 
 def _check_log_matches_changelog(run: TableRun) -> None:

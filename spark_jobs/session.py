@@ -109,9 +109,7 @@ def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = 
         # workers Spark stopped after a minute idle come back warm (spark_jobs/worker_daemon.py).
         "spark.python.daemon.module": "spark_jobs.worker_daemon",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG} "
-                                         f"{scratch_dirs.java_options(scratch)}",
-        # Spark's local dirs (shuffle blocks, userFiles) with the rest of the driver's scratch.
-        "spark.local.dir": str(scratch),
+                                         f"{scratch_dirs.java_options(scratch)}",   # Spark's local dirs too
         **DELTA_CONF,
         # Hadoop's local filesystem sets each file's mode itself (umask 022 by default), whatever
         # the process's umask: Delta tables hold the table's events, so their owner's alone.

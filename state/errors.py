@@ -46,11 +46,19 @@ class KafkaAccessError(StateError, RuntimeError):
 class DefinitionChanged(StateError, ValueError):
     """The table's definition no longer means what its state was built with."""
 
-    def __init__(self, table: str, old: dict | None, new: dict | None, where: str = "its state") -> None:
+    def __init__(self, table: str, old: dict | None, new: dict | None, where: str = "its state",
+                 history_from: int | None = None) -> None:
         changes = meaning_changes(old, new) or ["(the recorded definition is unknown)"]
-        super().__init__(
-            f"table {table!r}: the definition changed since {where} was built: {'; '.join(changes)}. "
-            f"`statetable rebuild {table}` (or the {table}__rebuild DAG) builds the new definition's state "
-            f"from history and cuts over when it is committed; until then the old state keeps serving. "
-            f"Or put the old definition back.")
+        if history_from is None:
+            fix = (f"`statetable rebuild {table}` (or the {table}__rebuild DAG) builds the new definition's state "
+                   f"from history and cuts over when it is committed; until then the old state keeps serving. "
+                   f"Or put the old definition back.")
+        else:
+            # A rebuild would recompute from the beginning, which bronze no longer holds: offering
+            # it would leave the table stopped for good.
+            fix = (f"Its history starts at batch {history_from} (`-- bronze_retention` trimmed the older "
+                   f"batches), so the new definition cannot be computed from it: put the old definition "
+                   f"back (the table runs on), or declare the new one as a table of another name.")
+        super().__init__(f"table {table!r}: the definition changed since {where} was built: "
+                         f"{'; '.join(changes)}. {fix}")
         self.changes = changes

@@ -298,21 +298,26 @@ class Transaction:
         if self.status is _STARTED:
             self.status = TxStatus.ABORTED
 
-    def commit(self, outputs=None) -> CommitResult:
+    def commit(self, outputs=None, recount: bool = False) -> CommitResult:
         """`outputs(changes)`, when given, returns records for other topics ((topic, key, value)),
         built from the commit's changes (encoded key -> new bytes, None: deleted); they are
-        published in the changelog's transaction, so they exist exactly when the batch does."""
+        published in the changelog's transaction, so they exist exactly when the batch does.
+
+        `recount`: the digest and key count start from a full scan of what the partition holds,
+        not from the recorded ones. A batch moves the recorded digest by what it changes, so a
+        value damaged outside any batch stays a mismatch after a rebuild wrote the right value
+        back; a rebuild recounts, and its marker then carries the digest of what it left."""
         self._open()
         self.status = TxStatus.PREPARED
         try:
-            result = self._commit(outputs)
+            result = self._commit(outputs, recount)
         except BaseException:
             self.status = TxStatus.FAILED
             raise
         self.status = TxStatus.COMPLETE
         return result
 
-    def _commit(self, outputs) -> CommitResult:
+    def _commit(self, outputs, recount: bool = False) -> CommitResult:
         started = time.monotonic()
         part = self.partition
         meta = part.backend.read_meta()
@@ -323,7 +328,7 @@ class Transaction:
         keys = list(self._ops)
         olds = part.backend.multi_get(keys)
         changes: dict[bytes, bytes | None] = {}
-        digest, count = meta.digest, meta.key_count
+        digest, count = digests.of_items(part.backend.scan()) if recount else (meta.digest, meta.key_count)
         # The hot loop of every batch: locals only, digest inlined (see state.digest).
         encode, decode, merge = codec.encode_value, codec.decode_value, part.aggregator.merge if part.aggregator else None
         add = codec.add_ints if part.aggregator is not None and part.aggregator.additive else None

@@ -114,3 +114,22 @@ def test_retention_options_fail_fast_naming_the_table_and_the_fix(tmp_path, head
     with pytest.raises(DefinitionError, match=fragment) as raised:
         parse(path)
     assert len(str(raised.value).splitlines()) == 1
+
+    # A changed definition cannot be adopted from trimmed history: the batch stops naming the way
+    # out instead of the rebuild it otherwise offers (which refuses the same way), and the old
+    # definition, put back, runs on.
+    from spark_jobs.errors import HistoryTrimmed
+    from state.errors import DefinitionChanged
+
+    original = sql.read_text()
+    sql.write_text(original.replace("COUNT(ticket_total_value)", "SUM(ticket_total_value)"))
+    samples.produce(TABLE, rt.bootstrap, 500, suffix=suffix)
+    produced += 500
+    with pytest.raises(DefinitionChanged, match="history starts at batch 4") as stopped:
+        jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
+    assert "put the old definition back" in str(stopped.value) and "rebuild" not in str(stopped.value)
+    with pytest.raises(HistoryTrimmed, match="history starts at batch 4.*put the old definition back"):
+        batch.rebuild(TABLE, spark=spark, rt=rt)
+    sql.write_text(original)
+    (commit,) = jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
+    assert commit.batch_id == 7 and commit.counts["read"] == 500

@@ -264,6 +264,11 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
     assert not result.ok and result.different == 1
     assert result.examples[0]["key"] == list(victim) and result.examples[0]["state"] == [999, 1.0, 1.0]
     assert str(list(victim)) in result.summary()
+    # A rebuild repairs it: the right value back and a digest of what the partition holds.
+    batch.rebuild("payments_per_customer", spark=spark, rt=rt)
+    repaired = batch.verify("payments_per_customer", spark=spark, rt=rt)
+    assert repaired.ok, repaired.summary()
+    assert _state_rows(rt, "payments_per_customer")[victim][0] == rebuilt[victim][0]
 
 
 def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, spark):

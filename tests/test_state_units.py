@@ -142,6 +142,17 @@ def test_verify_catches_a_value_changed_behind_its_back():
     ok, recorded, recomputed = part.verify()
     assert not ok and recorded != recomputed
 
+    # A batch that writes the right value back moves the recorded digest by its change, from the
+    # damaged value: still a mismatch. A rebuild's commit recounts from what the partition holds.
+    with part.begin(1) as tx:
+        tx.put(("k3",), (1, 3))
+    assert not part.verify()[0]
+    part.backend.corrupt_value(codec.encode_key(("k3",)), codec.encode_value((1, 999)))
+    tx = part.begin(2)
+    tx.put(("k3",), (1, 3))
+    result = tx.commit(recount=True)
+    assert part.verify()[0] and (result.digest, result.key_count) == (part.meta.digest, 10)
+
 
 def test_windows_tumbling_hopping_late_and_purge():
     hopping = WindowSpec(size_ms=10, advance_ms=5, grace_ms=2, retention_ms=5)
