@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from catalog.errors import CatalogError
+from catalog.errors import UserError
 
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
@@ -46,8 +47,8 @@ def keep_batches() -> int:
     except ValueError:
         keep = 0
     if keep < 1:
-        raise ValueError(f"{KEEP_ENV}={raw!r}: the batch log must keep at least 1 batch as files; unset it for "
-                         f"the default {DEFAULT_KEEP}")
+        raise UserError(f"{KEEP_ENV}={raw!r}: the batch log must keep at least 1 batch as files; unset it for "
+                        f"the default {DEFAULT_KEEP}")
     return keep
 DEFAULT_LEASE_SECONDS = 600.0
 

@@ -28,6 +28,7 @@ from sqlglot.dialects.spark import Spark
 from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
 from state.windows import WindowSpec
 from catalog.errors import DefinitionError, UnsupportedSql
+from catalog.errors import UserError
 
 SUPPORTED = (
     "CREATE TABLE t (col TYPE PRIMARY KEY, ...) WITH (topic='...') for source tables; "
@@ -321,7 +322,7 @@ def duration_ms(text: str) -> int:
     """'90s', '15m', '1h', '30d' as milliseconds; ValueError otherwise."""
     match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)\s*", text)
     if not match:
-        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 1h or 7d")
+        raise UserError(f"{text!r} is not a duration like 30s, 15m, 1h or 7d")
     return int(match.group(1)) * DURATION_UNITS[match.group(2)]
 
 

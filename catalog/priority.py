@@ -10,6 +10,7 @@ threads. On idle cores this costs the batch nothing.
 from __future__ import annotations
 
 import os
+from catalog.errors import UserError
 
 NICE_ENV = "STATETABLE_BATCH_NICE"
 DEFAULT_NICE = 10
@@ -22,8 +23,8 @@ def batch_niceness() -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= 19:
-        raise ValueError(f"{NICE_ENV}={raw!r}: the batch path's CPU niceness must be an integer from 0 (the same "
-                         f"priority as queries) to 19; unset it for the default {DEFAULT_NICE}")
+        raise UserError(f"{NICE_ENV}={raw!r}: the batch path's CPU niceness must be an integer from 0 (the same "
+                        f"priority as queries) to 19; unset it for the default {DEFAULT_NICE}")
     return value
 
 

@@ -20,6 +20,7 @@ from catalog.mapping import state_spec
 from catalog.definitions import DefinitionError, TableDefinition, load_all
 from catalog.runtime import Runtime
 from catalog.errors import LockTimeout
+from catalog.errors import UserError
 
 log = logging.getLogger("statetable.catalog")
 
@@ -112,7 +113,7 @@ def lock_patience() -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"{LOCK_PATIENCE_ENV}={raw!r} is not a number of seconds") from None
+        raise UserError(f"{LOCK_PATIENCE_ENV}={raw!r} is not a number of seconds") from None
 
 
 def _holder(fd: int) -> str:
@@ -231,19 +232,19 @@ def coerce_key(table: TableDefinition, key: tuple) -> tuple:
             try:
                 value = int(value)
             except ValueError:
-                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
+                raise UserError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
         elif isinstance(value, str) and dtype in ("DOUBLE", "FLOAT"):
             try:
                 value = float(value)
             except ValueError:
-                raise ValueError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
+                raise UserError(f"table {table.name}: key {name} is {dtype}, not {value[:40]!r}") from None
         bits = _INT_RANGES.get(dtype, 64)
         if type(value) is int and not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
-            raise ValueError(f"table {table.name}: key {name} is {dtype}; {value} is outside its range")
+            raise UserError(f"table {table.name}: key {name} is {dtype}; {value} is outside its range")
         out.append(value)
     rest = tuple(key[len(out):])
     if any(type(v) is int and not -(1 << 63) <= v < 1 << 63 for v in rest):
-        raise ValueError(f"table {table.name}: a key part is outside the 64-bit integer range")
+        raise UserError(f"table {table.name}: a key part is outside the 64-bit integer range")
     return tuple(out) + rest
 
 

@@ -534,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from catalog.definitions import DefinitionError
+    from state.errors import BadSetting
 
     args = build_parser().parse_args(argv)
     os.umask(PRIVATE_UMASK)     # state, snapshots and logs a command writes are its user's alone
@@ -551,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         table = getattr(args, "table", None) or getattr(args, "name", None)
         where = f"statetable {args.command}" + (f" {table}" if isinstance(table, str) else "")
-        usage = isinstance(exc, (DefinitionError, LookupError, UserError))
+        usage = isinstance(exc, (DefinitionError, LookupError, UserError, BadSetting))
         hint = "" if usage or "statetable " in str(exc) else \
             " (STATETABLE_DEBUG=1 shows the traceback)"
         print(f"{where}: {one_line(exc)}{hint}", file=sys.stderr)

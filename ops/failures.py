@@ -29,6 +29,7 @@ from spark_jobs import jobs
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 from ops.errors import NothingToInject
+from catalog.errors import UserError
 
 log = logging.getLogger("statetable.failures")
 
@@ -74,7 +75,7 @@ class Injection:
 
 def validate(failure: str, table: str = "") -> None:
     if failure not in FAILURES:
-        raise ValueError(f"table {table!r}: failure {failure!r} is not known; use one of {sorted(FAILURES)}")
+        raise UserError(f"table {table!r}: failure {failure!r} is not known; use one of {sorted(FAILURES)}")
 
 
 def inject(name: str, failure: str, rt: Runtime | None = None) -> Injection:
@@ -362,8 +363,8 @@ def recover(name: str, rt: Runtime | None = None, snapshot_uri: str | None = Non
 
     rt = rt or Runtime.from_env()
     if snapshot_uri is not None and snapshot_uri != scratch_uri(rt):
-        raise ValueError(f"table {name!r}: a drill restores only from its scratch store {scratch_uri(rt)!r}, "
-                         f"not {snapshot_uri!r}")
+        raise UserError(f"table {name!r}: a drill restores only from its scratch store {scratch_uri(rt)!r}, "
+                        f"not {snapshot_uri!r}")
     started = time.monotonic()
     try:
         reports = jobs.restore(name, rt=replace(rt, snapshot_uri=snapshot_uri) if snapshot_uri else rt,

@@ -25,6 +25,7 @@ from catalog import registry
 from catalog.mapping import state_spec
 from state import faults
 from state.errors import DefinitionChanged
+from catalog.errors import UserError
 
 log = logging.getLogger("statetable.batch")
 
@@ -101,8 +102,8 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
         return frames.partitioned(frames.source_partials(classified)), None
     if not table.bronze:
-        raise ValueError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
-                         f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
+        raise UserError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
+                        f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
     from spark_jobs import delta_files
 
     path = rt.delta_path(table.name, "bronze")
@@ -311,8 +312,8 @@ def _verify(name: str, spark, rt: Runtime, examples: int, full: bool = False) ->
     batch_log = BatchLog(rt.batch_dir(table.name))
     pending = batch_log.pending_plan()
     if pending is not None:
-        raise ValueError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
-                         f"finish it (`statetable run {name}`) before verifying")
+        raise UserError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
+                        f"finish it (`statetable run {name}`) before verifying")
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
     result = VerifyResult(table.name, last.batch_id if last else None)
@@ -408,25 +409,25 @@ def rebuild_window(table: TableDefinition, window_from: str | None, window_to: s
         try:
             moment = datetime.fromisoformat(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"table {table.name!r}: param {name}={raw!r} is not an ISO date or timestamp, "
-                             f"e.g. 2026-03-01 or 2026-03-01T06:00:00+00:00") from None
+            raise UserError(f"table {table.name!r}: param {name}={raw!r} is not an ISO date or timestamp, "
+                            f"e.g. 2026-03-01 or 2026-03-01T06:00:00+00:00") from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         return int(moment.timestamp() * 1000)
 
     if full and (window_from or window_to):
-        raise ValueError(f"table {table.name!r}: params full=true and window_from/window_to exclude each other; "
-                         f"drop one of them")
+        raise UserError(f"table {table.name!r}: params full=true and window_from/window_to exclude each other; "
+                        f"drop one of them")
     if (window_from is None) != (window_to is None):
-        raise ValueError(f"table {table.name!r}: give both params window_from and window_to, or neither")
+        raise UserError(f"table {table.name!r}: give both params window_from and window_to, or neither")
     if window_from is not None:
         lo, hi = parse("window_from", window_from), parse("window_to", window_to)
         if lo >= hi:
-            raise ValueError(f"table {table.name!r}: param window_from={window_from} must be before "
-                             f"window_to={window_to}")
+            raise UserError(f"table {table.name!r}: param window_from={window_from} must be before "
+                            f"window_to={window_to}")
         if table.window is None:
-            raise ValueError(f"table {table.name!r} has no windows, so window_from/window_to cannot apply; "
-                             f"leave them empty to rebuild it in full")
+            raise UserError(f"table {table.name!r} has no windows, so window_from/window_to cannot apply; "
+                            f"leave them empty to rebuild it in full")
         return lo, hi
     if full or table.window is None or interval is None or None in interval:
         return None
@@ -449,7 +450,7 @@ def rebuild(name: str, spark=None, rt: Runtime | None = None,
     if window_range is not None:
         lo, hi = window_range
         if lo >= hi:
-            raise ValueError(f"table {name!r}: rebuild range start {lo} must be before its end {hi}")
+            raise UserError(f"table {name!r}: rebuild range start {lo} must be before its end {hi}")
         if table.window is None:
             log.info("rebuild %s: the table has no windows, so the range is ignored and it rebuilds in full", name)
             window_range = None
@@ -469,9 +470,9 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     batch_log = BatchLog(rt.batch_dir(table.name))
     last = batch_log.last_commit()
     if last is None:
-        raise ValueError(f"table {name!r} has no committed batch to rebuild from; run it first")
+        raise UserError(f"table {name!r} has no committed batch to rebuild from; run it first")
     if batch_log.pending_plan() is not None:
-        raise ValueError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
+        raise UserError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
     spec = registry.spec_of(table, rt)
     recorded = (last.definition or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:

@@ -20,6 +20,7 @@ from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_
 from catalog.definitions import DefinitionError
 from catalog.runtime import Runtime
 from spark_jobs.errors import RollbackRefused
+from catalog.errors import UserError
 
 log = logging.getLogger("statetable.jobs")
 
@@ -129,11 +130,11 @@ def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict
     with table_lock(name, rt):
         batch_log = BatchLog(rt.batch_dir(name))
         if batch_log.pending_plan() is not None:
-            raise ValueError(f"table {name!r} has an unfinished batch; `statetable run {name}` finishes it first")
+            raise UserError(f"table {name!r} has an unfinished batch; `statetable run {name}` finishes it first")
         position = batch_log.read_position()
         if position is None:
-            raise ValueError(f"table {name!r} has no committed batch: its first batch starts at the topic's "
-                             f"earliest offsets anyway")
+            raise UserError(f"table {name!r} has no committed batch: its first batch starts at the topic's "
+                            f"earliest offsets anyway")
         marks = watermarks(rt.bootstrap, table.topic)
         incarnation = topic_id(rt.bootstrap, table.topic)
         try:
@@ -141,8 +142,8 @@ def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict
         except OffsetDiscontinuity as exc:
             problem = str(exc)
         else:
-            raise ValueError(f"table {name!r}: topic {table.topic!r} continues where the table stopped reading; "
-                             f"there is nothing to accept")
+            raise UserError(f"table {name!r}: topic {table.topic!r} continues where the table stopped reading; "
+                            f"there is nothing to accept")
         entry = {
             "problem": problem, "topic": table.topic, "topic_id": incarnation,
             "starts": {str(p): low for p, (low, _) in marks.items()},
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     window = tuple(int(part) for part in args.window.split(":"))
                     assert len(window) == 2
                 except (ValueError, AssertionError):
-                    raise ValueError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
+                    raise UserError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
             commit = batch.rebuild(args.table, rt=rt, window_range=window, unless_repeated=once)
             _write_result(args.result_file, commit_summary(commit))
             return 0

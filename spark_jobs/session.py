@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from catalog.priority import batch_niceness, yield_cpu_to_queries
 from catalog.settings import JARS_DIR
 from spark_jobs.errors import EngineUnavailable
+from catalog.errors import UserError
 
 log = logging.getLogger("statetable.session")
 
@@ -182,8 +183,8 @@ def engine() -> tuple[str | None, str]:
         return None, f"{REMOTE_ENV}=local"
     if raw:
         if not raw.startswith("sc://"):
-            raise ValueError(f"{REMOTE_ENV}={raw!r} is neither an sc://HOST:PORT address of a Spark Connect server "
-                             f"nor 'local'; set one of them, or unset it to use the local stack's server when it is up")
+            raise UserError(f"{REMOTE_ENV}={raw!r} is neither an sc://HOST:PORT address of a Spark Connect server "
+                            f"nor 'local'; set one of them, or unset it to use the local stack's server when it is up")
         if not answers(raw):
             raise EngineUnavailable(
                 f"the Spark Connect server at {raw.partition(';')[0]} ({REMOTE_ENV}) does not answer; start it with "

@@ -1,6 +1,6 @@
 """Named errors of the state library: each says what is wrong and what to do."""
 
-__all__ = ["ChangelogGap", "CodecError", "DefinitionChanged", "KafkaAccessError", "RestoreMismatch", "SnapshotCorrupt",
+__all__ = ["BadSetting", "ChangelogGap", "CodecError", "DefinitionChanged", "KafkaAccessError", "RestoreMismatch", "SnapshotCorrupt",
            "StateError", "StateFenced", "TransactionClosed", "meaning_changes"]
 
 
@@ -33,6 +33,11 @@ class StateFenced(StateError):
 
 class TransactionClosed(StateError):
     """A write to, or a second commit of, a transaction that is no longer open."""
+
+
+class BadSetting(StateError, ValueError):
+    """A setting a user gave (an environment variable, an option) is wrong: the message names it
+    and the fix, and the CLI exits 2 with it, as for any mistake of the request."""
 
 
 class CodecError(StateError, ValueError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+from state.errors import BadSetting
 
 __all__ = ["BATCH_LOG_POINTS", "BATCH_POINTS", "ENV", "EXIT_CODE", "HOLD_LIMIT", "POINTS", "REBUILD_POINTS", "RELEASE_ENV",
            "RETENTION_POINTS", "SCOPE_ENV", "STATE_POINTS", "TABLE_AGGREGATE_POINTS", "WORKER_ENV", "arm", "armed", "kill_session",
@@ -87,7 +88,7 @@ _armed_scope: str | None = None
 def validate(name: str | None) -> None:
     if name and name not in POINTS:
         known = ", ".join(sorted(POINTS))
-        raise ValueError(f"{ENV}={name!r} is not a fault point; use one of: {known}")
+        raise BadSetting(f"{ENV}={name!r} is not a fault point; use one of: {known}")
 
 
 def arm(name: str | None, scope: str | None = None) -> None:
@@ -132,7 +133,7 @@ def _stall(name: str, limit: float = 300.0) -> None:
 
     release = os.environ.get(RELEASE_ENV)
     if not release:
-        raise ValueError(f"{SCOPE_ENV}=stall at {name} needs {RELEASE_ENV}: the file whose creation releases it")
+        raise BadSetting(f"{SCOPE_ENV}=stall at {name} needs {RELEASE_ENV}: the file whose creation releases it")
     ends = time.monotonic() + limit
     while not os.path.exists(release) and time.monotonic() < ends:
         time.sleep(0.1)

@@ -28,6 +28,7 @@ import os
 import stat
 from functools import lru_cache
 from pathlib import Path
+from state.errors import BadSetting
 
 __all__ = ["CONFIG_ENV", "MIN_ISR_ENV", "REPLICATION_ENV", "SECRET_WORDS", "client_config",
            "connection_mismatch", "describe", "file_config", "min_insync_replicas", "replication_factor",
@@ -99,7 +100,7 @@ def _replicas(name: str, allowed: str) -> int | None:
         return None
     if raw.lstrip("-").isdigit() and (int(raw) > 0 or raw == "-1" and name == REPLICATION_ENV):
         return int(raw)
-    raise ValueError(f"{name}={raw!r}: give {allowed} or unset it")
+    raise BadSetting(f"{name}={raw!r}: give {allowed} or unset it")
 
 
 @lru_cache(maxsize=8)
@@ -111,7 +112,7 @@ def _cached(path: str, mtime: int) -> tuple:
             continue
         sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
         if sep < 0:
-            raise ValueError(f"{CONFIG_ENV}={path}: line {number} is not `name=value`")
+            raise BadSetting(f"{CONFIG_ENV}={path}: line {number} is not `name=value`")
         entries.append((line[:sep].strip(), line[sep + 1:].strip()))
     return tuple(entries)
 
@@ -123,9 +124,9 @@ def file_config(path: str) -> tuple:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise ValueError(f"{CONFIG_ENV}={path}: no such file; unset it or point it at a client.properties") from None
+        raise BadSetting(f"{CONFIG_ENV}={path}: no such file; unset it or point it at a client.properties") from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"{CONFIG_ENV}={path}: it holds secrets but group or others may read it "
+        raise BadSetting(f"{CONFIG_ENV}={path}: it holds secrets but group or others may read it "
                          f"(mode {stat.S_IMODE(info.st_mode):o}); `chmod 600 {path}`")
     return _cached(path, info.st_mtime_ns)
 

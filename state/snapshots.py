@@ -30,6 +30,7 @@ from pathlib import Path
 
 from state import faults
 from state.errors import SnapshotCorrupt
+from state.errors import BadSetting
 
 __all__ = ["CHUNK", "MANIFEST", "Manifest", "SHARED", "SnapshotStore"]
 
@@ -294,7 +295,7 @@ class SnapshotStore:
         from pyarrow import fs
 
         if keep < 1:
-            raise ValueError(f"snapshot retention for table {table!r} must keep at least 1, not {keep}")
+            raise BadSetting(f"snapshot retention for table {table!r} must keep at least 1, not {keep}")
         complete = self.list(table, partition)
         keep_paths = {m.path for m in complete[:keep]}
         newest_kept = complete[min(keep, len(complete)) - 1].created_at if complete else 0

@@ -34,6 +34,7 @@ from state.partition import StatePartition
 from state.restore import RestoreReport, replay_tail, restore_partition
 from state.snapshots import Manifest, SnapshotStore
 from state.errors import DefinitionChanged, meaning_changes
+from state.errors import BadSetting
 
 __all__ = ["DefinitionChanged", "StateTable", "TableSpec", "definition_fingerprint", "freeze_meaning",
            "meaning_changes", "partition_of"]
@@ -58,9 +59,9 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
-            raise ValueError(f"table name {self.name!r}: use letters, digits, '.', '_' or '-'")
+            raise BadSetting(f"table name {self.name!r}: use letters, digits, '.', '_' or '-'")
         if not 1 <= self.partitions <= 1024:
-            raise ValueError(f"table {self.name!r}: partitions={self.partitions}; use 1..1024")
+            raise BadSetting(f"table {self.name!r}: partitions={self.partitions}; use 1..1024")
 
     @property
     def changelog_topic(self) -> str:
@@ -231,7 +232,7 @@ class StateTable:
     # -- durability ------------------------------------------------------------
     def snapshot(self, partition: int) -> Manifest:
         if self.snapshots is None:
-            raise ValueError(f"table {self.spec.name!r} has no snapshot store; pass snapshot_uri")
+            raise BadSetting(f"table {self.spec.name!r} has no snapshot store; pass snapshot_uri")
         part = self.open(partition)
         manifest = self.snapshots.save(self.spec.name, partition, part.backend, definition=self.spec.fingerprint)
         self.snapshots.retain(self.spec.name, partition, self.spec.snapshot_keep)
@@ -240,7 +241,7 @@ class StateTable:
     def restore(self, partition: int, target_batch: int | None = None) -> RestoreReport:
         """Rebuild the local partition from snapshots plus changelog (see state.restore)."""
         if self.memory:
-            raise ValueError("a memory table has nothing to restore from")
+            raise BadSetting("a memory table has nothing to restore from")
         self.close(partition)
         report = restore_partition(
             self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,

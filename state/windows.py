@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from state import codec
 from state.partition import StatePartition, Transaction
+from state.errors import BadSetting
 
 __all__ = ["WindowSpec", "closing", "expire_idle", "fetch", "merge_sessions", "purge", "window_key"]
 
@@ -29,10 +30,10 @@ class WindowSpec:
     def __post_init__(self) -> None:
         advance = self.advance_ms or self.size_ms
         if self.size_ms <= 0 or advance <= 0 or advance > self.size_ms:
-            raise ValueError(f"window SIZE {self.size_ms} ms and ADVANCE {self.advance_ms} ms: "
+            raise BadSetting(f"window SIZE {self.size_ms} ms and ADVANCE {self.advance_ms} ms: "
                              f"both must be positive and ADVANCE <= SIZE")
         if self.grace_ms < 0 or self.retention_ms < 0:
-            raise ValueError("window GRACE and retention must not be negative")
+            raise BadSetting("window GRACE and retention must not be negative")
 
     @property
     def advance(self) -> int:

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ops.status import age_text, verify_verdict
 from serving.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+from catalog.errors import UserError
 
 BATCH_HEADER = "X-Statetable-Batch"
 LEADERBOARD_TABLE = "leaderboard"
@@ -38,8 +39,8 @@ class TokenAuth:
 
     def __init__(self, token: str) -> None:
         if len(token) < 16:
-            raise ValueError("the API token must be at least 16 characters; generate one with "
-                             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+            raise UserError("the API token must be at least 16 characters; generate one with "
+                            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
         self.token = token.encode()
 
     async def check(self, token: str | None, request: Request):

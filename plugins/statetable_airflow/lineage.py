@@ -39,7 +39,8 @@ def datasets(table_name: str, kind: str, rt=None) -> tuple[list, list]:
     from catalog.runtime import Runtime
 
     if kind not in KINDS:
-        raise ValueError(f"lineage kind {kind!r}: use one of {', '.join(KINDS)}")
+        from catalog.errors import UserError
+        raise UserError(f"lineage kind {kind!r}: use one of {', '.join(KINDS)}")
     if kind == "none":
         return [], []
     rt = rt or Runtime.from_env()

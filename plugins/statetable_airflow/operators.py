@@ -58,8 +58,9 @@ def spark_mode() -> str:
 
     mode = os.environ.get(MODE_ENV, "connect")
     if mode not in ("connect", "submit"):
-        raise ValueError(f"{MODE_ENV}={mode!r} is not a way to run table jobs; use connect (a Spark Connect "
-                         f"server, connection {SPARK_CONNECT_CONN_ID!r}) or submit (spark-submit, {SPARK_CONN_ID!r})")
+        from catalog.errors import UserError
+        raise UserError(f"{MODE_ENV}={mode!r} is not a way to run table jobs; use connect (a Spark Connect "
+                        f"server, connection {SPARK_CONNECT_CONN_ID!r}) or submit (spark-submit, {SPARK_CONN_ID!r})")
     return mode
 
 

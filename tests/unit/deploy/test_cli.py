@@ -63,3 +63,30 @@ def test_every_mistake_a_user_can_type_is_one_line_without_a_python_class_name(a
     assert code == cli.EXIT_USAGE, (argv, code, out.err)
     assert len(lines) == 1 and lines[0].startswith(("statetable ", "stack ")), (argv, out.err)
     assert not re.search(r"\b[A-Z]\w*(Error|Exception):", lines[0]) and "Traceback" not in out.err, lines[0]
+
+
+@pytest.mark.parametrize("setting, value, argv, names", [
+    ("STATETABLE_KAFKA_CONFIG", "/no/such/client.properties", ["create-topic", "page_views"], "no such file"),
+    ("STATETABLE_KAFKA_CONFIG", "{tmp}/bad.properties", ["create-topic", "page_views"], "line 1 is not `name=value`"),
+    ("STATETABLE_LOCK_WAIT_SECONDS", "60", ["rebuild", "page_views"], "no committed batch to rebuild from"),
+])
+def test_a_wrong_setting_or_a_refused_request_is_one_line_and_exits_2(setting, value, argv, names, tmp_path,
+                                                                      monkeypatch, capsys):
+    """A setting a user gave wrong (state.errors.BadSetting) and a request the table's state
+    refuses (catalog.errors.UserError) are mistakes of the request, as a wrong argument is:
+    exit 2, one line naming what to fix."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "page_views.sql").write_text(GOOD)
+    monkeypatch.setenv("STATETABLE_TABLES_DIR", str(tables))
+    monkeypatch.setenv("STATETABLE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("STATETABLE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    bad = tmp_path / "bad.properties"
+    bad.write_text("security.protocol\n")
+    bad.chmod(0o600)
+    monkeypatch.setenv(setting, value.format(tmp=tmp_path))
+    monkeypatch.delenv("STATETABLE_DEBUG", raising=False)
+    code = cli.main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == cli.EXIT_USAGE and len(lines) == 1 and names in lines[0], (code, lines)
+    assert not re.search(r"\b[A-Z]\w*(Error|Exception):", lines[0]), lines[0]
