@@ -69,17 +69,17 @@ def maintain(spark, rt: Runtime, table: TableDefinition) -> dict:
     hours = table.delta_retention_ms / 3_600_000
     report: dict[str, dict] = {}
     for name, path in _tables(rt, table).items():
-        started, before = time.monotonic(), len(delta_files.load(path).file_uris())
-        done: dict = {}
+        started, done = time.monotonic(), {}
         if name == "bronze" and table.bronze_retention_ms is not None:
             done["bronze_from_batch"] = _trim_bronze(spark, rt, table, path)
         where = spark_path(path)
-        spark.sql(f"OPTIMIZE delta.`{where}`")
+        # OPTIMIZE reports what it compacted: no listing of the table's files before and after.
+        metrics = spark.sql(f"OPTIMIZE delta.`{where}`").collect()[0]["metrics"]
         # Delta refuses a retention under 7 days unless told that no reader needs the files that long:
         # the definition's delta_retention is that statement (at least 1 h, see catalog.definitions).
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", str(hours >= 168).lower())
         spark.sql(f"VACUUM delta.`{where}` RETAIN {hours:g} HOURS")
-        done.update(files_before=before, files_after=len(delta_files.load(path).file_uris()),
+        done.update(files_compacted=metrics["numFilesRemoved"], files_written=metrics["numFilesAdded"],
                     seconds=round(time.monotonic() - started, 2))
         report[name] = done
     log.info("%s: Delta maintenance (OPTIMIZE, VACUUM retaining %g h%s): %s", table.name, hours,
