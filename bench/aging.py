@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -288,6 +289,7 @@ def main() -> None:
         result["events_per_second"] = {"large_table": rates["aging"], "10k_key_table": rates["aging_small"],
                                        "large_over_small": round(rates["aging"] / max(rates["aging_small"], 1), 3)}
         spark.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
     result["targets"] = {
         "batch_time_old_within_1_2x": result["old_over_young"] <= 1.2,
