@@ -32,7 +32,8 @@ from catalog.errors import UserError
 
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
-HEAD = "checkpoint-head.json"          # {"upto": U, "file": name}: commits up to U live in that checkpoint
+HEAD = "checkpoint-head.json"          # {"upto": U, "block": B}: commits up to U live in checkpoint blocks
+BLOCK = 1000                            # commits per checkpoint block file
 KEEP_ENV = "STATETABLE_BATCH_LOG_KEEP"
 DEFAULT_KEEP = 100                      # as Spark's minBatchesToRetain
 SLIM_DROP = ("holder", "joins")         # what only the newest batches need (the next plan's driver, pins)
@@ -310,7 +311,7 @@ class BatchLog:
         location = str(location)
         self.store = _S3Store(location) if location.startswith("s3://") else _FolderStore(Path(location))
         self.location = self.store.location
-        self._folded: tuple[int, dict[int, dict]] | None = None     # (upto, batch id -> slim commit)
+        self._folded: dict[tuple, dict[int, dict]] = {}     # (upto, block) -> batch id -> slim commit
 
     def _ids(self, suffix: str) -> list[int]:
         return sorted(int(n.split(".")[0]) for n in self.store.names() if n.endswith(f".{suffix}.json"))
@@ -419,43 +420,71 @@ class BatchLog:
         return self.plan(newest + 1)
 
     def commits(self) -> list[BatchCommit]:
-        """Every commit, oldest first: the checkpoint's folded ones, then the files after it,
-        read one by one (the log is never listed once it has a checkpoint)."""
+        """Every commit, oldest first: the checkpoint blocks' folded ones, then the files after
+        them, read one by one (the log is never listed once it has a checkpoint)."""
         head = self._head()
         if head is None:
             return [self.commit(i) for i in self._ids("commit")]
-        upto, folded = self._load_checkpoint(head)
+        folded = self._all_folded(head)
         found = [_commit_of({**folded[i], "ranges": _ranges_from_json(folded[i]["ranges"])}) for i in sorted(folded)]
-        tail = upto + 1
+        tail = head["upto"] + 1
         while (commit := self.commit(tail)) is not None:
             found.append(commit)
             tail += 1
         return found
 
     # -- compaction -------------------------------------------------------------
+    # Folded commits live in blocks of BLOCK batches (`checkpoint-block-<n>.json.gz` holds batches
+    # n*BLOCK .. n*BLOCK+BLOCK-1), so a compaction rewrites the one or two blocks its batches fall
+    # in, and reading a folded commit reads its block: what both cost is bounded by BLOCK, never by
+    # the table's age. A log compacted before blocks (one `checkpoint-<upto>.json.gz` holding every
+    # folded commit) is read as it is, and moved into blocks by its next compaction.
     def _head(self) -> dict | None:
         data = self.store.get(HEAD)
         return None if data is None else json.loads(data)
 
-    def _load_checkpoint(self, head: dict) -> tuple[int, dict[int, dict]]:
-        if self._folded is None or self._folded[0] != head["upto"]:
-            import gzip
+    @staticmethod
+    def _block_name(block: int) -> str:
+        return f"checkpoint-block-{block:08d}.json.gz"
 
-            data = self.store.get(head["file"])
-            if data is None:
-                raise FileNotFoundError(f"batch log {self.location}: {HEAD} names {head['file']}, which is missing; "
-                                        f"restore the batch log folder from a backup")
-            entries = json.loads(gzip.decompress(data))["commits"]
-            self._folded = (head["upto"], {entry["batch_id"]: entry for entry in entries})
-        return self._folded
+    def _load(self, name: str) -> dict[int, dict]:
+        import gzip
+
+        data = self.store.get(name)
+        if data is None:
+            raise FileNotFoundError(f"batch log {self.location}: {HEAD} needs {name}, which is missing; "
+                                    f"restore the batch log folder from a backup")
+        return {entry["batch_id"]: entry for entry in json.loads(gzip.decompress(data))["commits"]}
+
+    def _block(self, head: dict, block: int) -> dict[int, dict]:
+        """The folded commits of one block (a legacy head's one file for any block), up to `upto`."""
+        key = (head["upto"], head.get("file") or block)
+        if key not in self._folded:
+            if len(self._folded) > 4:
+                self._folded.clear()
+            upto = head["upto"]
+            if head.get("file"):
+                entries = self._load(head["file"])
+            else:
+                entries = self._load(self._block_name(block)) if block * head["block"] <= upto else {}
+            self._folded[key] = {i: e for i, e in entries.items() if i <= upto}
+        return self._folded[key]
+
+    def _all_folded(self, head: dict) -> dict[int, dict]:
+        if head.get("file"):
+            return self._block(head, 0)
+        folded: dict[int, dict] = {}
+        for block in range(head["upto"] // head["block"] + 1):
+            folded.update(self._block(head, block))
+        return folded
 
     def _checkpointed(self, batch_id: int) -> dict | None:
         """A folded commit's entry (its ranges as tuples), or None when the checkpoint does not
-        hold it. Only a batch at or before the head's `upto` reads the checkpoint file."""
+        hold it. Only a batch at or before the head's `upto` reads its block."""
         head = self._head()
         if head is None or batch_id > head["upto"]:
             return None
-        entry = self._load_checkpoint(head)[1].get(batch_id)
+        entry = self._block(head, batch_id // head.get("block", BLOCK)).get(batch_id)
         return None if entry is None else {**entry, "ranges": _ranges_from_json(entry["ranges"])}
 
     def compact_if_due(self, keep: int | None = None) -> int | None:
@@ -469,14 +498,15 @@ class BatchLog:
         return self.compact(keep)
 
     def compact(self, keep: int | None = None) -> int | None:
-        """Fold every commit older than the newest `keep` into a checkpoint file (gzip JSON; each
-        commit as recorded, less SLIM_DROP), move the head to it, then remove what it folded:
-        the folded batches' plans, commits, takeovers and acceptances, and older checkpoints.
+        """Fold every commit older than the newest `keep` into the checkpoint blocks (gzip JSON;
+        each commit as recorded, less SLIM_DROP), move the head past them, then remove what they
+        fold: the batches' plans, commits, takeovers and acceptances, and a legacy checkpoint.
 
-        Crash-safe in that order: until the head moves, readers use the old checkpoint and the
-        files; after it, the files it folded are never read (readers start after `upto`), so a
-        crash anywhere leaves leftovers the next compaction removes, never a lost commit. Only
-        compaction lists the log, which it keeps to ~2x `keep` batches. Returns the new upto."""
+        Crash-safe in that order: a block rewritten before the head moves holds entries past the
+        head's `upto`, which readers ignore (they read those batches' files); after the head moves,
+        the files it folded are never read (readers start after `upto`), so a crash anywhere
+        leaves leftovers the next compaction removes, never a lost commit. Only compaction lists
+        the log, which it keeps to ~2x `keep` batches. Returns the new upto."""
         import gzip
 
         from state import faults
@@ -487,30 +517,37 @@ class BatchLog:
             return None
         upto = last - keep
         head = self._head()
-        before, folded = self._load_checkpoint(head) if head else (-1, {})
-        if upto > before:
-            entries = [folded[i] for i in sorted(folded)]
+        before = head["upto"] if head else -1
+        if upto > before or (head and head.get("file")):
+            legacy = self._all_folded(head) if head and head.get("file") else {}
+            new = dict(legacy)
             for batch_id in range(before + 1, upto + 1):
                 raw = self._read(batch_id, "commit")
                 if raw is None:
                     raise FileNotFoundError(f"batch log {self.location}: commit {batch_id} is missing between its "
                                             f"checkpoint (up to {before}) and the last commit ({last}); nothing "
                                             f"was compacted")
-                entries.append({k: v for k, v in raw.items() if k not in SLIM_DROP})
-            name = f"checkpoint-{upto:012d}.json.gz"
-            payload = json.dumps({"upto": upto, "commits": entries}, sort_keys=True, separators=(",", ":"))
-            self.store.put(name, gzip.compress(payload.encode(), 6))
+                new[batch_id] = {k: v for k, v in raw.items() if k not in SLIM_DROP}
+            upto = max(upto, before)
+            for block in sorted({i // BLOCK for i in new}):
+                entries = {} if legacy or block * BLOCK > before else \
+                    self._block({"upto": before, "block": BLOCK}, block)
+                entries = {**entries, **{i: e for i, e in new.items() if i // BLOCK == block}}
+                payload = json.dumps({"block": block, "commits": [entries[i] for i in sorted(entries)]},
+                                     sort_keys=True, separators=(",", ":"))
+                self.store.put(self._block_name(block), gzip.compress(payload.encode(), 6))
             faults.point("batch_log.after_checkpoint")
-            self.store.put(HEAD, self._encode({"upto": upto, "file": name}))
-            self._folded = None
+            self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK}))
+            self._folded.clear()
             faults.point("batch_log.after_head")
         else:
-            upto, name = before, head["file"]
+            upto = before
         swept = 0
         for entry in self.store.names():
             batch = entry.split(".")[0]
-            old = entry.startswith("checkpoint-") and entry.endswith(".json.gz") and entry != name
-            if old or (batch.isdigit() and int(batch) <= upto):
+            legacy_file = entry.startswith("checkpoint-") and entry.endswith(".json.gz") and \
+                not entry.startswith("checkpoint-block-")
+            if legacy_file or (batch.isdigit() and int(batch) <= upto):
                 self.store.delete(entry)
                 swept += 1
                 if swept == 1:

@@ -92,7 +92,8 @@ def test_a_long_log_compacted_keeps_every_commit_and_few_files(tmp_path):
     before = log.commits()
     assert log.compact(keep=100) == 4899
     files = sorted(p.name for p in (tmp_path / "log").iterdir())
-    assert len(files) == 2 * 100 + 3                           # 100 plans and commits, pointer, head, checkpoint
+    blocks = [f"checkpoint-block-{b:08d}.json.gz" for b in range(5)]    # batches 0..4899, 1,000 a block
+    assert files == sorted(files[:200] + blocks + ["checkpoint-head.json", "last-commit.json"])
     after = log.commits()
     assert [c.batch_id for c in after] == list(range(5000))
     assert all(_same(a, b) for a, b in zip(before, after))
@@ -139,5 +140,75 @@ def test_compaction_killed_at_each_step_loses_no_commit(tmp_path):
         assert after.last_commit().batch_id == 999 and after.commit(3).batch_id == 3
         assert after.compact(keep=100) == 899                    # the next compaction finishes the job
         names = sorted(p.name for p in Path(log.location).iterdir())
-        assert len(names) == 203 and len([n for n in names if n.startswith("checkpoint-0")]) == 1, point
+        assert len(names) == 203 and [n for n in names if n.startswith("checkpoint-")] == [
+            "checkpoint-block-00000000.json.gz", "checkpoint-head.json"], point
         assert all(_same(a, b) for a, b in zip(before, BatchLog(log.location).commits())), point
+
+
+class _Metered:
+    """The log's store, counting the bytes each call reads and writes."""
+
+    def __init__(self, store) -> None:
+        self.store, self.read, self.written = store, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def get(self, name):
+        data = self.store.get(name)
+        self.read += len(data or b"")
+        return data
+
+    def put(self, name, data):
+        self.written += len(data)
+        self.store.put(name, data)
+
+
+def test_a_compaction_costs_the_same_at_any_age(tmp_path):
+    """A compaction rewrites the block its batches fall in, not every folded commit, so what it
+    reads and writes at 20,000 batches is what it does at 2,000."""
+    costs = {}
+    for age in (2000, 20000):
+        log = _fast_log(tmp_path / str(age), age)
+        log.compact(keep=100)
+        for i in range(age, age + 300):                   # past the block boundary the first took
+            log.write_plan(_plan(i), "t")
+            log.write_commit(_commit(i), "t")
+        metered = _Metered(log.store)
+        log.store = metered
+        assert log.compact(keep=100) == age + 199
+        costs[age] = metered.read + metered.written
+        assert [c.batch_id for c in log.commits()][-3:] == [age + 297, age + 298, age + 299]
+        assert log.commit(age + 150).ranges == {0: (10 * (age + 150), 10 * (age + 150) + 10)}
+    assert costs[20000] <= 1.2 * costs[2000], costs
+
+
+def test_a_log_compacted_into_one_file_is_read_then_moved_into_blocks(tmp_path):
+    """The format before blocks: one checkpoint holding every folded commit, named by its head."""
+    import gzip
+    import json
+    from dataclasses import asdict
+
+    from catalog.batch_log import HEAD, SLIM_DROP
+
+    log = _fast_log(tmp_path, 2500)
+    before = log.commits()
+    folder = tmp_path / "log"
+    entries = [{k: v for k, v in json.loads((folder / f"{i:012d}.commit.json").read_text()).items()
+                if k not in SLIM_DROP} for i in range(2300)]
+    (folder / "checkpoint-000000002299.json.gz").write_bytes(
+        gzip.compress(json.dumps({"upto": 2299, "commits": entries}).encode()))
+    (folder / HEAD).write_text(json.dumps({"upto": 2299, "file": "checkpoint-000000002299.json.gz"}))
+    for i in range(2300):
+        (folder / f"{i:012d}.plan.json").unlink()
+        (folder / f"{i:012d}.commit.json").unlink()
+    legacy = BatchLog(folder)
+    assert all(_same(a, b) for a, b in zip(before, legacy.commits())) and len(legacy.commits()) == 2500
+    assert legacy.commit(1234).ranges == {0: (12340, 12350)}
+    assert legacy.compact(keep=100) == 2399
+    names = sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint-"))
+    assert names == ["checkpoint-block-00000000.json.gz", "checkpoint-block-00000001.json.gz",
+                     "checkpoint-block-00000002.json.gz", "checkpoint-head.json"]
+    moved = BatchLog(folder)
+    assert [asdict(c) for c in moved.commits()] == [asdict(c) for c in legacy.commits()]
+    assert all(_same(a, b) for a, b in zip(before, moved.commits())) and moved.commit(1234).batch_id == 1234
