@@ -25,8 +25,19 @@ def root(state_dir: Path) -> Path:
 
 
 def for_process(state_dir: Path, pid: int | None = None) -> Path:
-    """This process's scratch folder (made now), after sweeping those of processes that are gone."""
+    """This process's scratch folder (made now), after sweeping those of processes that are gone.
+    Where the stack's folder cannot be written (a wheel installed read-only, with no
+    STATETABLE_STACK_DIR), a folder of this user's under the system's temp dir, swept the same way."""
     pid = os.getpid() if pid is None else pid
+    try:
+        return _made(state_dir, pid)
+    except OSError:
+        import tempfile
+
+        return _made(Path(tempfile.gettempdir()) / f"statetable-{os.getuid()}", pid)
+
+
+def _made(state_dir: Path, pid: int) -> Path:
     sweep(state_dir)
     folder = root(state_dir) / f"{PREFIX}{pid}-{start_ticks(pid)}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -32,3 +32,14 @@ def test_a_servers_folder_is_emptied_when_it_starts(tmp_path):
     assert scratch.for_server(tmp_path, "spark-connect") == folder
     assert list(folder.iterdir()) == []
     assert scratch.java_options(folder) == f"-Djava.io.tmpdir={folder}"
+
+
+def test_a_stack_folder_that_cannot_be_written_falls_back_to_the_users_temp_folder(tmp_path, monkeypatch):
+    import tempfile
+
+    locked = tmp_path / "site-packages"
+    locked.mkdir()
+    (locked / ".stack").write_text("a file where the folder would be")    # mkdir fails, as read-only would
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    folder = scratch.for_process(locked / ".stack")
+    assert folder.is_dir() and folder.parent == tmp_path / "tmp" / f"statetable-{os.getuid()}" / "tmp"
