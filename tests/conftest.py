@@ -117,6 +117,10 @@ def topic_name():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Keep the stack folder (broker and Airflow logs) only when something failed."""
+    """Keep the stack folder (broker and Airflow logs) only when something failed, and only the
+    newest three failed sessions' (pytest's own tmp_path retention, for the stack's folder)."""
     if exitstatus == 0:
         shutil.rmtree(_TEST_ROOT, ignore_errors=True)
+    kept = sorted(_TEST_ROOT.parent.glob("statetable-test-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [p for p in kept if p != _TEST_ROOT][2:]:
+        shutil.rmtree(old, ignore_errors=True)
