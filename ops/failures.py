@@ -178,12 +178,12 @@ def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
     child = _OneBatch(name, rt, WORKER_KILL_POINT, "worker")
     code, stderr = child.finish()
     facts["exit_code"] = code
-    if not child.once.exists():
+    if child.fired is None:
         raise NothingToInject(f"table {name!r}: no merge task of a cluster worker reached {WORKER_KILL_POINT} "
                               f"(exit {code}): the Spark Connect server {url.split(';')[0]} runs local[*], with no "
                               f"worker to lose; start a cluster (`statetable stack up --workers 2`). stderr tail:\n"
                               f"{stderr[-1000:]}")
-    facts["killed_worker"] = child.once.read_text() or "?"
+    facts["killed_worker"] = child.fired or "?"
     if code != 0:
         raise RuntimeError(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit {code}); "
                            f"Spark should have rerun its task elsewhere; stderr tail:\n{stderr}")
@@ -238,6 +238,8 @@ class _OneBatch:
             self.abandon()
         with open(self.err.name) as err:
             tail = err.read()[-2000:]
+        # What the fault point wrote when it fired (who it killed), kept before the folder goes.
+        self.fired = self.once.read_text() if self.once.exists() else None
         self.err.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         return self.proc.returncode, tail
