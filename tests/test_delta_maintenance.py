@@ -98,24 +98,6 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     chained = batch.verify(TABLE, spark=spark, rt=rt)
     assert chained.ok and chained.chained_from == 5, chained.summary()
 
-
-@pytest.mark.parametrize("header, fragment", [
-    ("-- bronze_retention: 1h\n-- delta_retention: 2h\n", "shorter than delta_retention"),
-    ("-- bronze: off\n-- bronze_retention: 30d\n", "keeps no bronze"),
-    ("-- delta_retention: 10m\n", "at least 1h"),
-    ("-- bronze_retention: soon\n", "not a duration"),
-    ("-- bronze_retention: 30d\n-- event_time: sale_ts\n-- ttl: 30d\n", "without windows or a ttl"),
-])
-def test_retention_options_fail_fast_naming_the_table_and_the_fix(tmp_path, header, fragment):
-    from catalog.definitions import DefinitionError, parse
-
-    shipped = Path(__file__).resolve().parent.parent / "dags" / "tables" / f"{TABLE}.sql"
-    path = tmp_path / f"{TABLE}.sql"
-    path.write_text(header + shipped.read_text())
-    with pytest.raises(DefinitionError, match=fragment) as raised:
-        parse(path)
-    assert len(str(raised.value).splitlines()) == 1
-
     # A changed definition cannot be adopted from trimmed history: the batch stops naming the way
     # out instead of the rebuild it otherwise offers (which refuses the same way), and the old
     # definition, put back, runs on.
@@ -134,3 +116,21 @@ def test_retention_options_fail_fast_naming_the_table_and_the_fix(tmp_path, head
     sql.write_text(original)
     (commit,) = jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
     assert commit.batch_id == 7 and commit.counts["read"] == 500
+
+
+@pytest.mark.parametrize("header, fragment", [
+    ("-- bronze_retention: 1h\n-- delta_retention: 2h\n", "shorter than delta_retention"),
+    ("-- bronze: off\n-- bronze_retention: 30d\n", "keeps no bronze"),
+    ("-- delta_retention: 10m\n", "at least 1h"),
+    ("-- bronze_retention: soon\n", "not a duration"),
+    ("-- bronze_retention: 30d\n-- event_time: sale_ts\n-- ttl: 30d\n", "without windows or a ttl"),
+])
+def test_retention_options_fail_fast_naming_the_table_and_the_fix(tmp_path, header, fragment):
+    from catalog.definitions import DefinitionError, parse
+
+    shipped = Path(__file__).resolve().parent.parent / "dags" / "tables" / f"{TABLE}.sql"
+    path = tmp_path / f"{TABLE}.sql"
+    path.write_text(header + shipped.read_text())
+    with pytest.raises(DefinitionError, match=fragment) as raised:
+        parse(path)
+    assert len(str(raised.value).splitlines()) == 1
