@@ -53,7 +53,10 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
     if workers:
         # One executor per worker, one core each: tasks spread over the workers as over machines.
         conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers),
-                     "spark.executor.memory": os.environ.get("STATETABLE_SPARK_EXECUTOR_MEMORY", "1g")})
+                     "spark.executor.memory": os.environ.get("STATETABLE_SPARK_EXECUTOR_MEMORY", "1g"),
+                     # The stack's workers share this host: their executors' codec libraries go
+                     # with the server's scratch (emptied when it starts), not to /tmp.
+                     "spark.executor.extraJavaOptions": scratch.java_options(scratch_dir(settings) / "executors")})
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,
         "spark.connect.grpc.binding.port": str(settings.connect_port),
@@ -94,7 +97,7 @@ def start(settings: StackSettings) -> None:
         return
     require_free_ports("spark-connect", settings.host, settings.connect_port)
     settings.connect_dir.mkdir(parents=True, exist_ok=True)
-    scratch.for_server(settings.state_dir, scratch_dir(settings).name)
+    (scratch.for_server(settings.state_dir, scratch_dir(settings).name) / "executors").mkdir()
     process(settings).start(command(settings), env=environment(settings), cwd=settings.connect_dir)
 
 
@@ -107,7 +110,7 @@ def foreground(settings: StackSettings, host: str) -> None:
     import subprocess
 
     env = environment(settings, with_token=False)
-    scratch.for_server(settings.state_dir, scratch_dir(settings).name)
+    (scratch.for_server(settings.state_dir, scratch_dir(settings).name) / "executors").mkdir()
     cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
     server = subprocess.Popen(cmd, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):

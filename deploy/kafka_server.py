@@ -19,6 +19,7 @@ from pathlib import Path
 
 from deploy import jars, kafka_security
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
+from catalog import scratch
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
 from state.kafka_config import client_config, file_config
 
@@ -102,9 +103,10 @@ def server_properties(settings: StackSettings, broker: int = 1) -> str:
     ])
 
 
-def _java(settings: StackSettings, main: str, *args: str) -> list[str]:
+def _java(settings: StackSettings, main: str, *args: str, tmp: Path | None = None) -> list[str]:
     return [
         "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        *([scratch.java_options(tmp)] if tmp is not None else []),
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp", jars.kafka_classpath(), main, *args,
     ]
@@ -175,7 +177,10 @@ def start(settings: StackSettings, broker: int | None = None) -> None:
         config = folder / "server.properties"
         write_private(config, server_properties(settings, b))
         _format_storage(settings, b, config)
-        process(settings, b).start(_java(settings, "kafka.Kafka", str(config)), env=dict(os.environ))
+        # The codecs' native libraries in the broker's own scratch, emptied here: a broker the
+        # drills SIGKILL left them in /tmp.
+        tmp = scratch.for_server(settings.state_dir, f"kafka-{b}")
+        process(settings, b).start(_java(settings, "kafka.Kafka", str(config), tmp=tmp), env=dict(os.environ))
 
 
 def stop(settings: StackSettings) -> None:
