@@ -24,6 +24,16 @@ def root(state_dir: Path) -> Path:
     return state_dir / "tmp"
 
 
+def _private_root(state_dir: Path) -> Path:
+    """The scratch root, its owner's alone: the codecs' libraries and Spark's blocks (a batch's
+    rows) are made readable by others by the JVM itself, so the folder above them is what keeps
+    them private (in /tmp they were readable by anyone)."""
+    folder = root(state_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    return folder
+
+
 def for_process(state_dir: Path, pid: int | None = None) -> Path:
     """This process's scratch folder (made now), after sweeping those of processes that are gone.
     Where the stack's folder cannot be written (a wheel installed read-only, with no
@@ -39,7 +49,7 @@ def for_process(state_dir: Path, pid: int | None = None) -> Path:
 
 def _made(state_dir: Path, pid: int) -> Path:
     sweep(state_dir)
-    folder = root(state_dir) / f"{PREFIX}{pid}-{start_ticks(pid)}"
+    folder = _private_root(state_dir) / f"{PREFIX}{pid}-{start_ticks(pid)}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -47,7 +57,7 @@ def _made(state_dir: Path, pid: int) -> Path:
 def for_server(state_dir: Path, name: str) -> Path:
     """The scratch folder of a server the stack starts under `name`, emptied: called only while
     that server is not running, so nothing in it is in use."""
-    folder = root(state_dir) / name
+    folder = _private_root(state_dir) / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -254,8 +254,16 @@ def test_first_hour_from_a_clean_clone(clone):
     # A local stranger: no file of the stack readable by others, the password in no log, and no
     # way to take a table's lock.
     stack_dir = where / ".stack"
+
+    scratch = stack_dir / "tmp"       # catalog.scratch: the JVMs' scratch, its owner's alone
+
+    def hidden(path: Path) -> bool:
+        """In the scratch folder, which only its owner may enter: a JVM makes the codec libraries
+        it unpacks there readable by all."""
+        return scratch in path.parents and scratch.stat().st_mode & 0o077 == 0
+
     readable = [str(p) for p in stack_dir.rglob("*") if not p.is_symlink() and p.exists()
-                and p.stat().st_mode & 0o077]
+                and p.stat().st_mode & 0o077 and not hidden(p)]
     assert readable == [], readable[:20]
     password = airflow_server.admin_password(cfg)
     leaks = [str(p) for p in stack_dir.rglob("*") if p.is_file() and not p.is_symlink()

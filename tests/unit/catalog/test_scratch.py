@@ -32,6 +32,7 @@ def test_a_servers_folder_is_emptied_when_it_starts(tmp_path):
     assert scratch.for_server(tmp_path, "spark-connect") == folder
     assert list(folder.iterdir()) == []
     assert scratch.java_options(folder) == f"-Djava.io.tmpdir={folder}"
+    assert oct(scratch.root(tmp_path).stat().st_mode & 0o777) == "0o700"      # what is below is private
 
 
 def test_a_stack_folder_that_cannot_be_written_falls_back_to_the_users_temp_folder(tmp_path, monkeypatch):
