@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 _TEST_ROOT = Path(tempfile.mkdtemp(prefix="statetable-test-"))
+# Who owns it: a session's folder is swept (pytest_sessionfinish) only once its session is gone.
+(_TEST_ROOT / "owner").write_text(f"{os.getpid()} {Path(f'/proc/{os.getpid()}/stat').read_text().rsplit(')', 1)[1].split()[19]}")
 os.environ.update({
     "STATETABLE_STACK_DIR": str(_TEST_ROOT / "stack"),
     "STATETABLE_KAFKA_PORT": os.environ.get("STATETABLE_TEST_KAFKA_PORT", "29092"),
@@ -121,6 +123,17 @@ def pytest_sessionfinish(session, exitstatus):
     newest three failed sessions' (pytest's own tmp_path retention, for the stack's folder)."""
     if exitstatus == 0:
         shutil.rmtree(_TEST_ROOT, ignore_errors=True)
-    kept = sorted(_TEST_ROOT.parent.glob("statetable-test-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in [p for p in kept if p != _TEST_ROOT][2:]:
+    from catalog.batch_log import start_ticks
+
+    def gone(root: Path) -> bool:
+        """Its session ended: a running session's folder holds its broker's data (sweeping one
+        took a running suite's Kafka down)."""
+        try:
+            pid, started = (root / "owner").read_text().split()
+        except (OSError, ValueError):
+            return False               # no owner file: left alone
+        return start_ticks(int(pid)) != started
+
+    ended = [p for p in _TEST_ROOT.parent.glob("statetable-test-*") if p != _TEST_ROOT and gone(p)]
+    for old in sorted(ended, key=lambda p: p.stat().st_mtime, reverse=True)[2:]:
         shutil.rmtree(old, ignore_errors=True)
