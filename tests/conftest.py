@@ -18,7 +18,9 @@ import pytest
 
 _TEST_ROOT = Path(tempfile.mkdtemp(prefix="statetable-test-"))
 # Who owns it: a session's folder is swept (pytest_sessionfinish) only once its session is gone.
-(_TEST_ROOT / "owner").write_text(f"{os.getpid()} {Path(f'/proc/{os.getpid()}/stat').read_text().rsplit(')', 1)[1].split()[19]}")
+from catalog.batch_log import start_ticks  # noqa: E402
+
+(_TEST_ROOT / "owner").write_text(f"{os.getpid()} {start_ticks(os.getpid())}")
 os.environ.update({
     "STATETABLE_STACK_DIR": str(_TEST_ROOT / "stack"),
     "STATETABLE_KAFKA_PORT": os.environ.get("STATETABLE_TEST_KAFKA_PORT", "29092"),
@@ -123,8 +125,6 @@ def pytest_sessionfinish(session, exitstatus):
     newest three failed sessions' (pytest's own tmp_path retention, for the stack's folder)."""
     if exitstatus == 0:
         shutil.rmtree(_TEST_ROOT, ignore_errors=True)
-    from catalog.batch_log import start_ticks
-
     def gone(root: Path) -> bool:
         """Its session ended: a running session's folder holds its broker's data (sweeping one
         took a running suite's Kafka down)."""
