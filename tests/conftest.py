@@ -21,22 +21,35 @@ _TEST_ROOT = Path(tempfile.mkdtemp(prefix="statetable-test-"))
 from catalog.batch_log import start_ticks  # noqa: E402
 
 (_TEST_ROOT / "owner").write_text(f"{os.getpid()} {start_ticks(os.getpid())}")
+# `make test` runs the suite in two pytest-xdist workers, each with a stack of its own: the
+# second worker's ports are all PORT_STEP higher (tests with ports of their own use
+# tests.table_env.port). The suite waits on processes far more than it computes, so two run
+# side by side in little more than the time of the longer.
+PORT_STEP = 500
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+os.environ["STATETABLE_TEST_PORT_OFFSET"] = str(PORT_STEP * _WORKER)
+
+
+def _port(variable: str, default: int) -> str:
+    return str(int(os.environ.get(variable, default)) + PORT_STEP * _WORKER)
+
+
 os.environ.update({
     "STATETABLE_STACK_DIR": str(_TEST_ROOT / "stack"),
-    "STATETABLE_KAFKA_PORT": os.environ.get("STATETABLE_TEST_KAFKA_PORT", "29092"),
-    "STATETABLE_KAFKA_CONTROLLER_PORT": os.environ.get("STATETABLE_TEST_KAFKA_CONTROLLER_PORT", "29093"),
-    "STATETABLE_AIRFLOW_PORT": os.environ.get("STATETABLE_TEST_AIRFLOW_PORT", "28080"),
-    "STATETABLE_SPARK_CONNECT_PORT": os.environ.get("STATETABLE_TEST_SPARK_CONNECT_PORT", "28002"),
-    "STATETABLE_S3_PORT": os.environ.get("STATETABLE_TEST_S3_PORT", "28900"),
-    "STATETABLE_SPARK_MASTER_PORT": os.environ.get("STATETABLE_TEST_SPARK_MASTER_PORT", "28077"),
-    "STATETABLE_POSTGRES_PORT": os.environ.get("STATETABLE_TEST_POSTGRES_PORT", "28432"),
+    "STATETABLE_KAFKA_PORT": _port("STATETABLE_TEST_KAFKA_PORT", 29092),
+    "STATETABLE_KAFKA_CONTROLLER_PORT": _port("STATETABLE_TEST_KAFKA_CONTROLLER_PORT", 29093),
+    "STATETABLE_AIRFLOW_PORT": _port("STATETABLE_TEST_AIRFLOW_PORT", 28080),
+    "STATETABLE_SPARK_CONNECT_PORT": _port("STATETABLE_TEST_SPARK_CONNECT_PORT", 28002),
+    "STATETABLE_S3_PORT": _port("STATETABLE_TEST_S3_PORT", 28900),
+    "STATETABLE_SPARK_MASTER_PORT": _port("STATETABLE_TEST_SPARK_MASTER_PORT", 28077),
+    "STATETABLE_POSTGRES_PORT": _port("STATETABLE_TEST_POSTGRES_PORT", 28432),
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",
     # Airflow's metrics to a UDP port a test may listen on (tests/test_airflow_smoke.py).
     "AIRFLOW__METRICS__STATSD_ON": "True",
     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-    "AIRFLOW__METRICS__STATSD_PORT": os.environ.get("STATETABLE_TEST_STATSD_PORT", "28125"),
+    "AIRFLOW__METRICS__STATSD_PORT": _port("STATETABLE_TEST_STATSD_PORT", 28125),
     # OpenLineage events of every task to a file (tests/test_airflow_smoke.py reads it).
     "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "append": True,
                                                    "log_file_path": str(_TEST_ROOT / "openlineage.jsonl")}),
@@ -118,6 +131,19 @@ def spark():
 def topic_name():
     """A fresh topic name per test, so tests never see each other's records."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+# The longest modules of the last clean-clone run, longest first. pytest-xdist hands out whole
+# modules (`--dist loadfile`) in collection order, so these go first and the short ones fill in
+# behind them; a long module drawn last would leave the other worker idle while it runs.
+LONGEST_FIRST = ("test_exactly_once", "test_cluster", "test_first_hour", "test_secure_kafka",
+                 "test_delta_maintenance", "test_table_aggregates", "test_dags", "test_ksqldb_conformance",
+                 "test_microbatch", "test_table_joins", "test_install", "test_airflow_smoke")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
 def pytest_sessionfinish(session, exitstatus):

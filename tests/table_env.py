@@ -3,6 +3,7 @@ suffixed source topics, a private data folder and a topic namespace."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections import defaultdict
@@ -11,6 +12,11 @@ from pathlib import Path
 from catalog.runtime import Runtime
 
 SHIPPED = Path(__file__).resolve().parent.parent / "dags" / "tables"
+
+
+def port(base: int) -> int:
+    """A port of a test's own, moved by this pytest-xdist worker's offset (tests/conftest.py)."""
+    return base + int(os.environ.get("STATETABLE_TEST_PORT_OFFSET", "0"))
 
 
 def isolated_runtime(bootstrap: str, root: Path, overrides: dict[str, str] | None = None) -> tuple[Runtime, str]:

@@ -32,11 +32,12 @@ from catalog import settings as stack_settings
 from deploy import airflow_server
 from deploy.airflow_api import AirflowApi
 from tests.browser import screenshots
+from tests.table_env import port
 
 ROOT = Path(__file__).resolve().parent.parent
-PORTS = {"STATETABLE_KAFKA_PORT": "27092", "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
-         "STATETABLE_AIRFLOW_PORT": "27080", "STATETABLE_SPARK_CONNECT_PORT": "27002",
-         "STATETABLE_POSTGRES_PORT": "27432"}
+PORTS = {"STATETABLE_KAFKA_PORT": str(port(27092)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(27093)),
+         "STATETABLE_AIRFLOW_PORT": str(port(27080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(27002)),
+         "STATETABLE_POSTGRES_PORT": str(port(27432))}
 MARKER = "<!-- quickstart: run verbatim, in this order, by tests/test_first_hour.py -->"
 
 
@@ -103,8 +104,8 @@ def _sh(clone: Path, env: dict, command: str, timeout: float = 1200) -> subproce
 
 
 def _settings(clone: Path) -> stack_settings.StackSettings:
-    return stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, clone / ".stack", connect_port=27002,
-                                        postgres_port=27432)
+    return stack_settings.StackSettings("127.0.0.1", port(27092), port(27093), port(27080), clone / ".stack", connect_port=port(27002),
+                                        postgres_port=port(27432))
 
 
 def _topic_records(bootstrap: str, topic: str) -> list[bytes]:

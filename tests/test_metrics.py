@@ -17,10 +17,10 @@ import yaml
 from catalog.batch_log import BatchLog
 from deploy import samples
 from spark_jobs import jobs
-from tests.table_env import isolated_runtime, read_topic
+from tests.table_env import isolated_runtime, port, read_topic
 from tests.test_query_api import TOKEN
 
-PORT = int(os.environ.get("STATETABLE_TEST_METRICS_PORT", "28187"))
+PORT = port(int(os.environ.get("STATETABLE_TEST_METRICS_PORT", "28187")))
 TABLE = "payments_per_customer"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 BAD = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b'{"customer_id": "c2", "amount": 1e999}']

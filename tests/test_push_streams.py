@@ -12,9 +12,9 @@ import pytest
 import uvicorn
 
 from spark_jobs import jobs
-from tests.table_env import isolated_runtime, new_table, sse_events
+from tests.table_env import isolated_runtime, new_table, port, sse_events
 
-PORT = 28391
+PORT = port(28391)
 SQL = """-- topic: {topic}
 -- schema: k STRING, amount BIGINT
 -- partitions: 2

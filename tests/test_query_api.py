@@ -23,9 +23,9 @@ from catalog.mapping import state_spec
 from catalog.definitions import parse as parse_definition
 from serving.readers import ProcessQueryService, state_signature
 from state.table import StateTable
-from tests.table_env import isolated_runtime
+from tests.table_env import isolated_runtime, port
 
-PORT = int(os.environ.get("STATETABLE_TEST_API_PORT", "28181"))
+PORT = port(int(os.environ.get("STATETABLE_TEST_API_PORT", "28181")))
 TOKEN = "test-token-" + "x" * 24
 INVARIANT_SQL = """-- topic: inv_events
 -- schema: k STRING, v DOUBLE

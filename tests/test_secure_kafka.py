@@ -26,13 +26,13 @@ import pytest
 from catalog import settings as stack_settings
 from deploy.processes import wait_until
 from state.kafka_config import CONFIG_ENV
-from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
+from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, port, read_topic
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 TABLE = "payments_per_customer"
-PORTS = {"STATETABLE_KAFKA_PORT": "26392", "STATETABLE_KAFKA_CONTROLLER_PORT": "26393",
-         "STATETABLE_AIRFLOW_PORT": "26080", "STATETABLE_SPARK_CONNECT_PORT": "26002",
-         "STATETABLE_POSTGRES_PORT": "26432"}
+PORTS = {"STATETABLE_KAFKA_PORT": str(port(26392)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(26393)),
+         "STATETABLE_AIRFLOW_PORT": str(port(26080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(26002)),
+         "STATETABLE_POSTGRES_PORT": str(port(26432))}
 EVENTS = 40000          # 20 batches of 2000: three broker kills land mid-run
 BAD_RECORDS = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b"{}"]
 
@@ -139,8 +139,8 @@ def test_a_table_runs_restores_verifies_and_serves_on_three_secure_brokers(secur
     status = _cli(env, "stack", "status")
     assert status.returncode == 0, status.stdout + status.stderr
     lines = status.stdout.splitlines()
-    for broker, port in enumerate((26392, 26402, 26412), start=1):
-        assert f"kafka-{broker} 127.0.0.1:{port} up" in lines
+    for broker, broker_port in enumerate((port(26392), port(26402), port(26412)), start=1):
+        assert f"kafka-{broker} 127.0.0.1:{broker_port} up" in lines
     config = settings.kafka_client_properties
     assert f"kafka-client-config {config}" in lines
     assert stat.S_IMODE(config.stat().st_mode) == 0o600

@@ -12,10 +12,11 @@ import pytest
 
 from deploy import stack
 from catalog import settings as stack_settings
+from tests.table_env import port
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
-DOWN = ["kafka 127.0.0.1:27092 down", "spark-connect sc://127.0.0.1:27002 down", "postgres 127.0.0.1:27432 down",
-        "airflow http://127.0.0.1:27080 down"]
+DOWN = [f"kafka 127.0.0.1:{port(27092)} down", f"spark-connect sc://127.0.0.1:{port(27002)} down", f"postgres 127.0.0.1:{port(27432)} down",
+        f"airflow http://127.0.0.1:{port(27080)} down"]
 
 
 @pytest.fixture
@@ -24,11 +25,11 @@ def own_stack_env(tmp_path):
     env = dict(os.environ)
     env.update({
         "STATETABLE_STACK_DIR": str(tmp_path / "stack"),
-        "STATETABLE_KAFKA_PORT": "27092",
-        "STATETABLE_KAFKA_CONTROLLER_PORT": "27093",
-        "STATETABLE_AIRFLOW_PORT": "27080",
-        "STATETABLE_SPARK_CONNECT_PORT": "27002",
-        "STATETABLE_POSTGRES_PORT": "27432",
+        "STATETABLE_KAFKA_PORT": str(port(27092)),
+        "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(27093)),
+        "STATETABLE_AIRFLOW_PORT": str(port(27080)),
+        "STATETABLE_SPARK_CONNECT_PORT": str(port(27002)),
+        "STATETABLE_POSTGRES_PORT": str(port(27432)),
     })
     yield env
     subprocess.run([STATETABLE, "stack", "down"], env=env, capture_output=True)
@@ -83,10 +84,10 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     assert before.stdout.splitlines() == DOWN
 
     up = _cli(own_stack_env, "stack", "up")
-    assert "Airflow UI:  http://127.0.0.1:27080" in up.stdout
+    assert f"Airflow UI:  http://127.0.0.1:{port(27080)}" in up.stdout
     assert "password:" in up.stdout
 
-    assert "Spark:       sc://127.0.0.1:27002" in up.stdout
+    assert f"Spark:       sc://127.0.0.1:{port(27002)}" in up.stdout
     # The engine reported up only once its warm-up batch ran (spark_jobs/warmup.py).
     assert re.search(r"^spark-connect warmed in [0-9.]+s: 100,000 records through statetable_engine_warmup \(batch 0\)",
                      up.stdout, re.M), up.stdout
@@ -100,21 +101,21 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
     lines = status.stdout.splitlines()
     assert re.fullmatch(r"spark-connect warmed in [0-9.]+s \(100,000 records\)", lines.pop(2)), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN]
-    cfg = stack_settings.StackSettings("127.0.0.1", 27092, 27093, 27080, Path(own_stack_env["STATETABLE_STACK_DIR"]),
-                                       connect_port=27002, postgres_port=27432)
+    cfg = stack_settings.StackSettings("127.0.0.1", port(27092), port(27093), port(27080), Path(own_stack_env["STATETABLE_STACK_DIR"]),
+                                       connect_port=port(27002), postgres_port=port(27432))
     listening = _listening_addresses(stack.running_pids(cfg).values())
-    assert {("127.0.0.1", 27092), ("127.0.0.1", 27093), ("127.0.0.1", 27080), ("127.0.0.1", 27002),
-            ("127.0.0.1", 27432)} <= listening
+    assert {("127.0.0.1", port(27092)), ("127.0.0.1", port(27093)), ("127.0.0.1", port(27080)), ("127.0.0.1", port(27002)),
+            ("127.0.0.1", port(27432))} <= listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
     # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.
     probe = "from pyspark.sql import SparkSession as S; print(S.builder.remote('{}').create().range(3).count())"
-    stranger = subprocess.run([sys.executable, "-c", probe.format("sc://localhost:27002")], env=own_stack_env,
+    stranger = subprocess.run([sys.executable, "-c", probe.format(f"sc://localhost:{port(27002)}")], env=own_stack_env,
                               capture_output=True, text=True, timeout=120)
     assert stranger.returncode != 0 and "UNAUTHENTICATED" in stranger.stderr.upper(), stranger.stderr[-2000:]
     token = (Path(own_stack_env["STATETABLE_STACK_DIR"]) / "spark-connect" / ".token")
     assert oct(token.stat().st_mode & 0o777) == "0o600"
-    owner = subprocess.run([sys.executable, "-c", probe.format(f"sc://localhost:27002/;token={token.read_text()}")],
+    owner = subprocess.run([sys.executable, "-c", probe.format(f"sc://localhost:{port(27002)}/;token={token.read_text()}")],
                            env=own_stack_env, capture_output=True, text=True, timeout=120)
     assert owner.stdout.strip() == "3", owner.stderr[-2000:]
 
