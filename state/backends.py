@@ -201,9 +201,17 @@ class RocksBackend:
         self._nosync = WriteOptions()
 
     def _open(self) -> None:
-        from rocksdict import AccessType, Options, Rdict
+        from rocksdict import AccessType, DBCompactionStyle, Options, Rdict
 
         options = Options(raw_mode=True)
+        # Universal (tiered) compaction, because snapshots upload only the SSTs the store lacks:
+        # leveled compaction merges every flush into level 1, which random keys overlap
+        # entirely, so every few snapshots re-upload the whole partition. bench/snapshot_compaction
+        # (500k keys, 1% changed per snapshot, 150 snapshots): leveled uploaded 11.4% of the
+        # partition per snapshot on average and 18 snapshots re-uploaded ~all of it; universal
+        # 4.3% on average (at most 39%), for 1.94x the rows' bytes on disk against 1.72x and
+        # point reads no slower. A database written with leveled compaction opens as is.
+        options.set_compaction_style(DBCompactionStyle.universal())
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_max_background_jobs(2)
