@@ -26,8 +26,8 @@ from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime, arrow_filesystem
 from spark_jobs.errors import JobError
 
-__all__ = ["BRONZE_FROM", "Chain", "CheckpointCorrupt", "bronze_from_batch", "FULL_EVERY_DAYS", "chainable", "discard", "expected_from_checkpoint",
-           "forget", "latest", "plan", "record", "write_partition"]
+__all__ = ["BRONZE_FROM", "Chain", "CheckpointCorrupt", "bronze_from_batch", "FULL_EVERY_DAYS", "advance", "chainable", "checkpoint_table", "discard",
+           "forget", "latest", "plan", "record", "write_encoded", "write_partition"]
 
 log = logging.getLogger("statetable.verify")
 
@@ -115,18 +115,25 @@ def plan(rt: Runtime, table: TableDefinition, definition: str, batch_id: int | N
 
 
 def write_partition(folder: str, partition: int, expected: dict) -> dict:
-    """One partition's expected state (encoded keys and values), in the verify task; its file name,
-    rows and SHA-256 for the manifest."""
+    """One partition's expected state (decoded keys and values, from a full recompute), in the
+    verify task; its file name, rows and SHA-256 for the manifest."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from state import codec
 
-    keys = list(expected)
-    frame = pa.table({"key": pa.array([codec.encode_key(k) for k in keys], pa.binary()),
-                      "value": pa.array([codec.encode_value(expected[k]) for k in keys], pa.binary())})
+    frame = pa.table({"key": pa.array([codec.encode_key(k) for k in expected], pa.binary()),
+                      "value": pa.array([codec.encode_value(v) for v in expected.values()], pa.binary())})
+    return write_encoded(folder, partition, frame.sort_by("key"))
+
+
+def write_encoded(folder: str, partition: int, expected) -> dict:
+    """`write_partition` for an expected state already encoded (an Arrow table of key and value
+    bytes, as `advance` returns it): written as is, with no row passing through Python."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
-    pq.write_table(frame, sink, compression="zstd")
+    pq.write_table(expected.select(["key", "value"]), sink, compression="zstd")
     data = sink.getvalue().to_pybytes()
     name = f"p{partition:05d}.parquet"
     fs, root = arrow_filesystem(folder)
@@ -135,16 +142,37 @@ def write_partition(folder: str, partition: int, expected: dict) -> dict:
     with fs.open_output_stream(temporary) as out:
         out.write(data)
     fs.move(temporary, f"{root}/{name}")
-    return {"file": name, "rows": len(keys), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"file": name, "rows": expected.num_rows, "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def expected_from_checkpoint(manifest: dict, partition: int) -> dict:
-    """The expected state of `partition` at the checkpoint's batch, its file checked against the
-    manifest's SHA-256 (CheckpointCorrupt otherwise)."""
+def advance(checkpoint, keys: list, partials: list, merge):
+    """The expected state at the verified batch, encoded: the checkpoint's rows with the keys of
+    the batches since it merged with their partials. Python touches only those keys, so the cost
+    grows with what changed since the checkpoint, not with the table (the rest stays in Arrow)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc
 
     from state import codec
+
+    encoded = pa.array([codec.encode_key(k) for k in keys], pa.binary())
+    at = pc.index_in(encoded, value_set=checkpoint.column("key")).to_pylist()
+    olds = iter(checkpoint.column("value").take(pa.array([i for i in at if i is not None], pa.int64())).to_pylist())
+    new_keys, new_values = [], []
+    for key, i, partial in zip(encoded.to_pylist(), at, partials):
+        value = merge(None if i is None else codec.decode_value(next(olds)), partial)
+        if value is not None:
+            new_keys.append(key)
+            new_values.append(codec.encode_value(value))
+    kept = checkpoint.filter(pc.invert(pc.is_in(checkpoint.column("key"), value_set=encoded)))
+    changed = pa.table({"key": pa.array(new_keys, pa.binary()), "value": pa.array(new_values, pa.binary())})
+    return pa.concat_tables([kept.select(["key", "value"]), changed]).sort_by("key")
+
+
+def checkpoint_table(manifest: dict, partition: int):
+    """The checkpoint's file of `partition` as an Arrow table of encoded keys and values, checked
+    against the manifest's SHA-256 (CheckpointCorrupt otherwise)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     entry = manifest["partitions"][str(partition)]
     fs, root = arrow_filesystem(manifest["folder"])
@@ -155,10 +183,7 @@ def expected_from_checkpoint(manifest: dict, partition: int) -> dict:
         raise CheckpointCorrupt(f"partition {partition}'s file {entry['file']} is missing ({exc})") from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CheckpointCorrupt(f"partition {partition}'s file {entry['file']} does not match its SHA-256")
-    frame = pq.read_table(pa.BufferReader(data))
-    decode_key, decode_value = codec.decode_key, codec.decode_value
-    return {decode_key(k): decode_value(v) for k, v in zip(frame.column("key").to_pylist(),
-                                                            frame.column("value").to_pylist())}
+    return pq.read_table(pa.BufferReader(data))
 
 
 def record(rt: Runtime, table: str, chain: Chain, batch_id: int, definition: str, files: dict[int, dict]) -> None:
