@@ -127,6 +127,9 @@ def _age(rt, table: str, until: int) -> dict:
     return {"batches": until, "seconds": round(time.monotonic() - started, 1)}
 
 
+PHASES = ("age", "snapshot", "verify", "restore", "long_run", "keys")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=2_000_000)
@@ -137,8 +140,14 @@ def main() -> None:
     parser.add_argument("--rate-events", type=int, default=1_000_000)
     parser.add_argument("--broker-port", type=int, default=25612)
     parser.add_argument("--api-port", type=int, default=25615)
+    parser.add_argument("--snapshot-rounds", type=int, default=10,
+                        help="rounds of 1%% of the keys changed, each snapshotted (one round can hit a compaction)")
+    parser.add_argument("--only", nargs="+", choices=PHASES, help="run only these phases (after the load)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs/benchmarks/aging.json"))
     args = parser.parse_args()
+
+    def want(phase: str) -> bool:
+        return not args.only or phase in args.only
 
     from bench.broker import private_broker
     from catalog.registry import load_table
@@ -169,51 +178,67 @@ def main() -> None:
                           "events_per_second": round(args.keys / max(sum(c.seconds for c in loaded), 1e-6))}
         print(f"[load] {args.keys:,} keys in {len(loaded)} batches", flush=True)
 
-        young = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 10)
-        result["young"] = {"batch": loaded[-1].batch_id + args.probe, "median_batch_seconds": statistics.median(young)}
-        result["aged"] = _age(rt, "aging", args.age)
-        print(f"[age] batch log aged to {args.age:,} batches in {result['aged']['seconds']}s", flush=True)
-        old = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 20)
-        result["old"] = {"batch": args.age + args.probe, "median_batch_seconds": statistics.median(old)}
-        result["old_over_young"] = round(result["old"]["median_batch_seconds"] /
-                                         result["young"]["median_batch_seconds"], 3)
+        if want("age"):
+            young = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 10)
+            result["young"] = {"batch": loaded[-1].batch_id + args.probe, "median_batch_seconds": statistics.median(young)}
+            result["aged"] = _age(rt, "aging", args.age)
+            print(f"[age] batch log aged to {args.age:,} batches in {result['aged']['seconds']}s", flush=True)
+            old = _median_batch_seconds(run, args.probe, args.batch_events, args.keys, tables["aging"], rt.bootstrap, 20)
+            result["old"] = {"batch": args.age + args.probe, "median_batch_seconds": statistics.median(old)}
+            result["old_over_young"] = round(result["old"]["median_batch_seconds"] /
+                                             result["young"]["median_batch_seconds"], 3)
 
         table, _ = load_table("aging", rt)
-        st = jobs.state_table(table, rt)
-        try:
-            full = [st.snapshot(p) for p in range(4)]
-            _produce(rt.bootstrap, tables["aging"], random.Random(3).sample(range(args.keys), args.keys // 100), 3)
-            st.close()
+        if want("snapshot"):
+            # Each round changes 1% of the keys and snapshots every partition; the share a round
+            # uploads depends on whether a compaction rewrote runs since the last one, so the
+            # rounds' mean is the cost per snapshot and their maximum the worst one.
+            st = jobs.state_table(table, rt)
+            try:
+                full = [st.snapshot(p) for p in range(4)]
+                full_bytes = sum(m.total_bytes for m in full)
+                rounds = []
+                for r in range(args.snapshot_rounds):
+                    _produce(rt.bootstrap, tables["aging"], random.Random(300 + r).sample(range(args.keys), args.keys // 100),
+                             300 + r)
+                    st.close()
+                    run(until_caught_up=True)
+                    started = time.monotonic()
+                    after = [st.snapshot(p) for p in range(4)]
+                    rounds.append({"uploaded": sum(m.uploaded for m in after), "total": sum(m.total_bytes for m in after),
+                                   "seconds": round(time.monotonic() - started, 2)})
+                    print(f"[snapshot] round {r + 1}: uploaded {rounds[-1]['uploaded'] / rounds[-1]['total']:.1%}",
+                          flush=True)
+                shares = [x["uploaded"] / x["total"] for x in rounds]
+                result["snapshot"] = {
+                    "full_bytes": full_bytes, "full_uploaded": sum(m.uploaded for m in full),
+                    "rounds": rounds, "uploaded_share": round(statistics.mean(shares), 4),
+                    "uploaded_share_median": round(statistics.median(shares), 4),
+                    "uploaded_share_max": round(max(shares), 4),
+                    "after_1pct_seconds": round(statistics.median(x["seconds"] for x in rounds), 2)}
+            finally:
+                st.close()
+
+        if want("verify"):
+            first = batch.verify("aging", spark=spark, rt=rt, full=True)
+            _produce(rt.bootstrap, tables["aging"], random.Random(4).sample(range(args.keys), args.keys // 100), 4)
             run(until_caught_up=True)
-            started = time.monotonic()
-            after = [st.snapshot(p) for p in range(4)]
-            result["snapshot"] = {
-                "full_bytes": sum(m.total_bytes for m in full), "full_uploaded": sum(m.uploaded for m in full),
-                "after_1pct_uploaded": sum(m.uploaded for m in after),
-                "after_1pct_seconds": round(time.monotonic() - started, 2)}
-            result["snapshot"]["uploaded_share"] = round(result["snapshot"]["after_1pct_uploaded"] /
-                                                         max(result["snapshot"]["full_bytes"], 1), 4)
-        finally:
-            st.close()
+            chained = batch.verify("aging", spark=spark, rt=rt)
+            result["verify"] = {"full_seconds": first.seconds, "full_ok": first.ok, "chained_seconds": chained.seconds,
+                                "chained_ok": chained.ok, "chained_from": chained.chained_from,
+                                "chained_over_full": round(chained.seconds / max(first.seconds, 1e-6), 3)}
+            print(f"[verify] full {first.seconds}s, chained {chained.seconds}s", flush=True)
 
-        first = batch.verify("aging", spark=spark, rt=rt, full=True)
-        _produce(rt.bootstrap, tables["aging"], random.Random(4).sample(range(args.keys), args.keys // 100), 4)
-        run(until_caught_up=True)
-        chained = batch.verify("aging", spark=spark, rt=rt)
-        result["verify"] = {"full_seconds": first.seconds, "full_ok": first.ok, "chained_seconds": chained.seconds,
-                            "chained_ok": chained.ok, "chained_from": chained.chained_from,
-                            "chained_over_full": round(chained.seconds / max(first.seconds, 1e-6), 3)}
-        print(f"[verify] full {first.seconds}s, chained {chained.seconds}s", flush=True)
-
-        st = jobs.state_table(table, rt)
-        try:
-            st.wipe_local()
-            started = time.monotonic()
-            for p in range(4):
-                st.restore(p)
-            result["restore_seconds"] = round(time.monotonic() - started, 2)
-        finally:
-            st.close()
+        if want("restore"):
+            st = jobs.state_table(table, rt)
+            try:
+                st.wipe_local()
+                started = time.monotonic()
+                for p in range(4):
+                    st.restore(p)
+                result["restore_seconds"] = round(time.monotonic() - started, 2)
+            finally:
+                st.close()
 
         def disk() -> dict:
             data = Path(rt.data_dir)
@@ -223,82 +248,85 @@ def main() -> None:
             return {"outside_state": _disk(outside), "state": _disk([data / "state"]),
                     "snapshots": _disk([Path(rt.snapshot_uri)]), "batch_log": _disk([data / "batches" / "aging"])}
 
-        result["disk_before_long_run"] = disk()
-        env = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
-        server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port",
-                                   str(args.api_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-        stop = threading.Event()
+        if want("long_run"):
+            result["disk_before_long_run"] = disk()
+            env = {**os.environ, **rt.as_env(), "STATETABLE_API_TOKEN": TOKEN}
+            server = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "serve", "--port",
+                                       str(args.api_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+            stop = threading.Event()
 
-        def ask() -> None:
-            import httpx
+            def ask() -> None:
+                import httpx
 
-            with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5) as client:
-                while not stop.is_set():
-                    try:
-                        client.get(f"http://127.0.0.1:{args.api_port}/tables/aging/rows", params={"limit": 10})
-                    except httpx.TransportError:
-                        pass
-                    time.sleep(0.05)
+                with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5) as client:
+                    while not stop.is_set():
+                        try:
+                            client.get(f"http://127.0.0.1:{args.api_port}/tables/aging/rows", params={"limit": 10})
+                        except httpx.TransportError:
+                            pass
+                        time.sleep(0.05)
 
-        asker = threading.Thread(target=ask, daemon=True)
-        asker.start()
-        samples, seconds, n = [], [], args.consecutive
-        rng = random.Random(5)
-        try:
-            for i in range(args.consecutive):
-                _produce(rt.bootstrap, tables["aging"], (rng.randrange(args.keys) for _ in range(1000)), 100 + i)
-                (commit,) = run(max_batches=1)
-                seconds.append(commit.seconds)
-                if i % 10 == 0:
-                    samples.append({"batch": i, "driver_and_jvm_mb": round(sum(_rss_mb(p) for p in _tree(os.getpid())), 1),
-                                    "api_server_mb": round(sum(_rss_mb(p) for p in _tree(server.pid)), 1)})
-                if i % 100 == 99:
-                    print(f"[long run] {i + 1:,} of {n:,} batches, median {statistics.median(seconds[-100:]):.2f}s, "
-                          f"RSS {samples[-1]['driver_and_jvm_mb']:.0f} MB + API {samples[-1]['api_server_mb']:.0f} MB",
-                          flush=True)
-        finally:
-            stop.set()
-            server.terminate()
-            server.wait(timeout=30)
+            asker = threading.Thread(target=ask, daemon=True)
+            asker.start()
+            samples, seconds, n = [], [], args.consecutive
+            rng = random.Random(5)
+            try:
+                for i in range(args.consecutive):
+                    _produce(rt.bootstrap, tables["aging"], (rng.randrange(args.keys) for _ in range(1000)), 100 + i)
+                    (commit,) = run(max_batches=1)
+                    seconds.append(commit.seconds)
+                    if i % 10 == 0:
+                        samples.append({"batch": i, "driver_and_jvm_mb": round(sum(_rss_mb(p) for p in _tree(os.getpid())), 1),
+                                        "api_server_mb": round(sum(_rss_mb(p) for p in _tree(server.pid)), 1)})
+                    if i % 100 == 99:
+                        print(f"[long run] {i + 1:,} of {n:,} batches, median {statistics.median(seconds[-100:]):.2f}s, "
+                              f"RSS {samples[-1]['driver_and_jvm_mb']:.0f} MB + API {samples[-1]['api_server_mb']:.0f} MB",
+                              flush=True)
+            finally:
+                stop.set()
+                server.terminate()
+                server.wait(timeout=30)
 
-        def window(lo: int, hi: int, key: str) -> float:
-            values = [s[key] for s in samples if lo <= s["batch"] < hi]
-            return round(statistics.mean(values), 1) if values else None     # a run too short to say
+            def window(lo: int, hi: int, key: str) -> float:
+                values = [s[key] for s in samples if lo <= s["batch"] < hi]
+                return round(statistics.mean(values), 1) if values else None     # a run too short to say
 
-        result["long_run"] = {
-            "batches": n, "median_batch_seconds": statistics.median(seconds),
-            "rss_mb": {key: {"batches_100_200": window(100, 200, key), "last_100": window(n - 100, n, key)}
-                       for key in ("driver_and_jvm_mb", "api_server_mb")},
-            "samples": samples}
-        result["disk_after_long_run"] = disk()
-        # Files a batch leaves until Delta maintenance (every maintain_every batches) and its
-        # retention (delta_retention, a time) remove them: bounded by the batches in that window.
-        result["files_per_batch_during_long_run"] = round(
-            (result["disk_after_long_run"]["outside_state"]["files"] -
-             result["disk_before_long_run"]["outside_state"]["files"]) / max(n, 1), 2)
+            result["long_run"] = {
+                "batches": n, "median_batch_seconds": statistics.median(seconds),
+                "rss_mb": {key: {"batches_100_200": window(100, 200, key), "last_100": window(n - 100, n, key)}
+                           for key in ("driver_and_jvm_mb", "api_server_mb")},
+                "samples": samples}
+            result["disk_after_long_run"] = disk()
+            # Files a batch leaves until Delta maintenance (every maintain_every batches) and its
+            # retention (delta_retention, a time) remove them: bounded by the batches in that window.
+            result["files_per_batch_during_long_run"] = round(
+                (result["disk_after_long_run"]["outside_state"]["files"] -
+                 result["disk_before_long_run"]["outside_state"]["files"]) / max(n, 1), 2)
 
-        rates = {}
-        _produce(rt.bootstrap, tables["aging_small"], range(10_000), 6)
-        run("aging_small", until_caught_up=True)
-        for name, keys in (("aging", args.keys), ("aging_small", 10_000)):
-            rng = random.Random(7)
-            _produce(rt.bootstrap, tables[name], (rng.randrange(keys) for _ in range(args.rate_events)), 7)
-            commits = run(name, until_caught_up=True)
-            rates[name] = round(sum(c.counts["read"] for c in commits) / max(sum(c.seconds for c in commits), 1e-6))
-        result["events_per_second"] = {"large_table": rates["aging"], "10k_key_table": rates["aging_small"],
-                                       "large_over_small": round(rates["aging"] / max(rates["aging_small"], 1), 3)}
+        if want("keys"):
+            rates = {}
+            _produce(rt.bootstrap, tables["aging_small"], range(10_000), 6)
+            run("aging_small", until_caught_up=True)
+            for name, keys in (("aging", args.keys), ("aging_small", 10_000)):
+                rng = random.Random(7)
+                _produce(rt.bootstrap, tables[name], (rng.randrange(keys) for _ in range(args.rate_events)), 7)
+                commits = run(name, until_caught_up=True)
+                rates[name] = round(sum(c.counts["read"] for c in commits) / max(sum(c.seconds for c in commits), 1e-6))
+            result["events_per_second"] = {"large_table": rates["aging"], "10k_key_table": rates["aging_small"],
+                                           "large_over_small": round(rates["aging"] / max(rates["aging_small"], 1), 3)}
         spark.stop()
     shutil.rmtree(root, ignore_errors=True)
 
-    result["targets"] = {
-        "batch_time_old_within_1_2x": result["old_over_young"] <= 1.2,
-        "snapshot_after_1pct_at_most_5pct": result["snapshot"]["uploaded_share"] <= 0.05,
-        "chained_verify_at_most_20pct": result["verify"]["chained_over_full"] <= 0.2,
-        "rss_flat_within_1_1x": (all(v["last_100"] <= 1.1 * v["batches_100_200"]
-                                     for v in result["long_run"]["rss_mb"].values())
-                                 if all(v["batches_100_200"] and v["last_100"]
-                                        for v in result["long_run"]["rss_mb"].values()) else None),
+    rss = result.get("long_run", {}).get("rss_mb", {}).values()
+    result["targets"] = {      # None: the phase did not run (--only), or ran too short to say
+        "batch_time_old_within_1_2x": result["old_over_young"] <= 1.2 if "old_over_young" in result else None,
+        "snapshot_after_1pct_at_most_5pct": (result["snapshot"]["uploaded_share"] <= 0.05
+                                             if "snapshot" in result else None),
+        "chained_verify_at_most_20pct": (result["verify"]["chained_over_full"] <= 0.2
+                                         if "verify" in result else None),
+        "rss_flat_within_1_1x": (all(v["last_100"] <= 1.1 * v["batches_100_200"] for v in rss)
+                                 if rss and all(v["batches_100_200"] and v["last_100"] for v in rss) else None),
     }
     text = json.dumps(result, indent=1)
     Path(args.out).write_text(text + "\n")

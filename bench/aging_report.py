@@ -26,8 +26,11 @@ def render(r: dict, ran: str) -> str:
          f"{r['old']['median_batch_seconds']:.2f} s vs {r['young']['median_batch_seconds']:.2f} s: "
          f"{r['old_over_young']:.2f}x", "at most 1.2x", _mark(t["batch_time_old_within_1_2x"])),
         ("snapshot after 1% of the keys changed, bytes uploaded",
-         f"{snap['after_1pct_uploaded'] / 2**20:.1f} MB of {snap['full_bytes'] / 2**20:.1f} MB: "
-         f"{100 * snap['uploaded_share']:.1f}% ({snap['after_1pct_seconds']} s)", "at most 5%",
+         (f"{snap['after_1pct_uploaded'] / 2**20:.1f} MB of {snap['full_bytes'] / 2**20:.1f} MB: "
+          f"{100 * snap['uploaded_share']:.1f}% ({snap['after_1pct_seconds']} s)") if "rounds" not in snap else
+         (f"mean of {len(snap['rounds'])} rounds {100 * snap['uploaded_share']:.1f}% of the partitions' "
+          f"{snap['rounds'][-1]['total'] / 2**20:.1f} MB (median {100 * snap['uploaded_share_median']:.1f}%, "
+          f"max {100 * snap['uploaded_share_max']:.1f}%; {snap['after_1pct_seconds']} s)"), "at most 5%",
          _mark(t["snapshot_after_1pct_at_most_5pct"])),
         ("verify after 1% changed, chained vs full",
          f"{ver['chained_seconds']:.1f} s vs {ver['full_seconds']:.1f} s: {ver['chained_over_full']:.2f}",
