@@ -201,7 +201,7 @@ def _compare_group(ctx, group):
 
 def _compare_partition(ctx, partition: int, expected: dict) -> dict:
     """One state partition against its recomputed rows, in the task that holds both."""
-    spec, state_dir, examples, bootstrap, snapshot_uri, batch_id = ctx
+    examples = ctx[2]
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
 
@@ -212,22 +212,29 @@ def _compare_partition(ctx, partition: int, expected: dict) -> dict:
             if len(out["examples"]) < examples:
                 out["examples"].append({"key": list(key), "state": have, "recomputed": want})
 
+    for key, have in _live_items(ctx, partition, out):
+        want = expected.pop(key, None)
+        note(key, have, want, "unexpected" if want is None else ("" if _same(want, have) else "different"))
+    for key, want in expected.items():
+        note(key, None, want, "missing")
+    return out
+
+
+def _live_items(ctx, partition: int, out: dict, raw: bool = False):
+    """The partition's live rows as this task's host holds them, decoded or as stored; sets
+    out["digest_ok"] from a scan of the same store."""
+    spec, state_dir, _, bootstrap, snapshot_uri, batch_id = ctx
     st = _partition_here(spec, state_dir, bootstrap, snapshot_uri, partition, batch_id, create_topics=False)
     try:
         if st.has_local_state(partition):
             part = st.open_readonly(partition)
             try:
                 out["digest_ok"] = bool(part.verify()[0])
-                for key, have in part.items():
-                    want = expected.pop(key, None)
-                    note(key, have, want, "unexpected" if want is None else ("" if _same(want, have) else "different"))
+                yield from (part.raw_items() if raw else part.items())
             finally:
                 part.close()
     finally:
         st.close()
-    for key, want in expected.items():
-        note(key, None, want, "missing")
-    return out
 
 
 def _compare_encoded(ctx, partition: int, expected) -> dict:
@@ -240,23 +247,13 @@ def _compare_encoded(ctx, partition: int, expected) -> dict:
 
     from state import codec
 
-    spec, state_dir, examples, bootstrap, snapshot_uri, batch_id = ctx
+    examples = ctx[2]
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
     keys, values = [], []
-    st = _partition_here(spec, state_dir, bootstrap, snapshot_uri, partition, batch_id, create_topics=False)
-    try:
-        if st.has_local_state(partition):
-            part = st.open_readonly(partition)
-            try:
-                out["digest_ok"] = bool(part.verify()[0])
-                for key, value in part.raw_items():
-                    keys.append(key)
-                    values.append(value)
-            finally:
-                part.close()
-    finally:
-        st.close()
+    for key, value in _live_items(ctx, partition, out, raw=True):
+        keys.append(key)
+        values.append(value)
     live_keys, live_values = pa.array(keys, pa.binary()), pa.array(values, pa.binary())
     want_keys, want_values = expected.column("key"), expected.column("value")
     at = pc.index_in(live_keys, value_set=want_keys)
