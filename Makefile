@@ -41,8 +41,9 @@ chromium:
 	@command -v chromium >/dev/null || apt-get install -y --no-install-recommends chromium \
 		|| (apt-get update && apt-get install -y --no-install-recommends chromium)
 
-# Two pytest-xdist workers, each with a stack of its own (tests/conftest.py), whole modules each.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# Two pytest-xdist workers, each with a stack of its own (tests/conftest.py), whole modules each,
+# in the order tests/conftest.py gives them (longest first), not xdist's (most tests first).
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: setup chromium
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
