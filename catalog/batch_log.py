@@ -33,6 +33,7 @@ from catalog.errors import UserError
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
 HEAD = "checkpoint-head.json"          # {"upto": U, "block": B}: commits up to U live in checkpoint blocks
+                                       # ("swept": false while the files they fold are being removed)
 BLOCK = 1000                            # commits per checkpoint block file
 KEEP_ENV = "STATETABLE_BATCH_LOG_KEEP"
 DEFAULT_KEEP = 100                      # as Spark's minBatchesToRetain
@@ -493,7 +494,8 @@ class BatchLog:
         keep = keep or keep_batches()
         last = self.last_commit_id()
         head = self._head()
-        if last is None or last - (head["upto"] if head else -1) < 2 * keep:
+        unswept = bool(head) and head.get("swept") is False      # a compaction killed before its sweep ended
+        if last is None or (last - (head["upto"] if head else -1) < 2 * keep and not unswept):
             return None
         return self.compact(keep)
 
@@ -537,9 +539,10 @@ class BatchLog:
                                      sort_keys=True, separators=(",", ":"))
                 self.store.put(self._block_name(block), gzip.compress(payload.encode(), 6))
             faults.point("batch_log.after_checkpoint")
-            self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK}))
+            self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK, "swept": False}))
             self._folded.clear()
             faults.point("batch_log.after_head")
+            head = {"swept": False}
         else:
             upto = before
         swept = 0
@@ -552,6 +555,10 @@ class BatchLog:
                 swept += 1
                 if swept == 1:
                     faults.point("batch_log.mid_sweep")
+        if head and head.get("swept") is False:
+            # Only now is the sweep done: until this write, the next commit's compact_if_due
+            # finishes it, rather than leaving a killed sweep's leftovers for 2x `keep` batches.
+            self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK}))
         return upto
 
     def changelog_of(self, commit: BatchCommit, default: str) -> str:

@@ -145,6 +145,30 @@ def test_compaction_killed_at_each_step_loses_no_commit(tmp_path):
         assert all(_same(a, b) for a, b in zip(before, BatchLog(log.location).commits())), point
 
 
+def test_the_next_commit_finishes_a_sweep_a_kill_cut_short(tmp_path):
+    """Killed after the head moved, before the sweep: the next commit's compact_if_due sweeps,
+    rather than leaving the folded files for another 2x `keep` batches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from state import faults
+
+    log = _fast_log(tmp_path, 1000)
+    killed = subprocess.run([sys.executable, "-c", COMPACT, log.location], capture_output=True, text=True,
+                            env={**os.environ, faults.ENV: "batch_log.after_head"}, cwd=Path(__file__).resolve().parents[3])
+    assert killed.returncode == faults.EXIT_CODE, killed.stderr[-2000:]
+    assert len(list(Path(log.location).iterdir())) > 2000
+    after = BatchLog(log.location)
+    after.write_plan(_plan(1000), "t")
+    after.write_commit(_commit(1000), "t")
+    assert after.compact_if_due(keep=100) == 900
+    assert len(list(Path(log.location).iterdir())) < 210
+    assert after.compact_if_due(keep=100) is None             # swept: nothing due until 2x keep more
+    assert [c.batch_id for c in BatchLog(log.location).commits()] == list(range(1001))
+
+
 class _Metered:
     """The log's store, counting the bytes each call reads and writes."""
 
