@@ -26,6 +26,7 @@ def _files_on_disk(path: str) -> int:
     return len([p for p in Path(path).iterdir() if p.suffix == ".parquet"])
 
 
+@pytest.mark.timeout(1800)       # ~8 batches, 4 verifies and 3 maintenance runs; 585 s beside the other worker
 def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(kafka, spark, tmp_path):
     rt, suffix = isolated_runtime(kafka, tmp_path)
     sql = rt.tables_dir / f"{TABLE}.sql"

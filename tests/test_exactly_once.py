@@ -1,4 +1,4 @@
-"""Exactly once under kills: 1M events in >= 20 micro-batches; the job's whole
+"""Exactly once under kills: 200k events (STATETABLE_EO_EVENTS) in >= 20 micro-batches; the job's whole
 process tree is SIGKILLed at every named fault point and at random moments,
 in a local Spark session and as a client of the Spark Connect server, whose
 own process tree is SIGKILLed at random moments too; then re-run until caught up. The table must equal an independent pandas
@@ -27,7 +27,9 @@ from state import faults
 from deploy.processes import wait_until
 from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
 
-EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "1000000"))
+# 200k events prove what 1M did (every fault point, >= 20 batches, kills mid-run): the kills, not
+# the records, are what the test is about; the suite's 35 minutes are CPU-bound (bench/suite_cpu).
+EVENTS = int(os.environ.get("STATETABLE_EO_EVENTS", "200000"))
 PER_BATCH = max(1, EVENTS // 20)
 RANDOM_KILLS = int(os.environ.get("STATETABLE_EO_RANDOM_KILLS", "2"))
 TABLE = "payments_per_customer"
@@ -82,7 +84,7 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
     rng = random.Random(20261121)
     for _ in range(RANDOM_KILLS):
         job = _start(rt)
-        time.sleep(rng.uniform(4, 15))     # the JVM starts in ~8 s; a batch of 50k takes a few
+        time.sleep(rng.uniform(4, 15))     # the JVM starts in ~8 s; a batch of 10k takes about one
         if job.poll() is None:
             faults.kill_session(job.pid)       # SIGKILL the job's whole process tree
         job.wait(timeout=60)

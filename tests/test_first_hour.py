@@ -141,6 +141,7 @@ def _get(url: str, token: str):
         return resp.read().decode()
 
 
+@pytest.mark.timeout(1800)       # a clean clone's install and stack, beside the other xdist worker
 def test_first_hour_from_a_clean_clone(clone):
     where, env = clone
     commands = quickstart_commands((where / "README.md").read_text())

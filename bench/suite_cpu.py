@@ -1,0 +1,105 @@
+"""Where a test run's CPU goes (#44: `make test` in 35 minutes on 2 cores), by kind of process.
+
+Samples every process's CPU time from /proc while a command runs (every --every seconds; a
+process that lives less than that is missed) and prints JSON: the machine's busy share, and the
+CPU seconds of each kind of process (the Spark Connect servers, Kafka brokers, Airflow's
+components, pytest's workers, `statetable` job processes, ...). When the machine is busy most of
+the time, a run is bound by this CPU work, not by waiting, and running tests side by side
+cannot make it shorter.
+
+    .venv/bin/python -m bench.suite_cpu [--every 5] -- make test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+KINDS = (                       # first match wins: (kind, substring of the command line)
+    ("spark-connect server", "SparkConnectServer"),
+    ("spark standalone", "org.apache.spark.deploy"),
+    ("kafka broker", "kafka.Kafka"),
+    ("spark driver JVM (local sessions)", "org.apache.spark.deploy.SparkSubmit"),
+    ("spark driver JVM (local sessions)", "pyspark-shell"),
+    ("airflow scheduler", "airflow scheduler"),
+    ("airflow dag-processor", "airflow dag-processor"),
+    ("airflow triggerer", "airflow triggerer"),
+    ("airflow api-server", "api_server"),
+    ("airflow api-server", "airflow api-server"),
+    ("airflow task", "airflow task"),
+    ("airflow task", "supervisor"),
+    ("airflow (other)", "airflow"),
+    ("postgres", "postgres"),
+    ("object store (moto)", "moto"),
+    ("pyspark python workers", "pyspark.daemon"),
+    ("pyspark python workers", "worker_daemon"),
+    ("pytest workers", "pytest"),
+    ("statetable CLI and jobs", "statetable"),
+    ("uv and installs", "uv "),
+    ("uv and installs", "compileall"),
+    ("maven", "maven"),
+    ("chromium", "chrom"),
+    ("other java", "java"),
+    ("other python", "python"),
+)
+
+
+def _kind(cmdline: str) -> str:
+    for kind, marker in KINDS:
+        if marker in cmdline:
+            return kind
+    return "other"
+
+
+def _processes() -> dict[tuple[int, str], tuple[str, float]]:
+    """(pid, start time) -> (kind, CPU seconds so far, its reaped children's included)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        cpu = sum(int(f) for f in fields[11:13]) / TICKS        # utime, stime
+        out[(int(entry.name), fields[19])] = (_kind(cmdline), cpu)
+    return out
+
+
+def _busy() -> tuple[int, int]:
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--every", type=float, default=5.0)
+    parser.add_argument("command", nargs="+")
+    args = parser.parse_args()
+    before = _processes()              # what ran before the command counts from here on
+    seen: dict[tuple[int, str], tuple[str, float]] = {}
+    busy0, total0 = _busy()
+    started = time.monotonic()
+    job = subprocess.Popen(args.command)
+    while job.poll() is None:
+        seen.update(_processes())
+        time.sleep(args.every)
+    busy1, total1 = _busy()
+    by_kind: dict[str, float] = defaultdict(float)
+    for key, (kind, cpu) in seen.items():
+        by_kind[kind] += cpu - before.get(key, (kind, 0.0))[1]
+    print(json.dumps({"command": args.command, "exit": job.returncode,
+                      "wall_seconds": round(time.monotonic() - started), "cores": os.cpu_count(),
+                      "busy_share": round((busy1 - busy0) / max(total1 - total0, 1), 3),
+                      "cpu_seconds_by_kind": {k: round(v) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+                      "cpu_seconds_seen": round(sum(by_kind.values()))}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
