@@ -229,8 +229,13 @@ def _live_items(ctx, partition: int, out: dict, raw: bool = False):
         if st.has_local_state(partition):
             part = st.open_readonly(partition)
             try:
-                out["digest_ok"] = bool(part.verify()[0])
-                yield from (part.raw_items() if raw else part.items())
+                if raw:           # one scan for the digest and the compare
+                    rows = list(part.raw_items())
+                    out["digest_ok"] = bool(part.verify(rows)[0])
+                    yield from rows
+                else:
+                    out["digest_ok"] = bool(part.verify()[0])
+                    yield from part.items()
             finally:
                 part.close()
     finally:
@@ -250,10 +255,8 @@ def _compare_encoded(ctx, partition: int, expected) -> dict:
     examples = ctx[2]
     out = {"partition": partition, "keys_compared": 0, "missing": 0, "unexpected": 0, "different": 0,
            "digest_ok": True, "examples": []}
-    keys, values = [], []
-    for key, value in _live_items(ctx, partition, out, raw=True):
-        keys.append(key)
-        values.append(value)
+    rows = list(_live_items(ctx, partition, out, raw=True))
+    keys, values = [k for k, _ in rows], [v for _, v in rows]
     live_keys, live_values = pa.array(keys, pa.binary()), pa.array(values, pa.binary())
     want_keys, want_values = expected.column("key"), expected.column("value")
     at = pc.index_in(live_keys, value_set=want_keys)

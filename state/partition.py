@@ -95,9 +95,10 @@ class StatePartition:
         return self.backend.scan()
 
     # -- integrity ---------------------------------------------------------
-    def verify(self) -> tuple[bool, int, int]:
-        """Recompute the digest from a full scan: (matches, recorded, recomputed)."""
-        recomputed, count = digests.of_items(self.backend.scan())
+    def verify(self, rows=None) -> tuple[bool, int, int]:
+        """Recompute the digest from a full scan, or from `rows` (every stored pair, which the
+        caller scanned anyway): (matches, recorded, recomputed)."""
+        recomputed, count = digests.of_items(self.backend.scan() if rows is None else rows)
         meta = self.meta
         return (recomputed == meta.digest and count == meta.key_count), meta.digest, recomputed
 
