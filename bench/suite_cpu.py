@@ -22,10 +22,11 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 KINDS = (                       # first match wins: (kind, substring of the command line)
     ("spark-connect server", "SparkConnectServer"),
-    ("spark standalone", "org.apache.spark.deploy"),
+    ("spark driver JVMs (local sessions: pytest workers, CLI jobs)", "org.apache.spark.deploy.SparkSubmit"),
+    ("spark driver JVMs (local sessions: pytest workers, CLI jobs)", "pyspark-shell"),
+    ("spark standalone master and workers", "org.apache.spark.deploy"),
+    ("spark executors", "CoarseGrainedExecutorBackend"),
     ("kafka broker", "kafka.Kafka"),
-    ("spark driver JVM (local sessions)", "org.apache.spark.deploy.SparkSubmit"),
-    ("spark driver JVM (local sessions)", "pyspark-shell"),
     ("airflow scheduler", "airflow scheduler"),
     ("airflow dag-processor", "airflow dag-processor"),
     ("airflow triggerer", "airflow triggerer"),
@@ -53,7 +54,7 @@ def _kind(cmdline: str) -> str:
     for kind, marker in KINDS:
         if marker in cmdline:
             return kind
-    return "other"
+    return "other" if cmdline.strip() else "kernel threads and unnamed"
 
 
 def _processes() -> dict[tuple[int, str], tuple[str, float]]:
