@@ -40,6 +40,11 @@ DEFAULT_KEEP = 100                      # as Spark's minBatchesToRetain
 SLIM_DROP = ("holder", "joins")         # what only the newest batches need (the next plan's driver, pins)
 
 
+def _unswept(head: dict | None) -> bool:
+    """A compaction moved the head and was killed before its sweep ended."""
+    return bool(head) and head.get("swept") is False
+
+
 def keep_batches() -> int:
     """How many newest batches the log keeps as files (plans, commits, takeovers); older commits
     are folded into one checkpoint file, at most 2x this many batches apart."""
@@ -494,8 +499,7 @@ class BatchLog:
         keep = keep or keep_batches()
         last = self.last_commit_id()
         head = self._head()
-        unswept = bool(head) and head.get("swept") is False      # a compaction killed before its sweep ended
-        if last is None or (last - (head["upto"] if head else -1) < 2 * keep and not unswept):
+        if last is None or (last - (head["upto"] if head else -1) < 2 * keep and not _unswept(head)):
             return None
         return self.compact(keep)
 
@@ -519,6 +523,7 @@ class BatchLog:
             return None
         upto = last - keep
         head = self._head()
+        unswept = _unswept(head)
         before = head["upto"] if head else -1
         if upto > before or (head and head.get("file")):
             legacy = self._all_folded(head) if head and head.get("file") else {}
@@ -542,7 +547,7 @@ class BatchLog:
             self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK, "swept": False}))
             self._folded.clear()
             faults.point("batch_log.after_head")
-            head = {"swept": False}
+            unswept = True
         else:
             upto = before
         swept = 0
@@ -555,7 +560,7 @@ class BatchLog:
                 swept += 1
                 if swept == 1:
                     faults.point("batch_log.mid_sweep")
-        if head and head.get("swept") is False:
+        if unswept:
             # Only now is the sweep done: until this write, the next commit's compact_if_due
             # finishes it, rather than leaving a killed sweep's leftovers for 2x `keep` batches.
             self.store.put(HEAD, self._encode({"upto": upto, "block": BLOCK}))

@@ -188,15 +188,19 @@ def _compare_group(ctx, group):
             return pa.table({"summary": [json.dumps({"partition": partition, "checkpoint_refused": str(exc)})]})
         encoded = verify_chain.advance(checkpoint, keys, values, compare[0].aggregator.merge)
         summary = _compare_encoded(compare, partition, encoded)
-        if not (summary["missing"] or summary["unexpected"] or summary["different"]) and summary["digest_ok"]:
+        if _exact(summary):
             summary["checkpoint"] = verify_chain.write_encoded(chain.write_to, partition, encoded)
         return pa.table({"summary": [json.dumps(summary, default=str)]})
     expected = {k: v for k, v in zip(keys, values) if _kept(table, k, v, purged_at)}
     summary = _compare_partition(compare, partition, dict(expected))
-    if chain is not None and not (summary["missing"] or summary["unexpected"] or summary["different"]) \
-            and summary["digest_ok"]:
+    if chain is not None and _exact(summary):
         summary["checkpoint"] = verify_chain.write_partition(chain.write_to, partition, expected)
     return pa.table({"summary": [json.dumps(summary, default=str)]})
+
+
+def _exact(summary: dict) -> bool:
+    """A partition that verified exact: only then does what it was compared with become a checkpoint."""
+    return not (summary["missing"] or summary["unexpected"] or summary["different"]) and summary["digest_ok"]
 
 
 def _compare_partition(ctx, partition: int, expected: dict) -> dict:

@@ -30,8 +30,11 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 os.environ["STATETABLE_TEST_PORT_OFFSET"] = str(PORT_STEP * _WORKER)
 
 
+from tests.table_env import port  # noqa: E402  (reads the offset just set)
+
+
 def _port(variable: str, default: int) -> str:
-    return str(int(os.environ.get(variable, default)) + PORT_STEP * _WORKER)
+    return str(port(int(os.environ.get(variable, default))))
 
 
 os.environ.update({
