@@ -22,8 +22,8 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 KINDS = (                       # first match wins: (kind, substring of the command line)
     ("spark-connect server", "SparkConnectServer"),
-    ("spark driver JVMs (local sessions: pytest workers, CLI jobs)", "org.apache.spark.deploy.SparkSubmit"),
-    ("spark driver JVMs (local sessions: pytest workers, CLI jobs)", "pyspark-shell"),
+    ("spark driver JVMs of jobs (CLI, spark-submit)", "org.apache.spark.deploy.SparkSubmit"),
+    ("spark driver JVMs of jobs (CLI, spark-submit)", "pyspark-shell"),
     ("spark standalone master and workers", "org.apache.spark.deploy"),
     ("spark executors", "CoarseGrainedExecutorBackend"),
     ("kafka broker", "kafka.Kafka"),
@@ -57,9 +57,14 @@ def _kind(cmdline: str) -> str:
     return "other" if cmdline.strip() else "kernel threads and unnamed"
 
 
+IN_PROCESS = "spark driver JVMs of long-lived local sessions (pytest's `spark` fixture)"
+
+
 def _processes() -> dict[tuple[int, str], tuple[str, float]]:
-    """(pid, start time) -> (kind, CPU seconds so far, its reaped children's included)."""
-    out = {}
+    """(pid, start time) -> (kind, CPU seconds so far, its reaped children's included). A driver
+    JVM whose parent is not a `statetable` command or spark-submit is a long-lived session (a
+    pytest worker's), apart from the short-lived drivers of jobs a test starts."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -68,8 +73,15 @@ def _processes() -> dict[tuple[int, str], tuple[str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        found[int(entry.name)] = (fields, cmdline)
+    out = {}
+    for pid, (fields, cmdline) in found.items():
+        kind = _kind(cmdline)
+        parent = found.get(int(fields[1]), ((), ""))[1]
+        if kind.startswith("spark driver JVMs") and not any(m in parent for m in ("statetable", "spark-submit")):
+            kind = IN_PROCESS
         cpu = sum(int(f) for f in fields[11:13]) / TICKS        # utime, stime
-        out[(int(entry.name), fields[19])] = (_kind(cmdline), cpu)
+        out[(pid, fields[19])] = (kind, cpu)
     return out
 
 
@@ -89,7 +101,8 @@ def main() -> None:
     started = time.monotonic()
     job = subprocess.Popen(args.command)
     while job.poll() is None:
-        seen.update(_processes())
+        for key, (kind, cpu) in _processes().items():       # an exiting process has no command line
+            seen[key] = (seen[key][0] if key in seen else kind, cpu)
         time.sleep(args.every)
     busy1, total1 = _busy()
     by_kind: dict[str, float] = defaultdict(float)

@@ -124,6 +124,17 @@ def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = 
     return conf
 
 
+def job_conf(conf: dict[str, str]) -> dict[str, str]:
+    """`conf` for the driver of a job, which lives for one run: with the job JVM options
+    (catalog.settings.job_jvm_options), which long-lived servers do not take."""
+    from catalog import settings
+
+    extra = settings.job_jvm_options()
+    if extra:
+        conf = {**conf, "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} {extra}".strip()}
+    return conf
+
+
 def submit_options(app_name: str) -> dict:
     """Arguments for SparkSubmitOperator / spark-submit.
 
@@ -131,7 +142,7 @@ def submit_options(app_name: str) -> dict:
     the jars must be on its command line; setting spark.jars later only
     reaches executors.
     """
-    conf = spark_conf(app_name)
+    conf = job_conf(spark_conf(app_name))
     jars_csv = conf.pop("spark.jars")
     conf.pop("spark.app.name")
     conf.pop("spark.master", None)
@@ -319,7 +330,7 @@ def get_or_create(app_name: str, master: str | None = None, extra_conf: dict[str
         spark = remote_session(url)
         log.info("engine: Spark Connect server %s (%s)", url.split(";")[0], why)
         return spark
-    conf = {**spark_conf(app_name, master), **(extra_conf or {})}
+    conf = job_conf({**spark_conf(app_name, master), **(extra_conf or {})})
     log.info("engine: local Spark session, %s (%s)", conf.get("spark.master", "spark-submit"), why)
     builder = SparkSession.builder
     for key, value in conf.items():

@@ -49,6 +49,9 @@ os.environ.update({
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",
+    # Hundreds of short-lived job JVMs (a driver per CLI job): C1 alone compiles what they run, at
+    # less CPU per job (catalog.settings.job_jvm_options); the suite is CPU-bound on 2 cores.
+    "STATETABLE_JOB_JVM_OPTIONS": os.environ.get("STATETABLE_JOB_JVM_OPTIONS", "-XX:TieredStopAtLevel=1"),
     # Airflow's metrics to a UDP port a test may listen on (tests/test_airflow_smoke.py).
     "AIRFLOW__METRICS__STATSD_ON": "True",
     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
@@ -125,7 +128,9 @@ def airflow(stack_settings_, kafka, engine):
 def spark():
     from spark_jobs import session
 
-    spark = session.get_or_create("statetable-tests")
+    with pytest.MonkeyPatch.context() as env:       # one session for the whole run: C2 pays off
+        env.delenv("STATETABLE_JOB_JVM_OPTIONS", raising=False)
+        spark = session.get_or_create("statetable-tests")
     yield spark
     spark.stop()
 
