@@ -143,6 +143,8 @@ class SnapshotStore:
         identity = _identity(backend)
         known = self._known_ssts(table, partition, identity)
         uploaded = 0
+        if hasattr(backend, "settle") and backend.settle():
+            log.info("%s[%d]: merged into one sorted run before its snapshot (mostly new data)", table, partition)
         with tempfile.TemporaryDirectory(**_checkpoint_place(backend)) as tmp:
             checkpoint = Path(tmp) / "cp"
             backend.checkpoint(checkpoint)

@@ -33,6 +33,7 @@ def test_a_secondary_catches_up_only_when_the_primary_wrote(tmp_path):
         primary.write({b"b": b"2"}, PartitionMeta(applied_batch=1))
         secondary.catch_up()
         assert secondary.get(b"b") == b"2" and secondary.read_meta().applied_batch == 1
+        assert "stats_dump_period_sec: 0" in log.read_text()       # nothing written on a timer either
     finally:
         secondary.close()
         primary.close()
@@ -66,3 +67,21 @@ def test_both_backends_implement_the_written_interface(tmp_path):
         assert isinstance(rocks, Backend) and isinstance(MemoryBackend(), Backend)
     finally:
         rocks.close()
+
+
+def test_a_store_written_mostly_anew_settles_into_one_run_and_then_stays_as_it_is(tmp_path):
+    db = RocksBackend(tmp_path / "p0")
+    try:
+        for run in range(3):     # a load in three flushes (under universal's trigger of 4 runs): a third each
+            db.write({b"k%06d" % i: b"v" * 100 for i in range(run, 21_000, 3)}, PartitionMeta(applied_batch=run))
+            db.db.flush()
+        rows = dict(db.scan())
+        assert db.settle() is True
+        data = [f for f in db.db.live_files() if f["num_entries"] > 1]
+        assert len(data) == 1 and data[0]["num_entries"] == 21_000 and dict(db.scan()) == rows
+        db.write({b"k%06d" % i: b"w" * 100 for i in range(200)}, PartitionMeta(applied_batch=3))   # 1% changed
+        db.db.flush()
+        assert db.settle() is False     # the merged run still holds nearly all: nothing to merge
+        assert len(db.db.live_files()) >= 2 and dict(db.scan())[b"k000007"] == b"w" * 100
+    finally:
+        db.close()
