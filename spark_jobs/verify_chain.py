@@ -133,7 +133,9 @@ def write_encoded(folder: str, partition: int, expected) -> dict:
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(expected.select(["key", "value"]), sink, compression="zstd")
+    # LZ4: a third more bytes than zstd, but written 3x and read 4x faster (500k rows of ~100
+    # bytes: 0.09 + 0.17 s against 0.32 + 0.68 s); a chained verify writes and reads one per partition.
+    pq.write_table(expected.select(["key", "value"]), sink, compression="lz4")
     data = sink.getvalue().to_pybytes()
     name = f"p{partition:05d}.parquet"
     fs, root = arrow_filesystem(folder)
@@ -165,7 +167,9 @@ def advance(checkpoint, keys: list, partials: list, merge):
             new_values.append(codec.encode_value(value))
     kept = checkpoint.filter(pc.invert(pc.is_in(checkpoint.column("key"), value_set=encoded)))
     changed = pa.table({"key": pa.array(new_keys, pa.binary()), "value": pa.array(new_values, pa.binary())})
-    return pa.concat_tables([kept.select(["key", "value"]), changed]).sort_by("key")
+    # Unsorted: the compare matches keys by hash (pc.index_in), and sorting 500k keys cost more
+    # than the rest of advancing them.
+    return pa.concat_tables([kept.select(["key", "value"]), changed])
 
 
 def checkpoint_table(manifest: dict, partition: int):
