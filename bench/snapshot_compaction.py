@@ -51,7 +51,8 @@ def run(style: str, keys: int, snapshots: int, changed: float, root: Path, seed:
 
     rng = random.Random(seed)
     db_path = root / style
-    db = Rdict(str(db_path), _options(style))
+    base, _, settle = style.partition("+settle")       # universal+settle50: RocksBackend.settle(0.50) first
+    db = Rdict(str(db_path), _options(base))
     sync = WriteOptions()
     sync.sync = True
 
@@ -78,6 +79,10 @@ def run(style: str, keys: int, snapshots: int, changed: float, root: Path, seed:
         if target.exists():
             shutil.rmtree(target)
         started = time.perf_counter()
+        if settle:
+            sizes = [f["size"] for f in db.live_files()]
+            if len(sizes) > 1 and max(sizes) < int(settle) / 100 * sum(sizes):
+                db.compact_range(None, None)
         Checkpoint(db).create_checkpoint(str(target))
         files = _ssts(target)
         new = sum(size for name, size in files.items() if name not in held)
@@ -110,8 +115,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=500_000)
     parser.add_argument("--snapshots", type=int, default=60)
     parser.add_argument("--changed", type=float, default=0.01)
-    parser.add_argument("--styles", nargs="+", default=["leveled", "universal", "universal-50"],
-                        help="leveled, or universal[-N] with N its max_size_amplification_percent (default 200)")
+    parser.add_argument("--styles", nargs="+", default=["leveled", "universal", "universal+settle50"],
+                        help="leveled, or universal[-N] with N its max_size_amplification_percent (default 200), "
+                             "+settleP: merged into one run first when the largest holds under P%")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-compaction-"))
     try:

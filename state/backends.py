@@ -68,6 +68,8 @@ class Backend(Protocol):
 
     def write(self, changes: dict[bytes, bytes | None], meta: PartitionMeta, sync: bool = True) -> None: ...
 
+    def compact(self) -> None: ...
+
     def corrupt_value(self, key: bytes, value: bytes) -> None: ...
 
 
@@ -103,6 +105,9 @@ class MemoryBackend:
             else:
                 self.data[key] = value
         self.meta = meta
+
+    def compact(self) -> None:
+        pass
 
     def corrupt_value(self, key: bytes, value: bytes) -> None:
         """Change a value behind the digest's back (tests of `verify`)."""
@@ -308,8 +313,12 @@ class RocksBackend:
         sizes = [f["size"] for f in self.db.live_files()]
         if len(sizes) < 2 or max(sizes) >= share * sum(sizes):
             return False
-        self.db.compact_range(None, None)
+        self.compact()
         return True
+
+    def compact(self) -> None:
+        """Merge the partition into one sorted run (its memtable flushed first)."""
+        self.db.compact_range(None, None)
 
     def checkpoint(self, target: Path) -> None:
         from rocksdict import Checkpoint

@@ -201,6 +201,7 @@ class TxStatus(enum.Enum):
 
 
 _STARTED = TxStatus.STARTED
+REWRITE_MIN_KEYS = 10_000       # smaller batches never compact: their runs are small
 
 
 class Transaction:
@@ -375,6 +376,12 @@ class Transaction:
         part.backend.write(changes, meta.but(applied_batch=self.batch_id, changelog_offset=offset,
                                              digest=digest, key_count=count, rejected=tuple(rejected)))
         faults.point("commit.after_state")
+        if len(changes) >= REWRITE_MIN_KEYS and 2 * len(changes) >= count:
+            # A batch that rewrote at least half the partition (a load, a backfill) leaves it in one
+            # sorted run: universal compaction would otherwise merge its runs over the next rounds,
+            # and each of those snapshots upload them again (bench/aging, 2M keys loaded in two
+            # batches: 25% and 74% of the partition in rounds 3 and 4 of 1% changes).
+            part.backend.compact()
         self._ops = {}
         if rejected:
             log.warning("%s[%d] batch %d: %d keys refused (%s); they keep their old values", part.table,

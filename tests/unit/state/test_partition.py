@@ -50,3 +50,28 @@ def test_an_aborted_transaction_leaves_nothing_and_the_context_manager_aborts_on
     with part.begin(0) as again:
         again.put(("a",), 3)
     assert again.status is TxStatus.COMPLETE and part.get(("a",)) == 3
+
+
+def test_a_batch_that_rewrote_half_the_partition_leaves_one_sorted_run_and_a_small_one_does_not(tmp_path):
+    from state.backends import RocksBackend
+
+    backend = RocksBackend(tmp_path / "p0")
+    part = StatePartition("t", 0, backend)
+    try:
+        def runs() -> int:
+            return sum(1 for f in backend.db.live_files() if f["num_entries"] > 1)
+
+        for batch, keys in enumerate((range(0, 12_000), range(12_000, 24_000))):     # a load in two batches
+            tx = part.begin(batch)
+            for k in keys:
+                tx.put((k,), k)
+            tx.commit()
+        assert runs() == 1                           # the second rewrote half of what the partition holds
+        tx = part.begin(2)
+        for k in range(240):                         # 1%: its run stays apart for compaction to merge later
+            tx.put((k,), -k)
+        tx.commit()
+        backend.db.flush()
+        assert runs() == 2 and part.get((7,)) == -7 and part.meta.key_count == 24_000
+    finally:
+        part.close()
