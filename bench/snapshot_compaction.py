@@ -80,8 +80,10 @@ def run(style: str, keys: int, snapshots: int, changed: float, root: Path, seed:
             shutil.rmtree(target)
         started = time.perf_counter()
         if settle:
-            sizes = [f["size"] for f in db.live_files()]
-            if len(sizes) > 1 and max(sizes) < int(settle) / 100 * sum(sizes):
+            from state.backends import sorted_runs
+
+            runs = sorted_runs(db.live_files())
+            if len(runs) > 1 and max(runs) < int(settle) / 100 * sum(runs):
                 db.compact_range(None, None)
         Checkpoint(db).create_checkpoint(str(target))
         files = _ssts(target)
@@ -115,7 +117,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=500_000)
     parser.add_argument("--snapshots", type=int, default=60)
     parser.add_argument("--changed", type=float, default=0.01)
-    parser.add_argument("--styles", nargs="+", default=["leveled", "universal", "universal+settle50"],
+    parser.add_argument("--styles", nargs="+", default=["leveled", "universal", "universal+settle25"],
                         help="leveled, or universal[-N] with N its max_size_amplification_percent (default 200), "
                              "+settleP: merged into one run first when the largest holds under P%")
     args = parser.parse_args()

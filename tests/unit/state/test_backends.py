@@ -6,7 +6,7 @@ import os
 import time
 
 from serving.query import OWNER_FILE, sweep_dead_secondaries
-from state.backends import INFO_LOGS, PartitionMeta, RocksBackend
+from state.backends import INFO_LOGS, PartitionMeta, RocksBackend, sorted_runs
 
 
 def test_reopening_a_store_keeps_a_bounded_number_of_info_logs(tmp_path):
@@ -69,14 +69,15 @@ def test_both_backends_implement_the_written_interface(tmp_path):
         rocks.close()
 
 
-def test_a_store_written_mostly_anew_settles_into_one_run_and_then_stays_as_it_is(tmp_path):
+def test_a_store_whose_largest_run_is_under_the_share_settles_into_one_run_and_then_stays_as_it_is(tmp_path):
     db = RocksBackend(tmp_path / "p0")
     try:
         for run in range(3):     # a load in three flushes (under universal's trigger of 4 runs): a third each
             db.write({b"k%06d" % i: b"v" * 100 for i in range(run, 21_000, 3)}, PartitionMeta(applied_batch=run))
             db.db.flush()
         rows = dict(db.scan())
-        assert db.settle() is True
+        assert db.settle() is False             # a third each: over the default quarter (SCATTERED_SHARE)
+        assert db.settle(0.5) is True
         data = [f for f in db.db.live_files() if f["num_entries"] > 1]
         assert len(data) == 1 and data[0]["num_entries"] == 21_000 and dict(db.scan()) == rows
         db.write({b"k%06d" % i: b"w" * 100 for i in range(200)}, PartitionMeta(applied_batch=3))   # 1% changed
@@ -85,3 +86,9 @@ def test_a_store_written_mostly_anew_settles_into_one_run_and_then_stays_as_it_i
         assert len(db.db.live_files()) >= 2 and dict(db.scan())[b"k000007"] == b"w" * 100
     finally:
         db.close()
+
+
+def test_a_deep_level_cut_into_files_is_one_sorted_run_and_each_level_0_file_is_one():
+    files = [{"level": 6, "size": 67_909_963}, {"level": 6, "size": 60_000_000}, {"level": 6, "size": 58_728_000},
+             {"level": 0, "size": 1_132}, {"level": 0, "size": 2_000_000}, {"level": 5, "size": 9_000}]
+    assert sorted(sorted_runs(files)) == [1_132, 9_000, 2_000_000, 186_637_963]
