@@ -170,7 +170,10 @@ def _manifest_state(primary: Path) -> tuple:
 
 
 INFO_LOGS = 3
-SCATTERED_SHARE = 0.25      # RocksBackend.settle: under universal compaction's own bound (200% space amplification keeps the base run over a third)
+INFO_LOG_BYTES = 1 << 20
+# RocksBackend.settle: under universal compaction's own bound (200% space amplification keeps the
+# base run over a third), so it fires only on a store no compaction has ordered.
+SCATTERED_SHARE = 0.25
 
 
 def sorted_runs(live_files: list[dict]) -> list[int]:
@@ -185,7 +188,6 @@ def sorted_runs(live_files: list[dict]) -> list[int]:
         else:
             levels[f["level"]] = levels.get(f["level"], 0) + f["size"]
     return runs + list(levels.values())
-INFO_LOG_BYTES = 1 << 20
 
 
 def primary_files(primary: Path | str) -> tuple:

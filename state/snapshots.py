@@ -144,7 +144,7 @@ class SnapshotStore:
         known = self._known_ssts(table, partition, identity)
         uploaded = 0
         if hasattr(backend, "settle") and backend.settle():
-            log.info("%s[%d]: merged into one sorted run before its snapshot (mostly new data)", table, partition)
+            log.info("%s[%d]: merged into one sorted run before its snapshot (no run held a quarter of it)", table, partition)
         with tempfile.TemporaryDirectory(**_checkpoint_place(backend)) as tmp:
             checkpoint = Path(tmp) / "cp"
             backend.checkpoint(checkpoint)
