@@ -131,10 +131,13 @@ def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = 
 
 def job_conf(conf: dict[str, str]) -> dict[str, str]:
     """`conf` for the driver of a job, which lives for one run: with the job JVM options
-    (catalog.settings.job_jvm_options), which long-lived servers do not take."""
+    (catalog.settings.job_jvm_options), which long-lived servers do not take, and the class-data
+    archive `make setup` built for its jars (spark_jobs.jvm_archive)."""
     from catalog import settings
+    from spark_jobs import jvm_archive
 
-    extra = settings.job_jvm_options()
+    jars = [Path(p) for p in conf.get("spark.jars", "").split(",") if p]
+    extra = f"{jvm_archive.java_options(jars)} {settings.job_jvm_options()}".strip()
     if extra:
         conf = {**conf, "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} {extra}".strip()}
     return conf
