@@ -44,6 +44,7 @@ DEFINITION = """-- topic: {topic}
 -- partitions: 4
 -- snapshot_every: 1000000000
 -- max_records_per_batch: 1000000
+-- mirror_every: {mirror_every}
 CREATE TABLE {name} AS
 SELECT k, LATEST_BY_OFFSET(payload) AS payload, SUM(v) AS total
 FROM events
@@ -142,6 +143,9 @@ def main() -> None:
     parser.add_argument("--api-port", type=int, default=25615)
     parser.add_argument("--snapshot-rounds", type=int, default=10,
                         help="rounds of 1%% of the keys changed, each snapshotted (one round can hit a compaction)")
+    parser.add_argument("--mirror-every", type=int, default=10,
+                        help="the table's mirror_every (the product's default 10); a fold rewrites most of "
+                             "the mirror's files, so a large table raises it (README, 'A table's year')")
     parser.add_argument("--only", nargs="+", choices=PHASES, help="run only these phases (after the load)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs/benchmarks/aging.json"))
     args = parser.parse_args()
@@ -156,14 +160,15 @@ def main() -> None:
     from tests.table_env import isolated_runtime
 
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-aging-"))
-    result: dict = {"keys": args.keys, "partitions": 4, "row_bytes": "~100"}
+    result: dict = {"keys": args.keys, "partitions": 4, "row_bytes": "~100", "mirror_every": args.mirror_every}
     with private_broker(args.broker_port) as cfg:
         rt, suffix = isolated_runtime(cfg.kafka_bootstrap, root)
         spark = session.get_or_create("bench-aging")
         tables = {}
         for name, topic in (("aging", "aging_events" + suffix), ("aging_small", "aging_small_events" + suffix)):
             ensure_topic(rt.bootstrap, topic, 4)
-            (rt.tables_dir / f"{name}.sql").write_text(DEFINITION.format(topic=topic, name=name))
+            (rt.tables_dir / f"{name}.sql").write_text(DEFINITION.format(topic=topic, name=name,
+                                                                                 mirror_every=args.mirror_every))
             tables[name] = topic
 
         def run(table="aging", **kw):
