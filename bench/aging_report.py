@@ -53,7 +53,8 @@ def render(r: dict, ran: str) -> str:
         f"aged to {r['aged']['batches']:,} batches through `BatchLog` itself ({r['aged']['seconds']} s, "
         f"compacted as the product compacts it); then {long_run['batches']:,} consecutive batches of 1,000 "
         f"events with a query server answering beside them. A private broker and a local Spark session on "
-        f"2 cores. The issue's full shape is 20M keys (`--keys 20000000`).",
+        f"2 cores. The mirror folds every {r.get('mirror_every', 10):,} batches (`mirror_every`)."
+        + ("" if r["keys"] >= 20_000_000 else " The issue's full shape is 20M keys (`--keys 20000000`)."),
         "",
         "| measured | figure | target (#46) | |",
         "|---|---|---|---|",
