@@ -3,11 +3,12 @@ is byte-identical to the original partitions."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from state import changelog
@@ -89,9 +90,19 @@ def test_truncated_changelog_restores_to_snapshot_and_refuses_beyond(built):
         ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)])
     for future in client.incremental_alter_configs([resource]).values():
         future.result(30)
-    for future in client.delete_records([TopicPartition(topic, p, ends[p]) for p in range(PARTITIONS)],
-                                        request_timeout=30).values():
-        future.result(30)
+    # The controller accepted the policy; the broker applies it from the metadata log a moment later
+    # and refuses DeleteRecords (POLICY_VIOLATION) until then.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for future in client.delete_records([TopicPartition(topic, p, ends[p]) for p in range(PARTITIONS)],
+                                                request_timeout=30).values():
+                future.result(30)
+            break
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.POLICY_VIOLATION or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     table.wipe_local()
     report = table.restore(0, target_batch=5)
     assert report.applied_batch == 5 and report.replayed_records == 0
