@@ -36,9 +36,14 @@ def _options(style: str):
     options.increase_parallelism(2)
     if style.startswith("universal"):
         options.set_compaction_style(DBCompactionStyle.universal())
+        import re
+
+        amplification, trigger = re.fullmatch(r"universal(?:-(\d+))?(?:-t(\d+))?", style).groups()
         uco = UniversalCompactOptions()
-        uco.max_size_amplification_percent = int(style.partition("-")[2] or 200)
+        uco.max_size_amplification_percent = int(amplification or 200)
         options.set_universal_compaction_options(uco)
+        if trigger:               # sorted runs before universal merges to reduce them (RocksDB: 4)
+            options.set_level_zero_file_num_compaction_trigger(int(trigger))
     return options
 
 
@@ -118,7 +123,8 @@ def main() -> None:
     parser.add_argument("--snapshots", type=int, default=60)
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--styles", nargs="+", default=["leveled", "universal", "universal+settle25"],
-                        help="leveled, or universal[-N] with N its max_size_amplification_percent (default 200), "
+                        help="leveled, or universal[-N][-tT] with N its max_size_amplification_percent (default 200) "
+                             "and T its level0_file_num_compaction_trigger (default 4), "
                              "+settleP: merged into one run first when the largest holds under P%")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-compaction-"))
