@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -36,8 +37,6 @@ def _options(style: str):
     options.increase_parallelism(2)
     if style.startswith("universal"):
         options.set_compaction_style(DBCompactionStyle.universal())
-        import re
-
         amplification, trigger = re.fullmatch(r"universal(?:-(\d+))?(?:-t(\d+))?", style).groups()
         uco = UniversalCompactOptions()
         uco.max_size_amplification_percent = int(amplification or 200)

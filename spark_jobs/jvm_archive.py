@@ -57,7 +57,7 @@ def java_options(jars: list[Path]) -> str:
 # The job the archive is built from: what a batch's driver loads (Delta's log, reads, writes, a
 # MERGE, Arrow), run in a local session of the product's own configuration.
 _WORKLOAD = """
-import os, shutil, sys
+import sys
 from pyspark.sql import functions as F
 from spark_jobs import session
 spark = session.get_or_create("statetable-jvm-archive", local=True)
