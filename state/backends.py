@@ -170,6 +170,7 @@ def _manifest_state(primary: Path) -> tuple:
 
 
 INFO_LOGS = 3
+LEVEL0_RUNS = 8
 INFO_LOG_BYTES = 1 << 20
 # RocksBackend.settle: under universal compaction's own bound (200% space amplification keeps the
 # base run over a third), so it fires only on a store no compaction has ordered.
@@ -234,6 +235,12 @@ class RocksBackend:
         # 4.3% on average (at most 39%), for 1.94x the rows' bytes on disk against 1.72x and
         # point reads no slower. A database written with leveled compaction opens as is.
         options.set_compaction_style(DBCompactionStyle.universal())
+        # Compaction starts at 8 level-0 runs, not RocksDB's 4: each snapshot's flush waits as a
+        # small run of its own instead of being merged, re-uploaded, into the next one.
+        # bench/snapshot_compaction, 500k keys, 1% changed per snapshot, 150 snapshots: 2.0% of
+        # the partition uploaded per snapshot on average against 4.65% at 4 (median 0.72% vs 2.6%),
+        # for point reads of 24 us against 14 us at the end, 17.6 vs 19.0 us over 60 snapshots.
+        options.set_level_zero_file_num_compaction_trigger(LEVEL0_RUNS)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_max_background_jobs(2)
