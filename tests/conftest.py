@@ -149,9 +149,50 @@ LONGEST_FIRST = ("test_exactly_once", "test_cluster", "test_first_hour", "test_s
                  "test_microbatch", "test_table_joins", "test_install", "test_airflow_smoke")
 
 
+# The modules that use the `airflow` fixture run on one worker, one after the other, and Airflow
+# stops after the last of them: started on both workers it idled through the whole run
+# (0.06 CPU s a second each: scheduler, dag processor, triggerer, API server, Postgres).
+AIRFLOW_MODULES = ("test_dags", "test_install", "test_airflow_smoke", "test_query_api")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class AirflowModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the airflow modules" if Path(scope).stem in AIRFLOW_MODULES else scope
+
+    return AirflowModulesTogether(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop Airflow once the next test does not use it; a later test that does starts it again
+    (the fixture's cache is cleared with its teardown)."""
+    if nextitem is None or "airflow" not in item.fixturenames or "airflow" in nextitem.fixturenames:
+        return
+    for fixturedef in item._fixtureinfo.name2fixturedefs.get("airflow", ()):
+        fixturedef.finish(item._request)
+
+
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+    def order(item) -> tuple:
+        stem = item.path.stem
+        if stem not in AIRFLOW_MODULES:
+            return rank.get(stem, len(rank)), 0, False
+        # One run of tests that use Airflow: the first module's other tests before them, the
+        # last module's after them.
+        uses = "airflow" in item.fixturenames
+        return (rank["test_dags"], AIRFLOW_MODULES.index(stem),
+                uses if stem == AIRFLOW_MODULES[0] else not uses if stem == AIRFLOW_MODULES[-1] else False)
+
+    items.sort(key=order)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -303,7 +303,8 @@ def test_bad_failure_param_is_rejected_before_any_work(api):
         api.trigger(f"{MOVIES}__restore_verify", {"failure": "meteor_strike"})
 
 
-def test_zz_print_timings():
+def test_zz_print_timings(api):
+    """Takes `api` to run among the tests that use Airflow, after the DAG runs it times."""
     print("\nDAG run wall times (s): " + json.dumps(TIMINGS, indent=1))
 
 
