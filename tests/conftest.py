@@ -146,7 +146,7 @@ def topic_name():
 # behind them; a long module drawn last would leave the other worker idle while it runs.
 LONGEST_FIRST = ("test_exactly_once", "test_cluster", "test_first_hour", "test_secure_kafka",
                  "test_delta_maintenance", "test_table_aggregates", "test_dags", "test_ksqldb_conformance",
-                 "test_microbatch", "test_table_joins", "test_install", "test_airflow_smoke")
+                 "test_microbatch", "test_table_joins")    # the other Airflow modules go with test_dags
 
 
 # The modules that use the `airflow` fixture run on one worker, one after the other, and Airflow
@@ -189,8 +189,8 @@ def pytest_collection_modifyitems(session, config, items):
         # One run of tests that use Airflow: the first module's other tests before them, the
         # last module's after them.
         uses = "airflow" in item.fixturenames
-        return (rank["test_dags"], AIRFLOW_MODULES.index(stem),
-                uses if stem == AIRFLOW_MODULES[0] else not uses if stem == AIRFLOW_MODULES[-1] else False)
+        after = {AIRFLOW_MODULES[0]: uses, AIRFLOW_MODULES[-1]: not uses}.get(stem, False)
+        return rank.get(AIRFLOW_MODULES[0], len(rank)), AIRFLOW_MODULES.index(stem), after
 
     items.sort(key=order)
 
