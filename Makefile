@@ -49,7 +49,8 @@ chromium:
 
 # Two pytest-xdist workers, each with a stack of its own (tests/conftest.py), whole modules each,
 # in the order tests/conftest.py gives them (longest first), not xdist's (most tests first).
-PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# The 30 slowest steps are printed at the end: where the run's time goes.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test: setup chromium
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
