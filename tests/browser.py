@@ -2,9 +2,12 @@
 by Playwright, with an Airflow JWT as the UI's session cookie."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+RENDERED = 20_000       # bytes: a PNG of a blank or half-drawn page is smaller
+RENDER_WAIT = 90        # seconds a page may take to draw on a loaded 2-core machine
 
 
 def screenshots(airflow_url: str, token: str, shots: dict[str, str], text_of: str | None = None) -> str:
@@ -22,13 +25,20 @@ def screenshots(airflow_url: str, token: str, shots: dict[str, str], text_of: st
             page = context.new_page()
             for name, path in shots.items():
                 page.goto(airflow_url + path, wait_until="networkidle")
-                page.wait_for_timeout(2500)
-                page.screenshot(path=str(DOCS / name))
+                # The UI draws after its scripts and the plugin's iframe have loaded, which takes
+                # longer than "networkidle" when the machine is busy: shoot until it is drawn.
+                deadline = time.monotonic() + RENDER_WAIT
+                while True:
+                    page.wait_for_timeout(2500)
+                    png = page.screenshot()
+                    if len(png) > RENDERED or time.monotonic() > deadline:
+                        break
+                (DOCS / name).write_bytes(png)
             if text_of:
                 page.goto(airflow_url + text_of, wait_until="networkidle")
                 text = page.inner_text("body")
         finally:
             browser.close()
     for name in shots:
-        assert (DOCS / name).stat().st_size > 20_000, name
+        assert (DOCS / name).stat().st_size > RENDERED, f"{name}: not drawn in {RENDER_WAIT} s"
     return text
