@@ -90,7 +90,10 @@ def _busy() -> tuple[int, int]:
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
-def core_seconds(loops: int = 10_000_000) -> float:
+CORE_LOOPS = 10_000_000
+
+
+def core_seconds() -> float:
     """Seconds one core takes for a fixed loop of Python additions, the best of three, before and
     after the run. The same suite took 4,374 CPU s on one day and 10,292 on another of the same
     2-core machine: the host's speed moves, and a run's figures are read beside this one."""
@@ -98,7 +101,7 @@ def core_seconds(loops: int = 10_000_000) -> float:
     for _ in range(3):
         started = time.perf_counter()
         total = 0
-        for i in range(loops):
+        for i in range(CORE_LOOPS):
             total += i
         best = min(best, time.perf_counter() - started)
     return round(best, 2)

@@ -2,8 +2,9 @@
 by Playwright, with an Airflow JWT as the UI's session cookie."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+from deploy.processes import wait_until
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RENDERED = 20_000       # bytes: a PNG of a blank or half-drawn page is smaller
@@ -27,13 +28,14 @@ def screenshots(airflow_url: str, token: str, shots: dict[str, str], text_of: st
                 page.goto(airflow_url + path, wait_until="networkidle")
                 # The UI draws after its scripts and the plugin's iframe have loaded, which takes
                 # longer than "networkidle" when the machine is busy: shoot until it is drawn.
-                deadline = time.monotonic() + RENDER_WAIT
-                while True:
-                    page.wait_for_timeout(2500)
-                    png = page.screenshot()
-                    if len(png) > RENDERED or time.monotonic() > deadline:
-                        break
-                (DOCS / name).write_bytes(png)
+                shot = DOCS / name
+                page.wait_for_timeout(2500)
+
+                def drawn() -> bool:
+                    shot.write_bytes(page.screenshot())
+                    return shot.stat().st_size > RENDERED
+
+                wait_until(drawn, RENDER_WAIT, interval=2.5, what=f"{name} drawn")
             if text_of:
                 page.goto(airflow_url + text_of, wait_until="networkidle")
                 text = page.inner_text("body")
