@@ -19,7 +19,7 @@ from pathlib import Path
 
 from catalog import scratch
 from catalog.priority import batch_niceness
-from catalog.settings import StackSettings, adopt_cluster_env, connect_token
+from catalog.settings import StackSettings, adopt_cluster_env, connect_token, server_jvm_options
 from deploy import spark_cluster
 from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
                               write_private)
@@ -57,6 +57,8 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
                      # The stack's workers share this host: their executors' codec libraries go
                      # with the server's scratch (emptied when it starts), not to /tmp.
                      "spark.executor.extraJavaOptions": scratch.java_options(scratch_dir(settings) / "executors")})
+    if server_jvm_options():
+        conf["spark.driver.extraJavaOptions"] += " " + " ".join(server_jvm_options())
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,
         "spark.connect.grpc.binding.port": str(settings.connect_port),

@@ -22,7 +22,7 @@ from pathlib import Path
 from deploy import jars, kafka_security
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 from catalog import scratch
-from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
+from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout, server_jvm_options
 from state.kafka_config import client_config, file_config
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
@@ -105,7 +105,7 @@ def server_properties(settings: StackSettings, broker: int = 1) -> str:
 
 def _java(settings: StackSettings, main: str, *args: str, tmp: Path | None = None) -> list[str]:
     return [
-        "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *server_jvm_options(),
         *([scratch.java_options(tmp)] if tmp is not None else []),
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp", jars.kafka_classpath(), main, *args,

@@ -52,6 +52,9 @@ os.environ.update({
     # Hundreds of short-lived job JVMs (a driver per CLI job): C1 alone compiles what they run, at
     # less CPU per job (catalog.settings.job_jvm_options); the suite is CPU-bound on 2 cores.
     "STATETABLE_JOB_JVM_OPTIONS": os.environ.get("STATETABLE_JOB_JVM_OPTIONS", "-XX:TieredStopAtLevel=1"),
+    # The same for the servers the tests start and kill (Connect servers, brokers): each lives
+    # minutes, not the days C2's compiling pays off in (catalog.settings.server_jvm_options).
+    "STATETABLE_SERVER_JVM_OPTIONS": os.environ.get("STATETABLE_SERVER_JVM_OPTIONS", "-XX:TieredStopAtLevel=1"),
     # Airflow's metrics to a UDP port a test may listen on (tests/test_airflow_smoke.py).
     "AIRFLOW__METRICS__STATSD_ON": "True",
     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
@@ -128,9 +131,9 @@ def airflow(stack_settings_, kafka, engine):
 def spark():
     from spark_jobs import session
 
-    with pytest.MonkeyPatch.context() as env:       # one session for the whole run: C2 pays off
-        env.delenv("STATETABLE_JOB_JVM_OPTIONS", raising=False)
-        spark = session.get_or_create("statetable-tests")
+    # One session for each worker's whole run, a job's JVM options included: its JVM works in
+    # bursts between tests, and C2's compiling cost more than it saved (a Delta test: 204 -> 148 CPU s).
+    spark = session.get_or_create("statetable-tests")
     yield spark
     spark.stop()
 

@@ -149,7 +149,7 @@ def test_a_5000_batch_log_compacted_through_a_crash_restores_and_verifies_exact(
     log = BatchLog(rt.batch_dir(table))
     first = log.last_commit()
     empty = {p: (end, end) for p, (_, end) in first.ranges.items()}
-    entries = 5000 if where == "folder" else 1500           # S3: 2 puts per entry, past one block of 1,000
+    entries = 5000 if where == "folder" else 1100           # S3: 2 puts per entry, past one block of 1,000
     for batch_id in range(first.batch_id + 1, entries):
         log.write_plan(BatchPlan(batch_id, first.topic, empty, first.watermark_ms, topic_id=first.topic_id,
                                  definition=first.definition), table)

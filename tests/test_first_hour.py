@@ -218,12 +218,12 @@ def test_first_hour_from_a_clean_clone(clone):
     assert "None" not in page and "DIFFERS" not in page
     _screenshots(cfg, token, "first-hour")
 
-    # A day of runs, time-shifted: a run every four hours of yesterday with new events, then the
+    # A day of runs, time-shifted: a run every eight hours of yesterday with new events, then the
     # day's drill after a lost disk. The page and the grid still say only what happened.
     from datetime import datetime, timedelta, timezone
 
     yesterday = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
-    for hour in range(0, 24, 4):
+    for hour in range(0, 24, 8):
         events = where / f"day-{hour}.jsonl"
         events.write_text("".join(json.dumps({"page": f"/p{hour % 3}", "user_id": f"u{i}", "ms": 10 * i,
                                                "ts": (yesterday + timedelta(hours=hour)).isoformat()}) + "\n"

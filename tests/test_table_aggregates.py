@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 
 import pandas as pd
 import pytest
 
 from catalog.mapping import row_of
 from spark_jobs import jobs
+from state import faults
 from tests.table_env import (assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
                              new_table, read_topic)
 
@@ -299,17 +299,24 @@ ORDERS = "CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, amount BIGINT
 CUSTOMERS = "CREATE TABLE customers (id BIGINT PRIMARY KEY, tier STRING) WITH (topic='{topic}');"
 
 
-def _kill_at_every_point(rt, engine: str, table: str, between=None) -> None:
-    """`statetable run <table>` as a client of the stack's Spark Connect server, killed at every
-    point (a point in the client SIGKILLs its process group; one in a task kills that task's
+# Every batch point, the rows stage's two and one inside a changelog commit.
+EVERY_POINT = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
+# A join's steps before its merge and after its commit are every table's (the aggregate here and
+# tests/test_exactly_once.py crash at each); its own are the two-sided merge's: read, the rows
+# stage, the merge and the changelog commit of what it changed.
+JOIN_POINTS = ["batch.after_read", "rows.after_commit", "batch.after_rows", "batch.mid_merge", "commit.after_changelog",
+               "batch.after_merge"]
+
+
+def _kill_at_every_point(rt, engine: str, table: str, between=None, points=EVERY_POINT) -> None:
+    """`statetable run <table>` as a client of the stack's Spark Connect server, killed at each of
+    `points` (a point in the client SIGKILLs its process group; one in a task kills that task's
     worker and fails the run), `between()` before each, then run to the end."""
     import os
     import signal
     import subprocess
     import sys
     from pathlib import Path
-
-    from state import faults
 
     statetable = str(Path(sys.executable).parent / "statetable")
     env = {k: v for k, v in {**os.environ, **rt.as_env()}.items() if k != faults.ENV}
@@ -320,7 +327,6 @@ def _kill_at_every_point(rt, engine: str, table: str, between=None) -> None:
                               env=env | ({faults.ENV: fault} if fault else {}), capture_output=True, text=True,
                               timeout=600, start_new_session=True)
 
-    points = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
     for point in points:
         if between is not None:
             between()
@@ -333,9 +339,10 @@ def _kill_at_every_point(rt, engine: str, table: str, between=None) -> None:
 
 @pytest.mark.timeout(1500)
 def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, engine, spark, tmp_path):
-    """An aggregate over a table and a foreign-key join of tables, each killed at every batch fault
-    point, at both of their own (rows.after_commit: some rows partitions committed; batch.after_rows:
-    all of them, nothing merged) and inside a changelog commit, then run to the end. Each table and
+    """An aggregate over a table killed at every batch fault point, at both of its own
+    (rows.after_commit: some rows partitions committed; batch.after_rows: all of them, nothing
+    merged) and inside a changelog commit, then run to the end; a foreign-key join of tables
+    killed at the points of its own steps (JOIN_POINTS). Each table and
     its folded change topic equal pandas over the inputs' current rows, no (key, batch) reaches the
     topic twice, and verify agrees. The join's other table changes and commits before every kill."""
     from spark_jobs import batch
@@ -389,7 +396,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
         producer.flush()
         jobs.run("customers", until_caught_up=True, spark=spark, rt=rt)
 
-    _kill_at_every_point(rt, engine, "orders_tier", customers_change)
+    _kill_at_every_point(rt, engine, "orders_tier", customers_change, JOIN_POINTS)
     a = current_rows(rt.bootstrap, orders, ["id", "cust", "amount"], dtype=object)
     b = current_rows(rt.bootstrap, customers, ["id", "tier"], dtype=object)
     merged = a.dropna(subset=["cust"]).merge(b, left_on="cust", right_on="id", suffixes=("", "_c"))
