@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 
 import pandas as pd
@@ -303,9 +304,10 @@ CUSTOMERS = "CREATE TABLE customers (id BIGINT PRIMARY KEY, tier STRING) WITH (t
 EVERY_POINT = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
 # A join's steps before its merge and after its commit are every table's (the aggregate here and
 # tests/test_exactly_once.py crash at each); its own are the two-sided merge's: read, the rows
-# stage, the merge and the changelog commit of what it changed.
-JOIN_POINTS = ["batch.after_read", "rows.after_commit", "batch.after_rows", "batch.mid_merge", "commit.after_changelog",
-               "batch.after_merge"]
+# stage, the merge and the changelog commit of what it changed. STATETABLE_KILL_EVERY_POINT=1: every point.
+JOIN_POINTS = EVERY_POINT if os.environ.get("STATETABLE_KILL_EVERY_POINT") else [
+    "batch.after_read", "rows.after_commit", "batch.after_rows", "batch.mid_merge", "commit.after_changelog",
+    "batch.after_merge"]
 
 
 def _kill_at_every_point(rt, engine: str, table: str, between=None, points=EVERY_POINT) -> None:
