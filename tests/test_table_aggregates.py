@@ -314,7 +314,6 @@ def _kill_at_every_point(rt, engine: str, table: str, between=None, points=EVERY
     """`statetable run <table>` as a client of the stack's Spark Connect server, killed at each of
     `points` (a point in the client SIGKILLs its process group; one in a task kills that task's
     worker and fails the run), `between()` before each, then run to the end."""
-    import os
     import signal
     import subprocess
     import sys
