@@ -131,9 +131,12 @@ def airflow(stack_settings_, kafka, engine):
 def spark():
     from spark_jobs import session
 
-    # One session for each worker's whole run, a job's JVM options included: its JVM works in
-    # bursts between tests, and C2's compiling cost more than it saved (a Delta test: 204 -> 148 CPU s).
-    spark = session.get_or_create("statetable-tests")
+    # One session for each worker's whole run: C2 pays off. (C1 only saved CPU in its first
+    # minutes, 204 -> 148 CPU s through one Delta test, and lost it over a whole run: the joins of
+    # tables 180 -> 263 s, the mirror's folds 82 -> 119 s.)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("STATETABLE_JOB_JVM_OPTIONS", raising=False)
+        spark = session.get_or_create("statetable-tests")
     yield spark
     spark.stop()
 
