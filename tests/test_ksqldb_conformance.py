@@ -1,7 +1,7 @@
 """ksqlDB's own query-validation cases, translated into statetable's dialect
 (tests/conformance/ksqldb_cases.json says how): each runnable case's inputs go to a real topic
-in two batches, its table runs, and the rows the query API shows equal the case's last output
-per key. Refused cases name the feature they need; kept differences say why (README)."""
+in two batches, its table (without bronze) runs, and the rows the query API shows equal the
+case's last output per key. Refused cases name the feature they need; kept differences say why (README)."""
 from __future__ import annotations
 
 import json
@@ -46,7 +46,10 @@ def test_ksqldb_case(deployment, spark, index, case):
     rt, suffix = deployment
     table, topic = f"ksql{index}", f"ksql{index}{suffix}"
     stream = case["sql"].split(" FROM ")[1].split()[0]
+    # Without bronze: a case asks what the query answers, and bronze (the input kept for verify and
+    # rebuild) is the same for every query: 178 Delta appends the cases never read (19 cases: 243 -> 199 CPU s).
     producer = new_table(rt, table, f"-- topic: {topic}\n-- schema: {case['schema']}\n-- partitions: 2\n"
+                                     f"-- bronze: off\n"
                                      f"CREATE TABLE {table} AS {case['sql'].replace(f' FROM {stream}', ' FROM events')}",
                          topic)
     inputs = case["inputs"]
