@@ -31,11 +31,12 @@ def job_jvm_options() -> str:
 SERVER_JVM_OPTIONS_ENV = "STATETABLE_SERVER_JVM_OPTIONS"
 
 
-def server_jvm_options() -> list[str]:
+def server_jvm_options() -> str:
     """Extra options for the JVMs of the stack's long-lived servers (the Spark Connect server and a
-    cluster's executors, the Kafka brokers). None by default: a server runs for days and C2 pays off. The test suite
-    starts and kills dozens of them within minutes each and sets `-XX:TieredStopAtLevel=1`."""
-    return os.environ.get(SERVER_JVM_OPTIONS_ENV, "").split()
+    cluster's executors, the Kafka brokers), as `job_jvm_options` is for jobs. None by default: a
+    server runs for days and C2 pays off. The test suite starts and kills dozens of them within
+    minutes each and sets `-XX:TieredStopAtLevel=1`."""
+    return os.environ.get(SERVER_JVM_OPTIONS_ENV, "").strip()
 
 
 def _port(name: str, default: int) -> int:

@@ -57,9 +57,10 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
                      # The stack's workers share this host: their executors' codec libraries go
                      # with the server's scratch (emptied when it starts), not to /tmp.
                      "spark.executor.extraJavaOptions": scratch.java_options(scratch_dir(settings) / "executors")})
-    if server_jvm_options():          # a cluster's executors live as long as the server
-        for key in ["spark.driver.extraJavaOptions"] + (["spark.executor.extraJavaOptions"] if workers else []):
-            conf[key] += " " + " ".join(server_jvm_options())
+    if extra := server_jvm_options():      # a cluster's executors (set above) live as long as the server
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            if key in conf:
+                conf[key] += f" {extra}"
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,
         "spark.connect.grpc.binding.port": str(settings.connect_port),

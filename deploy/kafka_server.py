@@ -105,7 +105,7 @@ def server_properties(settings: StackSettings, broker: int = 1) -> str:
 
 def _java(settings: StackSettings, main: str, *args: str, tmp: Path | None = None) -> list[str]:
     return [
-        "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *server_jvm_options(),
+        "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *server_jvm_options().split(),
         *([scratch.java_options(tmp)] if tmp is not None else []),
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp", jars.kafka_classpath(), main, *args,

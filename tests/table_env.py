@@ -12,6 +12,9 @@ from pathlib import Path
 from catalog.runtime import Runtime
 
 SHIPPED = Path(__file__).resolve().parent.parent / "dags" / "tables"
+# The kill tests crash a chosen set of fault points by default; STATETABLE_KILL_EVERY_POINT=1 crashes
+# every point in every engine and kind of table (tests/test_exactly_once.py, tests/test_table_aggregates.py).
+KILL_EVERY_POINT = bool(os.environ.get("STATETABLE_KILL_EVERY_POINT"))
 
 
 def port(base: int) -> int:

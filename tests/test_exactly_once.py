@@ -25,7 +25,8 @@ from deploy import samples
 from catalog.batch_log import BatchLog
 from state import faults
 from deploy.processes import wait_until
-from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, read_topic
+from tests.table_env import (KILL_EVERY_POINT, assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime,
+                             read_topic)
 
 # 100k events prove what 1M did (every fault point, >= 20 batches, kills mid-run): the kills, not
 # the records, are what the test is about; the suite's 35 minutes are CPU-bound (bench/suite_cpu).
@@ -37,8 +38,8 @@ RANDOM_KILLS = int(os.environ.get("STATETABLE_EO_RANDOM_KILLS", "2"))
 # Connect below, and in a local session one point after each step its own JVM or Python workers
 # do: the plan, the bronze append, a merge task, the commit entry and the mirror's fold (a local
 # JVM start per point was a third of this test: 173 of 518 s alone).
-# STATETABLE_KILL_EVERY_POINT=1 crashes every point in both (about 3 minutes more).
-LOCAL_POINTS = tuple(sorted(faults.BATCH_POINTS)) if os.environ.get("STATETABLE_KILL_EVERY_POINT") else (
+# KILL_EVERY_POINT crashes every point in both (about 3 minutes more).
+LOCAL_POINTS = tuple(sorted(faults.BATCH_POINTS)) if KILL_EVERY_POINT else (
     "batch.after_plan", "batch.after_bronze", "batch.mid_merge", "batch.after_commit", "mirror.after_merge")
 TABLE = "payments_per_customer"
 STATETABLE = str(Path(sys.executable).parent / "statetable")

@@ -49,7 +49,7 @@ def test_ksqldb_case(deployment, spark, index, case):
     # Without bronze: a case asks what the query answers, and bronze (the input kept for verify and
     # rebuild) is the same for every query: 178 Delta appends the cases never read (19 cases: 243 -> 199 CPU s).
     producer = new_table(rt, table, f"-- topic: {topic}\n-- schema: {case['schema']}\n-- partitions: 2\n"
-                                     f"-- bronze: off\n"
+                                     "-- bronze: off\n"
                                      f"CREATE TABLE {table} AS {case['sql'].replace(f' FROM {stream}', ' FROM events')}",
                          topic)
     inputs = case["inputs"]

@@ -16,7 +16,7 @@ import pytest
 from catalog.mapping import row_of
 from spark_jobs import jobs
 from state import faults
-from tests.table_env import (assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
+from tests.table_env import (KILL_EVERY_POINT, assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
                              new_table, read_topic)
 
 ITEMS = ("-- partitions: 2\n"
@@ -304,8 +304,8 @@ CUSTOMERS = "CREATE TABLE customers (id BIGINT PRIMARY KEY, tier STRING) WITH (t
 EVERY_POINT = sorted(faults.BATCH_POINTS) + sorted(faults.TABLE_AGGREGATE_POINTS) + ["commit.after_changelog"]
 # A join's steps before its merge and after its commit are every table's (the aggregate here and
 # tests/test_exactly_once.py crash at each); its own are the two-sided merge's: read, the rows
-# stage, the merge and the changelog commit of what it changed. STATETABLE_KILL_EVERY_POINT=1: every point.
-JOIN_POINTS = EVERY_POINT if os.environ.get("STATETABLE_KILL_EVERY_POINT") else [
+# stage, the merge and the changelog commit of what it changed (KILL_EVERY_POINT: every point).
+JOIN_POINTS = EVERY_POINT if KILL_EVERY_POINT else [
     "batch.after_read", "rows.after_commit", "batch.after_rows", "batch.mid_merge", "commit.after_changelog",
     "batch.after_merge"]
 
