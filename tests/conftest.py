@@ -127,15 +127,21 @@ def airflow(stack_settings_, kafka, engine):
         airflow_server.stop(stack_settings_)
 
 
+SESSION_JIT = os.environ.get("STATETABLE_TEST_SESSION_JVM_OPTIONS", "-XX:Tier4InvocationThreshold=50000 "
+                             "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000")
+
+
 @pytest.fixture(scope="session")
 def spark():
     from spark_jobs import session
 
-    # One session for each worker's whole run: C2 pays off. (C1 only saved CPU in its first
-    # minutes, 204 -> 148 CPU s through one Delta test, and lost it over a whole run: the joins of
-    # tables 180 -> 263 s, the mirror's folds 82 -> 119 s.)
+    # One session for each worker's whole run: C2 pays off on what is hot. (C1 alone only saved CPU
+    # in its first minutes and lost it over a whole run: the joins of tables 180 -> 263 s.) But
+    # C2's compiler threads were 56% of this JVM's CPU through 16 warm conformance cases: each
+    # test's queries are new code paths, compiled at C2 once warm enough for C2's default
+    # thresholds. Ten times those thresholds: the session's JVM 50 -> 35 CPU s there.
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("STATETABLE_JOB_JVM_OPTIONS", raising=False)
+        env.setenv("STATETABLE_JOB_JVM_OPTIONS", SESSION_JIT)
         spark = session.get_or_create("statetable-tests")
     yield spark
     spark.stop()
