@@ -21,8 +21,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -76,44 +74,23 @@ def cases(args) -> dict:
         os.environ["STATETABLE_JOB_JVM_OPTIONS"] = args.jvm_options
     cfg, broker = _broker(29592)
     try:
-        from serving.query import QueryService
-        from spark_jobs import jobs, session
+        from spark_jobs import session
         from tests import test_ksqldb_conformance as conformance
-        from tests.table_env import isolated_runtime, new_table
+        from tests.table_env import isolated_runtime
 
         spark = session.get_or_create("suite-directions")
         rt, suffix = isolated_runtime(cfg.kafka_bootstrap, Path(tempfile.mkdtemp()))
 
-        def run_case(numbered) -> int:
-            index, case = numbered
-            table, topic = f"ksql{index}", f"ksql{index}{suffix}"
-            stream = case["sql"].split(" FROM ")[1].split()[0]
-            producer = new_table(rt, table, f"-- topic: {topic}\n-- schema: {case['schema']}\n-- partitions: 2\n"
-                                            f"-- bronze: off\nCREATE TABLE {table} AS "
-                                            f"{case['sql'].replace(f' FROM {stream}', ' FROM events')}", topic)
-            inputs = case["inputs"]
-            for part in (inputs[:len(inputs) // 2], inputs[len(inputs) // 2:]):
-                for value in part:
-                    producer.produce(topic, None if value is None else json.dumps(value).encode())
-                producer.flush(10)
-                jobs.run(table, until_caught_up=True, spark=spark, rt=rt, snapshots=False)
-            service = QueryService(rt, background=False)
-            try:
-                return len(service.scan(table).rows)
-            finally:
-                service.close()
+        def run_case(numbered) -> list[dict]:
+            return conformance.run_case(rt, suffix, spark, *numbered)
 
         for numbered in conformance.RUNNABLE[:args.warm]:
             run_case(numbered)
         chosen = conformance.RUNNABLE[args.warm:args.warm + args.cases]
         scheduler = spark.sparkContext._jsc.sc().dagScheduler()
         jobs0, threads0, busy0, started = scheduler.numTotalJobs(), _jvm_threads(), _busy_seconds(), time.monotonic()
-        if args.side_by_side > 1:
-            with ThreadPoolExecutor(args.side_by_side) as pool:
-                list(pool.map(run_case, chosen))
-        else:
-            for numbered in chosen:
-                run_case(numbered)
+        with ThreadPoolExecutor(max(1, args.side_by_side)) as pool:       # one thread: one after another
+            list(pool.map(run_case, chosen))
         wall, busy = time.monotonic() - started, _busy_seconds() - busy0
         by_thread: dict[str, float] = {}
         for (tid, name), cpu in _jvm_threads().items():
@@ -142,32 +119,18 @@ def kills(args) -> dict:
             samples.produce(eo.TABLE, rt.bootstrap, args.events, suffix=suffix)
             runtimes.append(rt)
 
-        from state import faults
-
         def loop(rt) -> None:
-            """As tests/test_exactly_once.py crashes a local session: `statetable run` with a fault
-            point armed, killed there, its whole process tree gone before the next."""
+            """As tests/test_exactly_once.py crashes a local session, one point after another."""
             for point in KILL_POINTS:
-                env = {**os.environ, **rt.as_env(), "STATETABLE_FAULT_SCOPE": "group", faults.ENV: point}
-                job = subprocess.Popen([str(Path(sys.executable).parent / "statetable"), "run", eo.TABLE,
-                                        "--max-records-per-batch", str(eo.PER_BATCH), "--max-batches", "2"],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       start_new_session=True, text=True)
+                job = eo.start_job(rt, point, max_batches=2)
                 _, err = job.communicate(timeout=600)
                 if job.returncode != -signal.SIGKILL:
                     raise SystemExit(f"{point}: exit {job.returncode}\n{err[-2000:]}")
-                deadline = time.monotonic() + 60
-                while faults.session_pids(job.pid) and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                faults.kill_session(job.pid)
+                eo.wait_session_gone(job.pid)
 
         busy0, started = _busy_seconds(), time.monotonic()
-        if args.side_by_side:
-            with ThreadPoolExecutor(2) as pool:
-                list(pool.map(loop, runtimes))
-        else:
-            for rt in runtimes:
-                loop(rt)
+        with ThreadPoolExecutor(2 if args.side_by_side else 1) as pool:
+            list(pool.map(loop, runtimes))
         return {"direction": "kills", "loops": 2, "points_each": len(KILL_POINTS), "side_by_side": args.side_by_side,
                 "wall_s": round(time.monotonic() - started, 1), "machine_cpu_s": round(_busy_seconds() - busy0, 1)}
     finally:

@@ -53,14 +53,14 @@ def _job_env(rt, fault: str | None = None, remote: str = "local") -> dict:
     return env
 
 
-def _start(rt, fault=None, max_batches=None, remote="local"):
+def start_job(rt, fault=None, max_batches=None, remote="local"):
     args = [STATETABLE, "run", TABLE, "--max-records-per-batch", str(PER_BATCH)]
     args += ["--max-batches", str(max_batches)] if max_batches else ["--until-caught-up"]
     return subprocess.Popen(args, env=_job_env(rt, fault, remote), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True, text=True)
 
 
-def _wait_session_gone(sid: int, timeout: float = 60) -> None:
+def wait_session_gone(sid: int, timeout: float = 60) -> None:
     """The job's whole tree (driver, JVM, PySpark daemon and workers) is gone."""
     deadline = time.monotonic() + timeout
     while faults.session_pids(sid) and time.monotonic() < deadline:
@@ -86,31 +86,31 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
 
     assert set(LOCAL_POINTS) <= set(faults.BATCH_POINTS)
     for point in LOCAL_POINTS:
-        job = _start(rt, point, max_batches=2)
+        job = start_job(rt, point, max_batches=2)
         _, err = job.communicate(timeout=600)
         assert job.returncode == -signal.SIGKILL, f"{point}: exit {job.returncode}\n{err[-3000:]}"
-        _wait_session_gone(job.pid)
+        wait_session_gone(job.pid)
 
     rng = random.Random(20261121)
     for _ in range(RANDOM_KILLS):
-        job = _start(rt)
+        job = start_job(rt)
         time.sleep(rng.uniform(4, 15))     # the JVM starts in ~8 s; a batch of 5k takes under one
         if job.poll() is None:
             faults.kill_session(job.pid)       # SIGKILL the job's whole process tree
         job.wait(timeout=60)
-        _wait_session_gone(job.pid)
+        wait_session_gone(job.pid)
 
     # As a client of the Spark Connect server: a fault point in the client kills the client's tree
     # (the server's operation runs on, detached, until the server interrupts it); one in a merge
     # task kills that task's Python worker and fails the run. Then random kills of the client, and
     # of the server's whole tree (JVM, Python daemon and workers), which is started again.
     for point in sorted(faults.BATCH_POINTS):
-        job = _start(rt, point, max_batches=2, remote=engine)
+        job = start_job(rt, point, max_batches=2, remote=engine)
         _, err = job.communicate(timeout=600)
         assert job.returncode != 0, f"{point} over Spark Connect: exit {job.returncode}\n{err[-3000:]}"
-        _wait_session_gone(job.pid)
+        wait_session_gone(job.pid)
     for kill in range(RANDOM_KILLS):
-        job = _start(rt, remote=engine)
+        job = start_job(rt, remote=engine)
         time.sleep(rng.uniform(1, 6))
         if kill % 2:
             server = connect_server.process(stack_settings_).pid()
@@ -120,16 +120,16 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
                 os.waitpid(server, 0)      # the server is this process's child (started here): reap it
             except ChildProcessError:
                 pass
-            _wait_session_gone(server)
+            wait_session_gone(server)
             job.wait(timeout=120)
             connect_server.start(stack_settings_)
             connect_server.wait_healthy(stack_settings_)
         elif job.poll() is None:
             faults.kill_session(job.pid)
         job.wait(timeout=120)
-        _wait_session_gone(job.pid)
+        wait_session_gone(job.pid)
 
-    final = _start(rt, remote=engine)
+    final = start_job(rt, remote=engine)
     _, err = final.communicate(timeout=1800)
     assert final.returncode == 0, err[-3000:]
     commits = log.commits()

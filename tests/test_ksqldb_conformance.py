@@ -1,7 +1,8 @@
 """ksqlDB's own query-validation cases, translated into statetable's dialect
 (tests/conformance/ksqldb_cases.json says how): each runnable case's inputs go to a real topic
-in two batches, its table (without bronze, and without the snapshot a case never reads) runs, and the rows the query API shows equal the
-case's last output per key. Refused cases name the feature they need; kept differences say why (README)."""
+in two batches, its table (without bronze, and without the snapshot a case never reads) runs, and
+the rows the query API shows equal the case's last output per key. Refused cases name the feature
+they need; kept differences say why (README)."""
 from __future__ import annotations
 
 import json
@@ -41,9 +42,9 @@ def test_every_case_is_translated_refused_with_its_feature_or_a_documented_diffe
         assert case.get("refused", "x") and case.get("difference", "x")
 
 
-@pytest.mark.parametrize("index, case", RUNNABLE, ids=[f"{c['file']}: {c['name']}" for _, c in RUNNABLE])
-def test_ksqldb_case(deployment, spark, index, case):
-    rt, suffix = deployment
+def run_case(rt, suffix: str, spark, index: int, case: dict) -> list[dict]:
+    """A case's table made, its inputs produced and run in its batches; the rows the query API
+    shows (also bench/suite_directions, which times cases)."""
     table, topic = f"ksql{index}", f"ksql{index}{suffix}"
     stream = case["sql"].split(" FROM ")[1].split()[0]
     # Without bronze: a case asks what the query answers, and bronze (the input kept for verify and
@@ -63,9 +64,15 @@ def test_ksqldb_case(deployment, spark, index, case):
         jobs.run(table, until_caught_up=True, spark=spark, rt=rt, snapshots=False)   # as Airflow's task runs it
     service = QueryService(rt, background=False)
     try:
-        rows = json.loads(json.dumps(service.scan(table).rows))
+        return json.loads(json.dumps(service.scan(table).rows))
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("index, case", RUNNABLE, ids=[f"{c['file']}: {c['name']}" for _, c in RUNNABLE])
+def test_ksqldb_case(deployment, spark, index, case):
+    rt, suffix = deployment
+    rows = run_case(rt, suffix, spark, index, case)
 
     def key(row: dict) -> str:
         return json.dumps([row[k] for k in case["keys"]])
