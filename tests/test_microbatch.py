@@ -64,10 +64,12 @@ def test_a_table_without_bronze_keeps_no_input_copy_and_says_verify_needs_it(env
         batch.verify("movie_tickets_sold", spark=spark, rt=rt)
 
 
-def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark):
+def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark, monkeypatch):
     """mirror_every: 2: the changes table gets every batch's changes, a MERGE folds them into the
     mirror after batches 1, 3, 5, ... (the version after batch 3 holds batches 0-3 only, by pandas
-    over their offsets), and the view (mirror overlaid with newer changes) equals the state."""
+    over their offsets), and the view (mirror overlaid with newer changes) equals the state.
+    The first folds are delta-rs's on the driver; with the row bound at 0, the later ones are
+    Spark's MERGE on the same mirror."""
     from delta.tables import DeltaTable
 
     from spark_jobs import mirror
@@ -97,6 +99,7 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
     # fold, and only those batches are left in the changes table.
     for more in (0, 700, 700):
         if more:
+            monkeypatch.setattr(mirror, "DRIVER_FOLD_ROWS", 0)          # Spark's MERGE from here on
             samples.produce("movie_tickets_sold", rt.bootstrap, more, suffix=suffix)
             ids += [c.batch_id for c in jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt)]
         last_fold = max(i for i in ids if i % 2 == 1)
@@ -111,6 +114,10 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
         folded = counts(spark.read.format("delta").load(path))
         assert (folded == state) == (ids[-1] == last_fold)
     assert sum(state.values()) == 6400
+    engines = [r["engineInfo"] for r in DeltaTable.forPath(spark, path).history().where("operation = 'MERGE'")
+               .orderBy("version").collect()]
+    assert len(engines) == ids[-1] // 2 + 1
+    assert engines[0].startswith("delta-rs") and "Delta-Lake" in engines[-1], engines
 
 
 SEED_BOARD = [
