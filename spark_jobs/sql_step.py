@@ -55,7 +55,9 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
         dead = dead.unionByName(frames.late_dead_letters(late, plan.topic))
     if table.kind == "source":
         dead = dead.where(F.col("reason") != "null_value")   # tombstones delete, they are not errors
-    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id)
+    tombstones = reasons.get("null_value", 0) if table.kind == "source" else 0
+    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id,
+                                          sum(n for r, n in reasons.items() if r) - tombstones + late_count)
     steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_dead_letters")
 

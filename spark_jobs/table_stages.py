@@ -110,7 +110,7 @@ def read_input(table_run, plan, started: float, source: TableDefinition) -> Inpu
              read_count, source.name, steps["read"], read_count / max(steps["read"], 1e-6))
     table_run.describe(plan.batch_id, "dead_letters")
     dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
-    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id)
+    dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
     steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_dead_letters")
     faults.point("batch.after_bronze")
