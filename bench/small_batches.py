@@ -6,7 +6,7 @@ records each), and so is the test suite: their fixed cost, not their records, is
 
     .venv/bin/python -m bench.small_batches [--table payments_per_customer] [--batches 20] [--per-batch 50]
 
-It starts a broker of its own on ports 29792-29793 and a local Spark session, and stops both.
+CPU by process uses bench.suite_cpu's kinds. It starts a broker of its own on ports 29792-29793 and a local Spark session, and stops both.
 """
 from __future__ import annotations
 
@@ -18,40 +18,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.suite_cpu import _processes
 from bench.suite_directions import _broker, _busy_seconds
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_by_process() -> dict[str, tuple[str, float]]:
-    """pid -> (kind, CPU seconds) of this machine's processes."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kind = ("broker" if "kafka.Kafka" in cmdline else "session JVM" if "java" in cmdline
-                else "python workers" if "daemon" in cmdline and "pyspark" in cmdline or "worker_daemon" in cmdline
-                else "driver" if proc.name == str(os.getpid()) else "other")
-        out[proc.name] = (kind, (int(fields[11]) + int(fields[12])) / TICKS)
-    return out
-
 
 def _measure(spark, rt, table: str, batches: int, per_batch: int) -> dict:
     from spark_jobs import jobs
 
     tracker, scheduler = spark.sparkContext.statusTracker(), spark.sparkContext._jsc.sc().dagScheduler()
-    jobs0, busy0, started, cpu0 = scheduler.numTotalJobs(), _busy_seconds(), time.monotonic(), _cpu_by_process()
+    jobs0, busy0, started, cpu0 = scheduler.numTotalJobs(), _busy_seconds(), time.monotonic(), _processes()
     done = jobs.run(table, max_batches=batches, spark=spark, rt=rt, max_records_per_batch=per_batch, snapshots=False)
-    wall, busy, cpu1 = time.monotonic() - started, _busy_seconds() - busy0, _cpu_by_process()
+    wall, busy, cpu1 = time.monotonic() - started, _busy_seconds() - busy0, _processes()
     assert len(done) == batches, f"{table}: {len(done)} batches of {batches}: produce more records"
-    by_kind: dict[str, float] = {}
-    for pid, (kind, cpu) in cpu1.items():
-        by_kind[kind] = by_kind.get(kind, 0.0) + cpu - cpu0.get(pid, (kind, 0.0))[1]
+    by_kind: dict[str, float] = {}          # bench.suite_cpu's kinds: this session's JVM is the in-process one
+    for key, (kind, cpu) in cpu1.items():
+        by_kind[kind] = by_kind.get(kind, 0.0) + cpu - cpu0.get(key, (kind, 0.0))[1]
     sites: Counter = Counter()
     for job in range(jobs0, scheduler.numTotalJobs()):
         info = tracker.getJobInfo(job)

@@ -74,12 +74,10 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
              read_count, steps["read"], read_count / max(steps["read"], 1e-6))
 
     table_run.describe(plan.batch_id, "dead_letters")
-    dead_count = 0
-    if sum(n for r, n in reasons.items() if r) + late_count:
-        dead = out.where(F.col("_kind") == "dead")
-        dead_count = sinks.write_dead_letters(table_run, parse.dead_letter_records(
-            dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
-            F.col("size")), plan.batch_id)
+    dead = out.where(F.col("_kind") == "dead")
+    dead_count = sinks.write_dead_letters(table_run, parse.dead_letter_records(
+        dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
+        F.col("size")), plan.batch_id, sum(n for r, n in reasons.items() if r) + late_count)
     steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
     faults.point("batch.after_dead_letters")
 

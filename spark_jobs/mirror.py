@@ -61,6 +61,11 @@ def change_file(batch_id: int, partition: int) -> str:
 CHANGE_DDL = "key STRING, row STRING, batch_id BIGINT, deleted BOOLEAN"
 
 
+def change_batch(name: str) -> int:
+    """The batch of a change file (`change_file`'s name, or a path ending in one)."""
+    return int(name.rsplit("/", 1)[-1][1:13])
+
+
 def change_schema():
     return pa.schema([("key", pa.string()), ("row", pa.string()), ("batch_id", pa.int64()), ("deleted", pa.bool_())])
 
@@ -216,15 +221,16 @@ def fold_if_due(spark, rt: Runtime, table: TableDefinition, batch_id: int) -> No
     if folded is None or folded < batch_id:
         if target is None:        # created by delta-rs: no Spark job for an empty table
             delta_files.commit_files(path, [], change_schema(), f"{table.name}.mirror", -1)
+            target = delta_files.load(path)
         rows = _rows_to_fold(changes_table, batch_id)
         if rows <= DRIVER_FOLD_ROWS:
             how = f"{rows} change rows by delta-rs on the driver"
-            _fold_on_driver(path, changes_table, batch_id, table.name)
+            _fold_on_driver(target, changes_table, batch_id, table.name)
         else:
             how = f"{rows} change rows by Spark (over STATETABLE_MIRROR_DRIVER_FOLD_ROWS={DRIVER_FOLD_ROWS})"
             _fold_in_spark(spark, path, changes, batch_id, table.name)
     faults.point("mirror.after_merge")
-    removed = delta_files.remove_files(changes, lambda name: int(name[1:13]) <= batch_id)
+    removed = delta_files.remove_files(changes, lambda name: change_batch(name) <= batch_id)
     log.info("%s: mirror folded the changes of batches up to %d (%d files; %s) in %.2fs", table.name, batch_id,
              removed, how, time.monotonic() - started)
 
@@ -239,7 +245,7 @@ def _rows_to_fold(changes_table, batch_id: int) -> int:
     actions = pa.table(changes_table.get_add_actions(flatten=True))
     return sum(int(n or 0) for name, n in zip(actions.column("path").to_pylist(),
                                                actions.column("num_records").to_pylist())
-               if int(name.rsplit("/", 1)[-1][1:13]) <= batch_id)
+               if change_batch(name) <= batch_id)
 
 
 def newest_per_key(changes: pa.Table) -> pa.Table:
@@ -251,14 +257,13 @@ def newest_per_key(changes: pa.Table) -> pa.Table:
                     schema=change_schema())
 
 
-def _fold_on_driver(path: str, changes_table, batch_id: int, table: str) -> None:
+def _fold_on_driver(target, changes_table, batch_id: int, table: str) -> None:
     """delta-rs's MERGE, recording the fold (app id `<table>.mirror`) in the same commit."""
     from deltalake.transaction import CommitProperties, Transaction
 
     source = newest_per_key(changes_table.to_pyarrow_table(filters=[("batch_id", "<=", batch_id)]))
     done = CommitProperties(app_transactions=[Transaction(f"{table}.mirror", batch_id, int(time.time() * 1000))])
-    (delta_files.load(path).merge(source, predicate=_MERGE_ON, source_alias="s", target_alias="t",
-                                  commit_properties=done)
+    (target.merge(source, predicate=_MERGE_ON, source_alias="s", target_alias="t", commit_properties=done)
      .when_matched_delete(predicate="s.deleted")
      .when_matched_update_all(predicate="NOT s.deleted")
      .when_not_matched_insert_all(predicate="NOT s.deleted")
