@@ -93,7 +93,10 @@ def _snapshot_partitions(ctx, batches):
     faults.arm(*armed)
     for batch in batches:
         for partition in batch.column("p").to_pylist():
-            table = StateTable(spec, task_state_dir(state_dir), bootstrap=bootstrap, snapshot_uri=snapshot_uri)
+            # The batch's changelog exists (it was just written): a snapshot asks no broker anything,
+            # so a broker lost meanwhile costs it nothing.
+            table = StateTable(spec, task_state_dir(state_dir), bootstrap=bootstrap, snapshot_uri=snapshot_uri,
+                               create_topics=False)
             try:
                 table.snapshot(partition)
             finally:

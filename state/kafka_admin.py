@@ -132,7 +132,8 @@ def wanted_replication(client, timeout: float = 5, bootstrap: str | None = None)
         resource = ConfigResource("broker", str(min(brokers)))
         configs = next(iter(client.describe_configs([resource]).values())).result(timeout)
         wanted = int(configs["default.replication.factor"].value)
-    except (KafkaException, KeyError, ValueError):
+    except (KafkaException, KeyError, ValueError, TimeoutError):
+        # TimeoutError: the broker asked died meanwhile (concurrent.futures' timeout is TimeoutError).
         wanted = min(len(brokers), 3)
     if bootstrap:
         _WANTED[bootstrap] = (time.monotonic(), wanted)
