@@ -61,23 +61,25 @@ def _by_spark(spark, path: str, trim_below: int) -> dict:
 
 
 def _timed(run, source: str, copy: str) -> dict:
+    from deltalake import DeltaTable
+
     shutil.copytree(source, copy)
     before, own, started = _processes(), _own_cpu(), time.monotonic()
     done = run(copy)
-    wall, after = time.monotonic() - started, _processes()
-    left = sum(1 for _, _, names in os.walk(copy) for name in names if name.endswith(".parquet"))
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(copy).to_pyarrow_table().num_rows      # both must leave the same table
+    wall, own, after = time.monotonic() - started, _own_cpu() - own, _processes()
     jvm = sum(cpu - before.get(key, (kind, 0.0))[1] for key, (kind, cpu) in after.items()
               if kind.startswith("spark driver JVMs"))
-    return {**done, "rows_left": rows, "parquet_files_left": left, "wall_s": round(wall, 3), "driver_python_cpu_s": round(_own_cpu() - own, 3),
-            "spark_jvm_cpu_s": round(jvm, 2)}
+    return {**done,
+            "rows_left": DeltaTable(copy).to_pyarrow_table().num_rows,      # both must leave the same table
+            "parquet_files_left": sum(1 for _, _, names in os.walk(copy) for name in names
+                                      if name.endswith(".parquet")),
+            "wall_s": round(wall, 3), "driver_python_cpu_s": round(own, 3), "spark_jvm_cpu_s": round(jvm, 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=60, help="bronze's small files (batches since the last compaction)")
+    parser.add_argument("--files", type=int, default=60,
+                        help="bronze's small files (batches since the last compaction)")
     parser.add_argument("--rows", type=int, default=200, help="rows per file")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -106,7 +108,7 @@ def main() -> None:
             spark.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    os.dup2(stdout, 1)
+        os.dup2(stdout, 1)
     # The first Spark run pays the session's first OPTIMIZE (class loading, codegen): the warm figure is the rest.
     warm = {name: done[1:] or done for name, done in runs.items()}
     print(json.dumps({

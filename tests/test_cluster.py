@@ -27,9 +27,9 @@ import pytest
 
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
-from serving.replica import read_status
 from deploy import samples
 from deploy.processes import wait_until
+from serving.replica import read_status
 from state import faults
 from tests.table_env import isolated_runtime, read_topic
 
