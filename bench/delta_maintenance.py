@@ -1,6 +1,7 @@
-"""What a table's Delta maintenance costs, by Spark SQL (today's spark_jobs.delta_maintenance:
-OPTIMIZE, the bronze trim's DELETE, VACUUM) and by delta-rs on the driver (optimize.compact,
-delete, vacuum), side by side in one run on copies of one bronze of many small files.
+"""What a table's Delta maintenance costs, by Spark SQL (spark_jobs.delta_maintenance over its
+driver bound: OPTIMIZE, the bronze trim's DELETE, VACUUM) and by delta-rs on the driver
+(optimize.compact, delete, vacuum: the same module under the bound), side by side in one run on
+copies of one bronze of many small files.
 
 Every `maintain_every` batches a table runs it; the fold of the mirror moved to delta-rs under a
 size bound once Spark's MERGE of a few rows proved to cost ~10 CPU s, and this measures whether

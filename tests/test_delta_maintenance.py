@@ -42,16 +42,21 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
             before = len(delta_files.load(bronze).file_uris())
             assert before > 1
     assert len(delta_files.load(bronze).file_uris()) == 1, "bronze was not compacted at batch 3"
+    optimized = [h for h in delta_files.load(bronze).history() if h["operation"] == "OPTIMIZE"]
+    assert len(optimized) == 1 and "delta-rs" in optimized[0].get("clientVersion", ""), optimized   # a small table's
     assert _files_on_disk(bronze) > 1                # dropped files stay for delta_retention (1 h)
     frame = spark.read.format("delta").load(bronze)
     assert frame.count() == produced == frame.select("source_partition", "source_offset").distinct().count()
     result = batch.verify(TABLE, spark=spark, rt=rt)
     assert result.ok, result.summary()
 
-    # VACUUM with no retention: only the live file is left on disk, and the table reads the same.
+    # VACUUM with no retention, by Spark (over the driver's bound): only the live file is left on
+    # disk, and the table reads the same.
     table, _ = jobs.load_table(TABLE, rt)
     table.delta_retention_ms = 0
-    delta_maintenance.maintain(spark, rt, table)
+    with pytest.MonkeyPatch.context() as bound:
+        bound.setattr(delta_maintenance, "DRIVER_BYTES", 0)
+        assert delta_maintenance.maintain(spark, rt, table)["bronze"]["engine"] == "spark"
     assert _files_on_disk(bronze) == len(delta_files.load(bronze).file_uris()) == 1
     assert spark.read.format("delta").load(bronze).count() == produced
 
@@ -70,6 +75,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     table.delta_retention_ms, table.bronze_retention_ms = 3_600_000, int((age + 1.5) * 1000)
     report = delta_maintenance.maintain(spark, rt, table)
     assert report["bronze"]["bronze_from_batch"] == 4 == verify_chain.bronze_from_batch(rt, TABLE)
+    assert report["bronze"]["engine"] == "delta-rs", report
     assert report["bronze"]["files_compacted"] >= 2 and report["bronze"]["files_written"] == 1, report
     kept = spark.read.format("delta").load(bronze)
     assert sorted(r["batch_id"] for r in kept.select("batch_id").distinct().collect()) == [4, 5]

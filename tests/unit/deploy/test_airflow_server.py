@@ -1,0 +1,42 @@
+"""deploy.airflow_server's settings are options Airflow reads: a misspelt or renamed one (Airflow
+2's `[scheduler] min_file_process_interval`) is ignored without a word, and the stack runs on a
+default nobody chose."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from catalog.settings import StackSettings
+from deploy import airflow_server
+
+
+def unread(names) -> list[str]:
+    """The AIRFLOW__SECTION__OPTION names among `names` that no Airflow option (its own or an
+    installed provider's) answers to."""
+    from airflow.configuration import conf
+
+    described = conf.configuration_description
+    unknown = []
+    for name in names:
+        section, _, option = name.removeprefix("AIRFLOW__").lower().partition("__")
+        if option not in described.get(section, {}).get("options", {}):
+            unknown.append(name)
+    return unknown
+
+
+@pytest.mark.parametrize("executor", ["local", "celery"])
+def test_every_airflow_option_the_stack_sets_is_one_airflow_reads(tmp_path, monkeypatch, executor):
+    monkeypatch.setenv(airflow_server.EXECUTOR_ENV, executor)
+    for name in [k for k in os.environ if k.startswith("AIRFLOW__")]:
+        monkeypatch.delenv(name)                      # the stack's own settings only, not the caller's
+    settings = StackSettings("127.0.0.1", 29092, 29093, 28080, tmp_path / "stack")
+    env = airflow_server.airflow_env(settings)
+    assert unread(n for n in env if n.startswith("AIRFLOW__")) == []
+
+
+def test_the_suites_airflow_options_are_ones_airflow_reads():
+    """tests/conftest.py's own (the scheduler off, metrics, lineage): ignored, scheduled runs would
+    race the runs the tests trigger. pytest loaded tests/conftest.py, which set them, before this."""
+    assert os.environ.get("AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE") == "False"
+    assert unread(n for n in os.environ if n.startswith("AIRFLOW__")) == []
