@@ -14,9 +14,9 @@ export UV_LINK_MODE := copy
 # numpy and pyspark from source in each process).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: setup run test stack-down bench bench-peers clean chromium
+.PHONY: setup run test stack-down bench bench-peers clean chromium jvm-archive
 
-setup: $(VENV)/.synced .cache/jars/.fetched .cache/jvm/.built
+setup: $(VENV)/.synced .cache/jars/.fetched
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -31,11 +31,16 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 	$(VENV)/bin/python -m deploy.jars fetch
 	touch $@
 
-# A class-data archive of the jobs' driver JVMs (spark_jobs/jvm_archive.py): each job starts
-# from it, a third less CPU to start.
+# A class-data archive of the jobs' driver JVMs (spark_jobs/jvm_archive.py): a job whose driver
+# runs here (a local session, spark-submit) starts from it with ~5 CPU s less. Building it costs
+# ~80 s and ~110 CPU s on 2 cores, so `make test` (hundreds of local jobs) builds it and `make run`
+# does not: on the stack every job runs on the Spark Connect server, and a newcomer's first run
+# waited 80 s for an archive nothing of it used. `make jvm-archive` builds it on its own.
 .cache/jvm/.built: .cache/jars/.fetched spark_jobs/jvm_archive.py
 	$(VENV)/bin/python -m spark_jobs.jvm_archive
 	touch $@
+
+jvm-archive: setup .cache/jvm/.built
 
 run: setup
 	$(STATETABLE) stack up
@@ -52,7 +57,7 @@ chromium:
 # The 30 slowest steps are printed at the end: where the run's time goes.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
-test: setup chromium
+test: setup .cache/jvm/.built chromium
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 stack-down:
