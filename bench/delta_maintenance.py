@@ -1,7 +1,7 @@
-"""What a table's Delta maintenance costs, by Spark SQL (spark_jobs.delta_maintenance over its
-driver bound: OPTIMIZE, the bronze trim's DELETE, VACUUM) and by delta-rs on the driver
-(optimize.compact, delete, vacuum: the same module under the bound), side by side in one run on
-copies of one bronze of many small files.
+"""What a table's Delta maintenance costs, by Spark SQL (spark_jobs.delta_maintenance.in_spark,
+over its driver bound: the bronze trim's DELETE, OPTIMIZE, VACUUM) and by delta-rs on the driver
+(delta_maintenance.on_driver, under the bound), side by side in one run on copies of one bronze
+of many small files.
 
 Every `maintain_every` batches a table runs it; the fold of the mirror moved to delta-rs under a
 size bound once Spark's MERGE of a few rows proved to cost ~10 CPU s, and this measures whether
@@ -25,6 +25,7 @@ import time
 import pyarrow as pa
 
 from bench.suite_cpu import _processes
+from spark_jobs import delta_maintenance
 
 
 def _bronze(path: str, files: int, rows: int) -> None:
@@ -46,19 +47,11 @@ def _own_cpu() -> float:
 def _by_delta_rs(path: str, trim_below: int) -> dict:
     from deltalake import DeltaTable
 
-    table = DeltaTable(path)
-    metrics = table.optimize.compact()
-    table.delete(f"batch_id < {trim_below}")
-    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-    return {"files_removed": metrics["numFilesRemoved"], "files_added": metrics["numFilesAdded"]}
+    return delta_maintenance.on_driver(DeltaTable(path), trim_below, hours=0)
 
 
 def _by_spark(spark, path: str, trim_below: int) -> dict:
-    metrics = spark.sql(f"OPTIMIZE delta.`{path}`").collect()[0]["metrics"]
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE batch_id < {trim_below}")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
-    return {"files_removed": metrics["numFilesRemoved"], "files_added": metrics["numFilesAdded"]}
+    return delta_maintenance.in_spark(spark, path, trim_below, hours=0)
 
 
 def _timed(run, source: str, copy: str) -> dict:

@@ -14,8 +14,9 @@ rewrites, and the files a bronze trim may rewrite) are at most
 `STATETABLE_MAINTENANCE_DRIVER_BYTES` (default 256 MiB), Spark SQL above that. What a run reads
 grows with what changed since the last one (those are the small files), so most runs are the
 driver's: one of 288 files of 2,000 rows took 0.5 s there against 21 s of wall and 41 JVM CPU s
-in Spark SQL, leaving the same rows (bench/delta_maintenance.py). A table delta-rs cannot write
-(a writer feature it lacks) goes to Spark, named in the log."""
+in Spark SQL, leaving the same rows (bench/delta_maintenance.py, which times these two functions).
+Where delta-rs fails (a writer feature it lacks, a conflicting commit), Spark SQL takes over,
+named in the log."""
 from __future__ import annotations
 
 import logging
@@ -29,12 +30,12 @@ from catalog.runtime import Runtime, spark_path
 from spark_jobs import delta_files, mirror
 from spark_jobs.verify_chain import BRONZE_FROM, bronze_from_batch
 
-__all__ = ["maintain", "maintain_if_due"]
+__all__ = ["in_spark", "maintain", "maintain_if_due", "on_driver"]
 
 log = logging.getLogger("statetable.maintenance")
 
 DRIVER_BYTES = int(os.environ.get("STATETABLE_MAINTENANCE_DRIVER_BYTES", str(256 << 20)))
-SMALL_FILE_BYTES = 100 << 20      # delta-rs' default target size: files below it are compacted
+SMALL_FILE_BYTES = 100 << 20      # the compaction's target size: files below it are rewritten
 
 
 def maintain_if_due(spark, rt: Runtime, table: TableDefinition, commit: BatchCommit) -> dict | None:
@@ -44,10 +45,11 @@ def maintain_if_due(spark, rt: Runtime, table: TableDefinition, commit: BatchCom
 
 
 def _tables(rt: Runtime, table: TableDefinition) -> dict[str, str]:
+    """The table's Delta tables, by name; one that was never written has no log and is skipped."""
     paths = {"mirror": mirror.mirror_path(rt, table.name), "dlq": rt.delta_path(table.name, "dlq")}
     if table.bronze:
         paths["bronze"] = rt.delta_path(table.name, "bronze")
-    return {name: path for name, path in paths.items() if delta_files.exists(path)}
+    return paths
 
 
 def _trim_from(rt: Runtime, table: TableDefinition) -> int | None:
@@ -71,29 +73,32 @@ def _trim_from(rt: Runtime, table: TableDefinition) -> int | None:
     return None if first <= (bronze_from_batch(rt, table.name) or 0) else first
 
 
-def _bytes_to_read(path: str, trim_from: int | None) -> int:
+def _bytes_to_read(target, trim_from: int | None) -> int:
     """What a run reads, from the log's add actions (nothing is read to decide): the small files a
-    compaction rewrites, and the larger ones a trim may rewrite (their first batch is before it)."""
+    compaction rewrites, and the larger ones a trim may rewrite (their first batch is before it).
+    The add actions are the live files: about bronze's bytes / SMALL_FILE_BYTES once compacted, plus
+    the `maintain_every` batches' files since."""
     import pyarrow as pa
 
-    actions = pa.table(delta_files.load(path).get_add_actions(flatten=True)).to_pydict()
+    actions = pa.table(target.get_add_actions(flatten=True)).to_pydict()
     firsts = actions.get("min.batch_id") or [None] * len(actions["size_bytes"])
     return sum(size for size, first in zip(actions["size_bytes"], firsts)
                if size < SMALL_FILE_BYTES or (trim_from is not None and (first is None or first < trim_from)))
 
 
-def _on_driver(path: str, trim_from: int | None, hours: float) -> dict:
-    target = delta_files.load(path)
+def on_driver(target, trim_from: int | None, hours: float) -> dict:
+    """The trim, compaction and vacuum by delta-rs on the driver, on the loaded DeltaTable `target`."""
     if trim_from is not None:
         target.delete(f"batch_id < {trim_from}")
         target.alter.set_table_properties({BRONZE_FROM: str(trim_from)}, raise_if_not_exists=False)
-    metrics = target.optimize.compact()
+    metrics = target.optimize.compact(target_size=SMALL_FILE_BYTES)
     # `full`: also the files no commit names (a crashed batch's workers wrote them), as Spark's VACUUM.
     target.vacuum(retention_hours=math.ceil(hours), dry_run=False, enforce_retention_duration=hours >= 168, full=True)
     return {"files_compacted": metrics["numFilesRemoved"], "files_written": metrics["numFilesAdded"]}
 
 
-def _in_spark(spark, path: str, trim_from: int | None, hours: float) -> dict:
+def in_spark(spark, path: str, trim_from: int | None, hours: float) -> dict:
+    """The same steps in Spark SQL: a run over the driver's bound, or a table delta-rs cannot write."""
     where = spark_path(path)
     if trim_from is not None:
         spark.sql(f"DELETE FROM delta.`{where}` WHERE batch_id < {trim_from}")
@@ -109,25 +114,31 @@ def _in_spark(spark, path: str, trim_from: int | None, hours: float) -> dict:
 
 def maintain(spark, rt: Runtime, table: TableDefinition) -> dict:
     """The bronze retention, OPTIMIZE and VACUUM of the table's Delta tables; what was done, by table."""
-    from deltalake.exceptions import DeltaProtocolError
+    from deltalake.exceptions import DeltaError
 
     hours = table.delta_retention_ms / 3_600_000
     report: dict[str, dict] = {}
     for name, path in _tables(rt, table).items():
+        target = delta_files.load(path)          # loaded once: the bound and delta-rs' steps read it
+        if target is None:
+            continue
         started, done = time.monotonic(), {}
         trim_from = None
         if name == "bronze" and table.bronze_retention_ms is not None:
             trim_from = done["bronze_from_batch"] = _trim_from(rt, table)
-        reads = _bytes_to_read(path, trim_from)
-        done["engine"] = "spark"
-        if reads <= DRIVER_BYTES:
+        reads = _bytes_to_read(target, trim_from)
+        engine = "delta-rs" if reads <= DRIVER_BYTES else "spark"
+        if engine == "delta-rs":
             try:
-                done.update(_on_driver(path, trim_from, hours), engine="delta-rs")
-            except DeltaProtocolError as exc:
-                log.warning("%s: %s: delta-rs cannot maintain this table (%s); Spark SQL does", table.name, name, exc)
-        if done["engine"] == "spark":
-            done.update(_in_spark(spark, path, trim_from, hours))
-        done.update(bytes_read_at_most=reads, seconds=round(time.monotonic() - started, 2))
+                done.update(on_driver(target, trim_from, hours))
+            except DeltaError as exc:
+                # Each step is its own commit and none repeats harmfully, so Spark SQL takes over
+                # wherever delta-rs stopped; a table delta-rs cannot write is not stopped by it.
+                log.warning("%s: %s: delta-rs could not maintain it (%s); Spark SQL does", table.name, name, exc)
+                engine = "spark"
+        if engine == "spark":
+            done.update(in_spark(spark, path, trim_from, hours))
+        done.update(engine=engine, bytes_read_at_most=reads, seconds=round(time.monotonic() - started, 2))
         report[name] = done
     log.info("%s: Delta maintenance (OPTIMIZE, VACUUM retaining %g h%s): %s", table.name, hours,
              "" if table.bronze_retention_ms is None else f", bronze for {table.bronze_retention_ms / 86_400_000:g} d",

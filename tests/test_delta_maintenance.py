@@ -43,7 +43,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
             assert before > 1
     assert len(delta_files.load(bronze).file_uris()) == 1, "bronze was not compacted at batch 3"
     optimized = [h for h in delta_files.load(bronze).history() if h["operation"] == "OPTIMIZE"]
-    assert len(optimized) == 1 and "delta-rs" in optimized[0].get("clientVersion", ""), optimized   # a small table's
+    assert len(optimized) == 1 and "delta-rs" in optimized[0].get("clientVersion", ""), optimized   # under the bound
     assert _files_on_disk(bronze) > 1                # dropped files stay for delta_retention (1 h)
     frame = spark.read.format("delta").load(bronze)
     assert frame.count() == produced == frame.select("source_partition", "source_offset").distinct().count()

@@ -38,7 +38,7 @@ def test_on_the_driver_a_trim_compaction_and_vacuum_leave_the_kept_batches_in_on
     an_hour_ago = time.time() - 3700
     os.utime(stray, (an_hour_ago, an_hour_ago))
 
-    done = delta_maintenance._on_driver(str(bronze), trim_from=2, hours=0)
+    done = delta_maintenance.on_driver(DeltaTable(str(bronze)), trim_from=2, hours=0)
 
     table = DeltaTable(str(bronze))
     kept = table.to_pyarrow_table()
@@ -52,7 +52,7 @@ def test_vacuum_keeps_what_the_retention_promises(tmp_path):
     bronze = tmp_path / "bronze"
     _bronze(bronze)
     before = _parquet_on_disk(bronze)
-    delta_maintenance._on_driver(str(bronze), trim_from=None, hours=1)
+    delta_maintenance.on_driver(DeltaTable(str(bronze)), trim_from=None, hours=1)
     live = {Path(u).name for u in DeltaTable(str(bronze)).file_uris()}
     assert len(live) == 1 and _parquet_on_disk(bronze) == before | live      # dropped minutes ago: kept
     assert DeltaTable(str(bronze)).to_pyarrow_table().num_rows == 200
@@ -64,10 +64,10 @@ def test_the_bound_counts_small_files_and_the_files_a_trim_rewrites(tmp_path, mo
     actions = pa.table(DeltaTable(str(bronze)).get_add_actions(flatten=True)).to_pydict()
     size_of = dict(zip(actions["min.batch_id"], actions["size_bytes"]))
     assert sorted(size_of) == [0, 1, 2, 3]
-    assert delta_maintenance._bytes_to_read(str(bronze), None) == sum(size_of.values())
+    assert delta_maintenance._bytes_to_read(DeltaTable(str(bronze)), None) == sum(size_of.values())
     monkeypatch.setattr(delta_maintenance, "SMALL_FILE_BYTES", 1)           # as if every file were large
-    assert delta_maintenance._bytes_to_read(str(bronze), None) == 0
-    assert delta_maintenance._bytes_to_read(str(bronze), 2) == size_of[0] + size_of[1]
+    assert delta_maintenance._bytes_to_read(DeltaTable(str(bronze)), None) == 0
+    assert delta_maintenance._bytes_to_read(DeltaTable(str(bronze)), 2) == size_of[0] + size_of[1]
 
 
 def test_a_run_over_the_bound_goes_to_spark(tmp_path, monkeypatch):
@@ -75,7 +75,7 @@ def test_a_run_over_the_bound_goes_to_spark(tmp_path, monkeypatch):
     _bronze(bronze)
     ran = []
     monkeypatch.setattr(delta_maintenance, "_tables", lambda rt, table: {"bronze": str(bronze)})
-    monkeypatch.setattr(delta_maintenance, "_in_spark",
+    monkeypatch.setattr(delta_maintenance, "in_spark",
                         lambda spark, path, trim_from, hours: ran.append(path) or {"files_compacted": 4,
                                                                                    "files_written": 1})
     table = SimpleNamespace(name="t", delta_retention_ms=3_600_000, bronze_retention_ms=None)
@@ -84,3 +84,26 @@ def test_a_run_over_the_bound_goes_to_spark(tmp_path, monkeypatch):
     monkeypatch.setattr(delta_maintenance, "DRIVER_BYTES", 1 << 30)
     report = delta_maintenance.maintain(None, None, table)["bronze"]
     assert report["engine"] == "delta-rs" and report["files_compacted"] == 4 and ran == [str(bronze)]
+
+
+def test_a_run_delta_rs_cannot_finish_goes_to_spark(tmp_path, monkeypatch):
+    """A commit conflict or a writer feature delta-rs lacks must not stop the table's batches."""
+    from deltalake.exceptions import CommitFailedError
+
+    bronze = tmp_path / "bronze"
+    _bronze(bronze)
+    ran = []
+
+    def refuse(target, trim_from, hours):
+        raise CommitFailedError("a concurrent commit")
+
+    monkeypatch.setattr(delta_maintenance, "_tables",
+                        lambda rt, table: {"bronze": str(bronze), "dlq": str(tmp_path / "none")})
+    monkeypatch.setattr(delta_maintenance, "on_driver", refuse)
+    monkeypatch.setattr(delta_maintenance, "in_spark",
+                        lambda spark, path, trim_from, hours: ran.append(path) or {"files_compacted": 4,
+                                                                                   "files_written": 1})
+    table = SimpleNamespace(name="t", delta_retention_ms=3_600_000, bronze_retention_ms=None)
+    report = delta_maintenance.maintain(None, None, table)
+    assert report["bronze"]["engine"] == "spark" and ran == [str(bronze)]
+    assert "dlq" not in report                          # never written: no log, nothing to maintain
