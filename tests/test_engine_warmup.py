@@ -26,6 +26,9 @@ STATETABLE = str(Path(sys.executable).parent / "statetable")
 TABLE = "warm_counts"
 SQL = ("-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 2\n"
        "CREATE TABLE warm_counts AS SELECT k, COUNT(v) AS n, SUM(v) AS s FROM events GROUP BY k;\n")
+# A table of rows, as the demo's `players`: the Spark-SQL pass, which merges in the shared session.
+ROWS = "rows_by_id"
+ROWS_SQL = "-- partitions: 2\nCREATE TABLE rows_by_id (id BIGINT PRIMARY KEY, name STRING) WITH (topic='{topic}');\n"
 
 
 def _cli(env: dict, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
@@ -73,6 +76,20 @@ def test_a_restarted_engine_is_warm_before_the_first_batch(kafka, engine, tmp_pa
     status = _cli(env, "stack", "status", ok=(0, 3)).stdout      # 3: a part is down (no Airflow here)
     assert re.search(r"^spark-connect warmed in [0-9.]+s \(5,000 records\)$", status, re.M), status
     assert warm["commit"]["cold_workers"] == 0, warm["commit"]
+    # The server keeps a worker daemon per session, and the scratch table's Arrow pass ran in its
+    # record cap's own: the warm-up forks the shared session's too (without it, both cold here).
+    rows_topic = f"rows-{uuid.uuid4().hex[:8]}"
+    rows = new_table(rt, ROWS, ROWS_SQL.format(topic=rows_topic), rows_topic)
+    for i in range(100):
+        rows.produce(rows_topic, json.dumps({"id": i, "name": f"n{i}"}).encode(), str(i).encode(), partition=i % 2)
+    assert rows.flush(30) == 0
+    from catalog.registry import load_table
+    from spark_jobs.microbatch import engine_of
+
+    assert engine_of(load_table(ROWS, rt)[0]) == "spark"
+    (commit,) = [json.loads(line) for line in _cli(env, "run", ROWS, "--until-caught-up").stdout.splitlines()
+                 if line.startswith("{")]
+    assert commit["read"] == 100 and commit["cold_workers"] == 0, commit
 
     # The warm-up's scratch table stays out of the deployment's folders, and the user's table is exact.
     from spark_jobs import jobs
