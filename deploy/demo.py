@@ -23,14 +23,14 @@ WAVES = (("players", "products", "movies", "movie_tickets_sold", "payments_per_c
          ("tickets_per_genre",))                      # an aggregate over movie_ticket_genres
 
 
-def _trigger(api: AirflowApi, dag_id: str, conf: dict | None = None) -> tuple[str, str, float]:
+def _trigger(api: AirflowApi, dag_id: str, conf: dict | None = None) -> tuple[str, float]:
     api.wait_for_dag(dag_id)
     run_id = api.trigger(dag_id, conf)
     print(f"  {dag_id}: triggered {run_id} ...", flush=True)
-    return dag_id, run_id, time.monotonic()
+    return run_id, time.monotonic()
 
 
-def _finish(api: AirflowApi, dag_id: str, run_id: str, started: float) -> dict:
+def _finish(api: AirflowApi, dag_id: str, run_id: str, started: float) -> None:
     run = api.wait_run(dag_id, run_id, timeout=1800)
     states = api.task_states(dag_id, run_id)
     print(f"  {dag_id}: {run['state']} in {time.monotonic() - started:.0f}s {states}", flush=True)
@@ -41,12 +41,11 @@ def _finish(api: AirflowApi, dag_id: str, run_id: str, started: float) -> dict:
         print(f"    stats: {json.dumps(api.xcom(dag_id, run_id, 'run_batches'))}", flush=True)
     if run["state"] != "success":
         raise SystemExit(f"{dag_id} run {run_id} ended {run['state']}; see {api.base}/dags/{dag_id}")
-    return states
 
 
 def _wave(api: AirflowApi, dag_ids: list[str], conf: dict | None = None) -> None:
     """Trigger every DAG of the wave, then wait for each: a failed run stops the demo naming it."""
-    for dag_id, run_id, started in [_trigger(api, dag_id, conf) for dag_id in dag_ids]:
+    for dag_id, (run_id, started) in [(dag_id, _trigger(api, dag_id, conf)) for dag_id in dag_ids]:
         _finish(api, dag_id, run_id, started)
 
 
