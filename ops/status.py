@@ -252,19 +252,61 @@ def utc(epoch: float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
 
 
+PROBE_SECONDS = 5.0
+SILENCE_KEPT_SECONDS = 10.0
+_silence: dict[str, tuple[float, str]] = {}       # bootstrap -> (monotonic time of the probe, why)
+_silence_lock = threading.Lock()
+
+
+def broker_silence(rt: Runtime) -> str | None:
+    """Why no Kafka broker answers at the stack's address (one line), or None when one does.
+
+    A status of many tables (`statetable tables`, the State tables page) asks the broker each
+    table's lag and its topics' replication; with the broker down each question waits out its
+    own timeout, and the shipped nine tables took 139 s to list. One probe, kept a few seconds,
+    answers for all of them; a broker that answers is asked again every time."""
+    from confluent_kafka import KafkaException
+
+    from catalog.messages import one_line
+    from state.kafka_admin import admin
+    from state.kafka_errors import UNREACHABLE, connection_error, is_connection_failure
+
+    with _silence_lock:
+        probed = _silence.get(rt.bootstrap)
+        if probed and time.monotonic() - probed[0] < SILENCE_KEPT_SECONDS:
+            return probed[1]
+        client = admin(rt.bootstrap)
+        try:
+            client.list_topics(timeout=PROBE_SECONDS)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if error is None or not (is_connection_failure(error) or error.name() in UNREACHABLE):
+                return None         # a broker answered, with an error the table's own checks report
+            why = one_line(connection_error(rt.bootstrap, client, "listing topics"))
+            _silence[rt.bootstrap] = (time.monotonic(), why)
+            return why
+        _silence.pop(rt.bootstrap, None)
+        return None
+
+
+def _lag(table: TableDefinition, rt: Runtime) -> int | str:
+    try:
+        return lag(table.name, rt, table.topic, table)
+    except OffsetDiscontinuity as exc:
+        return f"discontinuity: {exc}"
+    except Exception as exc:        # the page must render even with the broker down
+        from catalog.messages import one_line
+
+        return f"unknown: {one_line(exc)}"
+
+
 def table_status(table: TableDefinition, rt: Runtime) -> dict:
     batch_log = BatchLog(rt.batch_dir(table.name))
     totals = FOLDS.fold(rt, table.name)
     pending = batch_log.pending_plan()
     last = totals.last
-    try:
-        current_lag = lag(table.name, rt, table.topic, table)
-    except OffsetDiscontinuity as exc:
-        current_lag = f"discontinuity: {exc}"
-    except Exception as exc:        # the page must render even with the broker down
-        from catalog.messages import one_line
-
-        current_lag = f"unknown: {one_line(exc)}"
+    silent = broker_silence(rt)
+    current_lag = f"unknown: {silent}" if silent else _lag(table, rt)
     history = verify_history(rt, table.name, limit=1)
     changelog = spec_of(table, rt).changelog
     verdict = verify_verdict(history[0] if history else None)
@@ -293,15 +335,17 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
         "last_verify": history[0] if history else None,
         "verified": {"text": verdict[0], "kind": verdict[1]},
         "durability_warnings": durability_warnings(rt, [changelog, rt.dead_letter_topic(table.name)]
-                                                   + ([table.output_topic] if table.output_topic else [])),
+                                                   + ([table.output_topic] if table.output_topic else []), silent),
     }
 
 
-def durability_warnings(rt: Runtime, topics: list[str]) -> list[str]:
+def durability_warnings(rt: Runtime, topics: list[str], silent: str | None = None) -> list[str]:
     """The table's topics that live on fewer brokers than statetable asks for (one line each);
     the check itself failing is a warning too, never a silently clean bill."""
     from state.kafka_admin import admin, replication_warnings
 
+    if silent:
+        return [f"replication of {', '.join(topics)} unknown: {silent}"]
     try:
         return replication_warnings(admin(rt.bootstrap), rt.bootstrap, topics)
     except Exception as exc:        # noqa: BLE001 - the page must render even with the broker down
