@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from collections import defaultdict
@@ -60,8 +61,8 @@ def _kind(cmdline: str) -> str:
 IN_PROCESS = "spark driver JVMs of long-lived local sessions (pytest's `spark` fixture)"
 
 
-def _processes() -> dict[tuple[int, str], tuple[str, float]]:
-    """(pid, start time) -> (kind, CPU seconds so far, its reaped children's included). A driver
+def _processes() -> dict[tuple[int, str], tuple[str, float, str]]:
+    """(pid, start time) -> (kind, CPU seconds so far, command line). A driver
     JVM whose parent is not a `statetable` command or spark-submit is a long-lived session (a
     pytest worker's), apart from the short-lived drivers of jobs a test starts."""
     found = {}
@@ -81,8 +82,15 @@ def _processes() -> dict[tuple[int, str], tuple[str, float]]:
         if kind.startswith("spark driver JVMs") and not any(m in parent for m in ("statetable", "spark-submit")):
             kind = IN_PROCESS
         cpu = sum(int(f) for f in fields[11:13]) / TICKS        # utime, stime
-        out[(pid, fields[19])] = (kind, cpu)
+        out[(pid, fields[19])] = (kind, cpu, cmdline)
     return out
+
+
+def _command(cmdline: str, width: int = 140) -> str:
+    """A command line shortened to what tells one process of a kind from another: no temporary
+    folders' names, no port numbers, no classpath."""
+    words = [w for w in cmdline.split() if not w.startswith(("-cp", "/tmp/pytest")) and len(w) < 200]
+    return re.sub(r"\d{3,}", "N", " ".join(words))[:width]
 
 
 def _busy() -> tuple[int, int]:
@@ -110,30 +118,37 @@ def core_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every", type=float, default=5.0)
+    parser.add_argument("--top", type=int, default=0, help="also the K command lines of most CPU, per kind")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
     speed_before = core_seconds()
     before = _processes()              # what ran before the command counts from here on
-    seen: dict[tuple[int, str], tuple[str, float]] = {}
+    seen: dict[tuple[int, str], tuple[str, float, str]] = {}
     busy0, total0 = _busy()
     started = time.monotonic()
     job = subprocess.Popen(args.command)
     while job.poll() is None:
-        for key, (kind, cpu) in _processes().items():       # an exiting process has no command line
-            seen[key] = (seen[key][0] if key in seen else kind, cpu)
+        for key, (kind, cpu, cmdline) in _processes().items():       # an exiting process has no command line
+            seen[key] = (seen[key][0], cpu, seen[key][2]) if key in seen else (kind, cpu, cmdline)
         time.sleep(args.every)
     busy1, total1 = _busy()
     wall = round(time.monotonic() - started)
     speed_after = core_seconds()
     by_kind: dict[str, float] = defaultdict(float)
-    for key, (kind, cpu) in seen.items():
-        by_kind[kind] += cpu - before.get(key, (kind, 0.0))[1]
+    by_command: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for key, (kind, cpu, cmdline) in seen.items():
+        used = cpu - before.get(key, (kind, 0.0, ""))[1]
+        by_kind[kind] += used
+        by_command[kind][_command(cmdline)] += used
+    top = {kind: {c: round(v) for c, v in sorted(cmds.items(), key=lambda kv: -kv[1])[:args.top]}
+           for kind, cmds in by_command.items() if args.top}
     print(json.dumps({"command": args.command, "exit": job.returncode,
                       "wall_seconds": wall, "cores": os.cpu_count(),
                       "core_seconds_for_10M_additions": {"before": speed_before, "after": speed_after},
                       "busy_share": round((busy1 - busy0) / max(total1 - total0, 1), 3),
                       "cpu_seconds_by_kind": {k: round(v) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
-                      "cpu_seconds_seen": round(sum(by_kind.values()))}, indent=1))
+                      "cpu_seconds_seen": round(sum(by_kind.values())),
+                      **({"top_commands_by_kind": top} if top else {})}, indent=1))
     raise SystemExit(job.returncode)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -103,9 +104,15 @@ def server_properties(settings: StackSettings, broker: int = 1) -> str:
     ])
 
 
+def collector_options() -> list[str]:
+    """G1, as Kafka's own scripts choose, unless STATETABLE_SERVER_JVM_OPTIONS names a collector: the JVM
+    refuses two, and the broker would not start."""
+    return [] if re.search(r"-XX:\+Use\w+GC\b", server_jvm_options()) else ["-XX:+UseG1GC"]
+
+
 def _java(settings: StackSettings, main: str, *args: str, tmp: Path | None = None) -> list[str]:
     return [
-        "java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *server_jvm_options().split(),
+        "java", *JVM_HEAP, *collector_options(), "-Djava.awt.headless=true", *server_jvm_options().split(),
         *([scratch.java_options(tmp)] if tmp is not None else []),
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp", jars.kafka_classpath(), main, *args,
