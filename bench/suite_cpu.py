@@ -93,6 +93,27 @@ def _command(cmdline: str, width: int = 140) -> str:
     return re.sub(r"\d{3,}", "N", " ".join(words))[:width]
 
 
+def jvm_threads(brokers: bool = True) -> dict[tuple[str, str], tuple[str, str, float]]:
+    """(pid, tid) -> (command line, thread name with digits folded, CPU seconds) of every JVM's
+    threads: whether a JVM's CPU is its work, its JIT compilers or its collector."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "java" not in cmdline.split(" ", 1)[0] or (not brokers and "kafka.Kafka" in cmdline):
+                continue
+            for task in (proc / "task").iterdir():
+                stat = (task / "stat").read_text()
+                name = re.sub(r"\d+", "#", stat[stat.index("(") + 1:stat.rindex(")")])
+                fields = stat.rsplit(")", 1)[1].split()
+                out[(proc.name, task.name)] = (cmdline, name, (int(fields[11]) + int(fields[12])) / TICKS)
+        except OSError:
+            continue
+    return out
+
+
 def _busy() -> tuple[int, int]:
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return sum(fields) - fields[3] - fields[4], sum(fields)
@@ -119,17 +140,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=0, help="also the K command lines of most CPU, per kind")
+    parser.add_argument("--threads", action="store_true", help="also the JVMs' CPU by kind and thread name")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
     speed_before = core_seconds()
     before = _processes()              # what ran before the command counts from here on
     seen: dict[tuple[int, str], tuple[str, float, str]] = {}
+    threads0 = jvm_threads() if args.threads else {}
+    threads: dict[tuple[str, str], tuple[str, str, float]] = {}
     busy0, total0 = _busy()
     started = time.monotonic()
     job = subprocess.Popen(args.command)
     while job.poll() is None:
         for key, (kind, cpu, cmdline) in _processes().items():       # an exiting process has no command line
             seen[key] = (seen[key][0], cpu, seen[key][2]) if key in seen else (kind, cpu, cmdline)
+        if args.threads:
+            threads.update(jvm_threads())
         time.sleep(args.every)
     busy1, total1 = _busy()
     wall = round(time.monotonic() - started)
@@ -142,13 +168,19 @@ def main() -> None:
         by_command[kind][_command(cmdline)] += used
     top = {kind: {c: round(v) for c, v in sorted(cmds.items(), key=lambda kv: -kv[1])[:args.top]}
            for kind, cmds in by_command.items() if args.top}
+    by_thread: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for key, (cmdline, name, cpu) in threads.items():
+        by_thread[_kind(cmdline)][name] += cpu - threads0.get(key, ("", "", 0.0))[2]
+    thread_cpu = {kind: {n: round(v, 1) for n, v in sorted(names.items(), key=lambda kv: -kv[1]) if v >= 1}
+                  for kind, names in by_thread.items()}
     print(json.dumps({"command": args.command, "exit": job.returncode,
                       "wall_seconds": wall, "cores": os.cpu_count(),
                       "core_seconds_for_10M_additions": {"before": speed_before, "after": speed_after},
                       "busy_share": round((busy1 - busy0) / max(total1 - total0, 1), 3),
                       "cpu_seconds_by_kind": {k: round(v) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
                       "cpu_seconds_seen": round(sum(by_kind.values())),
-                      **({"top_commands_by_kind": top} if top else {})}, indent=1))
+                      **({"top_commands_by_kind": top} if top else {}),
+                      **({"jvm_cpu_seconds_by_thread": thread_cpu} if args.threads else {})}, indent=1))
     raise SystemExit(job.returncode)
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from bench import suite_cpu
 
 TICKS = os.sysconf("SC_CLK_TCK")
 KILL_POINTS = ("batch.after_plan", "batch.mid_merge", "batch.after_commit")
@@ -37,22 +38,7 @@ def _busy_seconds() -> float:
 
 def _jvm_threads() -> dict[tuple[str, str], float]:
     """CPU seconds of every thread of every non-broker JVM, by (tid, name with digits folded)."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            if b"java" not in cmdline or b"kafka.Kafka" in cmdline:
-                continue
-            for task in (proc / "task").iterdir():
-                stat = (task / "stat").read_text()
-                name = re.sub(r"\d+", "#", stat[stat.index("(") + 1:stat.rindex(")")])
-                fields = stat.rsplit(")", 1)[1].split()
-                out[(task.name, name)] = (int(fields[11]) + int(fields[12])) / TICKS
-        except OSError:
-            continue
-    return out
+    return {(tid, name): cpu for (_, tid), (_, name, cpu) in suite_cpu.jvm_threads(brokers=False).items()}
 
 
 def _broker(kafka_port: int):

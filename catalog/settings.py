@@ -39,6 +39,17 @@ def server_jvm_options() -> str:
     return os.environ.get(SERVER_JVM_OPTIONS_ENV, "").strip()
 
 
+CONNECT_JVM_OPTIONS_ENV = "STATETABLE_CONNECT_JVM_OPTIONS"
+
+
+def connect_jvm_options() -> str:
+    """`server_jvm_options`, then options for the Spark Connect server's JVM (and a cluster's
+    executors) alone. The brokers and the Connect server differ in what they compile: a broker
+    runs the same request code all day, the server new generated code for every query, so JIT
+    settings that suit one may cost the other (the test suite raises C1's thresholds here)."""
+    return f"{server_jvm_options()} {os.environ.get(CONNECT_JVM_OPTIONS_ENV, '')}".strip()
+
+
 def _port(name: str, default: int) -> int:
     raw = os.environ.get(name, str(default))
     try:

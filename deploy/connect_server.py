@@ -19,7 +19,7 @@ from pathlib import Path
 
 from catalog import scratch
 from catalog.priority import batch_niceness
-from catalog.settings import StackSettings, adopt_cluster_env, connect_token, server_jvm_options
+from catalog.settings import StackSettings, adopt_cluster_env, connect_jvm_options, connect_token
 from deploy import spark_cluster
 from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
                               write_private)
@@ -57,7 +57,7 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
                      # The stack's workers share this host: their executors' codec libraries go
                      # with the server's scratch (emptied when it starts), not to /tmp.
                      "spark.executor.extraJavaOptions": scratch.java_options(scratch_dir(settings) / "executors")})
-    if extra := server_jvm_options():      # a cluster's executors (set above) live as long as the server
+    if extra := connect_jvm_options():      # a cluster's executors (set above) live as long as the server
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             if key in conf:
                 conf[key] += f" {extra}"
