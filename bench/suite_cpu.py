@@ -41,6 +41,7 @@ KINDS = (                       # first match wins: (kind, substring of the comm
     ("pyspark python workers", "pyspark.daemon"),
     ("pyspark python workers", "worker_daemon"),
     ("pytest workers", "pytest"),
+    ("pytest workers", "exec(eval(sys.stdin.readline()))"),     # xdist's workers, as execnet starts them
     ("statetable CLI and jobs", "statetable"),
     ("uv and installs", "uv "),
     ("uv and installs", "compileall"),
