@@ -253,40 +253,38 @@ def utc(epoch: float | None) -> str | None:
 
 
 PROBE_SECONDS = 5.0
-SILENCE_KEPT_SECONDS = 10.0
-_silence: dict[str, tuple[float, str]] = {}       # bootstrap -> (monotonic time of the probe, why)
-_silence_lock = threading.Lock()
+PROBE_KEPT_SECONDS = 10.0
+_probes: dict[str, tuple[float, str | None]] = {}       # bootstrap -> (monotonic time of the probe, why silent)
+_probes_lock = threading.Lock()
 
 
 def broker_silence(rt: Runtime) -> str | None:
     """Why no Kafka broker answers at the stack's address (one line), or None when one does.
 
     A status of many tables (`statetable tables`, the State tables page) asks the broker each
-    table's lag and its topics' replication; with the broker down each question waits out its
-    own timeout, and the shipped nine tables took 139 s to list. One probe, kept a few seconds,
-    answers for all of them; a broker that answers is asked again every time."""
+    table's lag and its topics' replication; with the broker down each question waited out its
+    own timeout, and the shipped nine tables took 139 s to list. One probe, kept a few seconds
+    whatever it found, answers for all of them: a page or a scrape costs one metadata request,
+    not one per table."""
     from confluent_kafka import KafkaException
 
     from catalog.messages import one_line
     from state.kafka_admin import admin
-    from state.kafka_errors import UNREACHABLE, connection_error, is_connection_failure
+    from state.kafka_errors import connection_error, is_connection_failure
 
-    with _silence_lock:
-        probed = _silence.get(rt.bootstrap)
-        if probed and time.monotonic() - probed[0] < SILENCE_KEPT_SECONDS:
+    with _probes_lock:
+        probed = _probes.get(rt.bootstrap)
+        if probed and time.monotonic() - probed[0] < PROBE_KEPT_SECONDS:
             return probed[1]
         client = admin(rt.bootstrap)
+        why = None
         try:
             client.list_topics(timeout=PROBE_SECONDS)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if error is None or not (is_connection_failure(error) or error.name() in UNREACHABLE):
-                return None         # a broker answered, with an error the table's own checks report
-            why = one_line(connection_error(rt.bootstrap, client, "listing topics"))
-            _silence[rt.bootstrap] = (time.monotonic(), why)
-            return why
-        _silence.pop(rt.bootstrap, None)
-        return None
+        except KafkaException as exc:       # another error came from a broker: the table's own checks report it
+            if exc.args and is_connection_failure(exc.args[0]):
+                why = one_line(connection_error(rt.bootstrap, client, "listing topics"))
+        _probes[rt.bootstrap] = (time.monotonic(), why)
+        return why
 
 
 def _lag(table: TableDefinition, rt: Runtime) -> int | str:
