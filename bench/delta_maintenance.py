@@ -61,7 +61,7 @@ def _timed(run, source: str, copy: str) -> dict:
     before, own, started = _processes(), _own_cpu(), time.monotonic()
     done = run(copy)
     wall, own, after = time.monotonic() - started, _own_cpu() - own, _processes()
-    jvm = sum(cpu - before.get(key, (kind, 0.0))[1] for key, (kind, cpu) in after.items()
+    jvm = sum(cpu - before.get(key, (kind, 0.0))[1] for key, (kind, cpu, _) in after.items()
               if kind.startswith("spark driver JVMs"))
     return {**done,
             "rows_left": DeltaTable(copy).to_pyarrow_table().num_rows,      # both must leave the same table

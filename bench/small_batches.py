@@ -30,7 +30,7 @@ def _measure(spark, rt, table: str, batches: int, per_batch: int) -> dict:
     wall, busy, cpu1 = time.monotonic() - started, _busy_seconds() - busy0, _processes()
     assert len(done) == batches, f"{table}: {len(done)} batches of {batches}: produce more records"
     by_kind: dict[str, float] = {}          # bench.suite_cpu's kinds: this session's JVM is the in-process one
-    for key, (kind, cpu) in cpu1.items():
+    for key, (kind, cpu, _) in cpu1.items():
         by_kind[kind] = by_kind.get(kind, 0.0) + cpu - cpu0.get(key, (kind, 0.0))[1]
     sites: Counter = Counter()
     for job in range(jobs0, scheduler.numTotalJobs()):
