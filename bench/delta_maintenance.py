@@ -24,7 +24,7 @@ import time
 
 import pyarrow as pa
 
-from bench.suite_cpu import _processes
+from bench.suite_cpu import _processes, cpu_by_kind
 from spark_jobs import delta_maintenance
 
 
@@ -61,8 +61,7 @@ def _timed(run, source: str, copy: str) -> dict:
     before, own, started = _processes(), _own_cpu(), time.monotonic()
     done = run(copy)
     wall, own, after = time.monotonic() - started, _own_cpu() - own, _processes()
-    jvm = sum(cpu - before.get(key, (kind, 0.0))[1] for key, (kind, cpu, _) in after.items()
-              if kind.startswith("spark driver JVMs"))
+    jvm = sum(cpu for kind, cpu in cpu_by_kind(before, after).items() if kind.startswith("spark driver JVMs"))
     return {**done,
             "rows_left": DeltaTable(copy).to_pyarrow_table().num_rows,      # both must leave the same table
             "parquet_files_left": sum(1 for _, _, names in os.walk(copy) for name in names

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.suite_cpu import _processes
+from bench.suite_cpu import _processes, cpu_by_kind
 from bench.suite_directions import _broker, _busy_seconds
 
 def _measure(spark, rt, table: str, batches: int, per_batch: int) -> dict:
@@ -29,9 +29,7 @@ def _measure(spark, rt, table: str, batches: int, per_batch: int) -> dict:
     done = jobs.run(table, max_batches=batches, spark=spark, rt=rt, max_records_per_batch=per_batch, snapshots=False)
     wall, busy, cpu1 = time.monotonic() - started, _busy_seconds() - busy0, _processes()
     assert len(done) == batches, f"{table}: {len(done)} batches of {batches}: produce more records"
-    by_kind: dict[str, float] = {}          # bench.suite_cpu's kinds: this session's JVM is the in-process one
-    for key, (kind, cpu, _) in cpu1.items():
-        by_kind[kind] = by_kind.get(kind, 0.0) + cpu - cpu0.get(key, (kind, 0.0))[1]
+    by_kind = cpu_by_kind(cpu0, cpu1)       # bench.suite_cpu's kinds: this session's JVM is the in-process one
     sites: Counter = Counter()
     for job in range(jobs0, scheduler.numTotalJobs()):
         info = tracker.getJobInfo(job)

@@ -87,6 +87,15 @@ def _processes() -> dict[tuple[int, str], tuple[str, float, str]]:
     return out
 
 
+def cpu_by_kind(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds each kind of process used between two `_processes()` readings (a process that
+    started in between counts from zero): the one reading of them the benchmarks share."""
+    used: dict[str, float] = defaultdict(float)
+    for key, (kind, cpu, _) in after.items():
+        used[kind] += cpu - before.get(key, (kind, 0.0, ""))[1]
+    return dict(used)
+
+
 def _command(cmdline: str, width: int = 140) -> str:
     """A command line shortened to what tells one process of a kind from another: no temporary
     folders' names, no port numbers, no classpath."""

@@ -63,3 +63,14 @@ def test_profile_maps_stages_to_batch_steps_and_finds_the_slowest(tmp_path):
     assert [s["stage"] for s in summary["top_stages"]] == ["collect at x.py:1", "collect at x.py:2"]
     text = profile.markdown(summary, [{"ms_read": 700, "ms_mirror": 300}])
     assert "Slowest step: **read**" in text and "| read | 700 | 70% |" in text
+
+
+def test_cpu_by_kind_counts_each_process_from_its_first_reading_or_from_zero():
+    """bench.suite_cpu's readings are (kind, CPU seconds, command line) by (pid, start time); the
+    benchmarks that read them unpacked two fields after the command line was added, and failed."""
+    from bench.suite_cpu import cpu_by_kind
+
+    before = {(1, "10"): ("kafka broker", 5.0, "java kafka.Kafka"), (2, "11"): ("pyspark python workers", 1.0, "py")}
+    after = {(1, "10"): ("kafka broker", 7.5, "java kafka.Kafka"), (2, "11"): ("pyspark python workers", 1.5, "py"),
+             (3, "12"): ("pyspark python workers", 2.0, "py"), (2, "13"): ("other python", 0.25, "a reused pid")}
+    assert cpu_by_kind(before, after) == {"kafka broker": 2.5, "pyspark python workers": 2.5, "other python": 0.25}
