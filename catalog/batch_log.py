@@ -45,6 +45,15 @@ def _unswept(head: dict | None) -> bool:
     return bool(head) and head.get("swept") is False
 
 
+def _folded_by(entry: str, upto: int) -> bool:
+    """A batch's file (plan, commit, takeover, acceptance) at or before `upto`, or a legacy
+    checkpoint: what a compaction to `upto` removes."""
+    batch = entry.split(".")[0]
+    legacy_file = entry.startswith("checkpoint-") and entry.endswith(".json.gz") and \
+        not entry.startswith("checkpoint-block-")
+    return legacy_file or (batch.isdigit() and int(batch) <= upto)
+
+
 def keep_batches() -> int:
     """How many newest batches the log keeps as files (plans, commits, takeovers); older commits
     are folded into one checkpoint file, at most 2x this many batches apart."""
@@ -236,8 +245,9 @@ class _FolderStore:
     def exists(self, name: str) -> bool:
         return (self.folder / name).exists()
 
-    def delete(self, name: str) -> None:
-        (self.folder / name).unlink(missing_ok=True)
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            (self.folder / name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         return [p.name for p in self.folder.iterdir() if not p.name.startswith(".")]
@@ -301,8 +311,17 @@ class _S3Store:
                 return False
             raise
 
-    def delete(self, name: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+    def delete(self, names: list[str]) -> None:
+        """One DeleteObjects request per 1,000 names (S3's most), not one request per name: a
+        compaction's sweep of ~2x `keep` batches' entries is a few requests."""
+        for start in range(0, len(names), 1000):
+            chunk = names[start:start + 1000]
+            done = self.client.delete_objects(Bucket=self.bucket, Delete={
+                "Objects": [{"Key": self.prefix + name} for name in chunk], "Quiet": True})
+            failed = [f"{e.get('Key')}: {e.get('Code')}" for e in done.get("Errors", [])]
+            if failed:
+                raise OSError(f"batch log {self.location}: {len(failed)} of {len(chunk)} entries were not "
+                              f"removed ({'; '.join(failed[:3])}); the next compaction removes them")
 
     def names(self) -> list[str]:
         found = []
@@ -550,16 +569,11 @@ class BatchLog:
             unswept = True
         else:
             upto = before
-        swept = 0
-        for entry in self.store.names():
-            batch = entry.split(".")[0]
-            legacy_file = entry.startswith("checkpoint-") and entry.endswith(".json.gz") and \
-                not entry.startswith("checkpoint-block-")
-            if legacy_file or (batch.isdigit() and int(batch) <= upto):
-                self.store.delete(entry)
-                swept += 1
-                if swept == 1:
-                    faults.point("batch_log.mid_sweep")
+        folded = [entry for entry in self.store.names() if _folded_by(entry, upto)]
+        if folded:
+            self.store.delete(folded[:1])
+            faults.point("batch_log.mid_sweep")
+            self.store.delete(folded[1:])
         if unswept:
             # Only now is the sweep done: until this write, the next commit's compact_if_due
             # finishes it, rather than leaving a killed sweep's leftovers for 2x `keep` batches.

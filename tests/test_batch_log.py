@@ -110,6 +110,21 @@ def test_acceptance_entries_are_read_back(location):
     assert log.read_position()[2] == {0: 12}
 
 
+def test_a_sweep_removes_its_entries_in_a_request_per_thousand(location):
+    """What a compaction removes goes in DeleteObjects requests of up to 1,000 keys, not one
+    request a key: on S3 a sweep of ~2x `keep` batches is a few requests."""
+    log = BatchLog(location)
+    names = [f"{i:020d}.plan.json" for i in range(2500)]
+    for name in names:
+        log.store.put(name, b"{}")
+    calls: list[str] = []
+    if location.startswith("s3://"):
+        log.store.client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    log.store.delete(names[:2400])
+    assert calls == (["DeleteObjects"] * 3 if location.startswith("s3://") else []), calls
+    assert sorted(log.store.names()) == names[2400:]
+
+
 def _statetable(env: dict, *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([str(Path(sys.executable).parent / "statetable"), *args], env=env, capture_output=True,
                           text=True, timeout=900)

@@ -99,8 +99,12 @@ def clone(tmp_path_factory):
 
 
 def _sh(clone: Path, env: dict, command: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=clone, env=env, capture_output=True,
+    """Each command's time is printed (shown with a failure, or with -s): where a first hour goes."""
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=timeout)
+    print(f"{time.strftime('%H:%M:%S')} {time.monotonic() - started:7.1f}s  {command.splitlines()[0][:100]}", flush=True)
+    return done
 
 
 def _settings(clone: Path) -> stack_settings.StackSettings:
