@@ -60,7 +60,8 @@ os.environ.update({
     "STATETABLE_JOB_JVM_OPTIONS": os.environ.get("STATETABLE_JOB_JVM_OPTIONS", f"-XX:TieredStopAtLevel=1 {TEST_GC}"),
     # The same for the servers the tests start and kill (Connect servers, brokers): each lives
     # minutes, not the days C2's compiling pays off in (catalog.settings.server_jvm_options).
-    "STATETABLE_SERVER_JVM_OPTIONS": os.environ.get("STATETABLE_SERVER_JVM_OPTIONS", f"-XX:TieredStopAtLevel=1 {TEST_GC}"),
+    "STATETABLE_SERVER_JVM_OPTIONS": os.environ.get("STATETABLE_SERVER_JVM_OPTIONS",
+                                                    f"-XX:TieredStopAtLevel=1 {TEST_GC}"),
     # The Spark Connect servers (and a cluster's executors) compile new generated code for every
     # query: at C1's default thresholds its compiler and code sweeper threads were 30% of the
     # server's CPU. Five times them: 138 -> 103 CPU s over five engine-heavy modules (a broker,
