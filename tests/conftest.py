@@ -22,13 +22,17 @@ from catalog.batch_log import start_ticks  # noqa: E402
 
 (_TEST_ROOT / "owner").write_text(f"{os.getpid()} {start_ticks(os.getpid())}")
 # `make test` runs the suite in three pytest-xdist workers, each with a stack of its own: worker
-# k's ports are all k * PORT_STEP lower (tests with ports of their own use tests.table_env.port).
-# The tests' ports span 26000-29130, so a step of 4,000 keeps workers apart; downwards, so no
-# worker's ports reach Linux's ephemeral range (32768 up), where a client's socket may hold one.
-# Workers 0-3 use 14000-29130; worker 4 would reach the developer stack's 8080 and 9092.
-PORT_STEP = 4000
+# k's ports are the tests' own (26000-29130; tests with ports of their own use
+# tests.table_env.port) moved by PORT_OFFSETS[k]. Each window is clear of the others, of a
+# developer's running stack (15002-19130: 15002, 15432, 17077, 18080, 18081, 19000, 19092 and the
+# ports derived from them) and of Linux's ephemeral range (32768 up, where a client's socket may
+# hold one): 26000-29130, 22000-25130, 29200-32330, and 11000-14130 for a run beside the suite.
+PORT_OFFSETS = (0, -4000, 3200, -15000)
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-os.environ["STATETABLE_TEST_PORT_OFFSET"] = str(-PORT_STEP * _WORKER)
+if _WORKER >= len(PORT_OFFSETS):
+    raise pytest.UsageError(f"tests/conftest.py: pytest-xdist worker gw{_WORKER} has no port window of its own; "
+                            f"run at most {len(PORT_OFFSETS)} workers (-n {len(PORT_OFFSETS)})")
+os.environ["STATETABLE_TEST_PORT_OFFSET"] = str(PORT_OFFSETS[_WORKER])
 
 
 from tests.table_env import port  # noqa: E402  (reads the offset just set)
