@@ -93,6 +93,20 @@ class AirflowApi:
             return "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in content)
         return str(content)
 
+    def failed_logs(self, dag_id: str, run_id: str, tail: int = 3000) -> dict[str, str]:
+        """Each task of the run that failed, with its log's last `tail` characters: what explains a
+        run that did not succeed. A task whose log Airflow cannot serve says so instead of raising,
+        so the explanation of one failure never hides behind another."""
+        logs = {}
+        for task_id, ti in self.task_instances(dag_id, run_id).items():
+            if ti.get("state") not in ("failed", "up_for_retry"):
+                continue
+            try:
+                logs[task_id] = self.task_log(dag_id, run_id, task_id, ti.get("try_number") or 1)[-tail:]
+            except (RuntimeError, OSError) as exc:
+                logs[task_id] = f"(Airflow served no log: {exc})"
+        return logs
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         quoted = urllib.parse.quote(run_id, safe="")
         items = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]

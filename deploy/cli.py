@@ -261,6 +261,8 @@ def _drill(args) -> int:
                 say(f"{task} {state}")
 
     run = api.wait_run(dag_id, run_id, timeout=args.timeout, on_poll=progress)
+    for task, tail in api.failed_logs(dag_id, run_id).items():
+        say(f"{task} failed; the end of its log:\n" + "\n".join(tail.splitlines()[-12:]))
     verdict, kind = status.verify_verdict((status.verify_history(Runtime.from_env(), args.table, limit=1) or
                                            [None])[0])
     say(f"run {run['state']}: {verdict}")

@@ -73,6 +73,12 @@ os.environ.update({
     "STATETABLE_CONNECT_JVM_OPTIONS": os.environ.get(
         "STATETABLE_CONNECT_JVM_OPTIONS", "-XX:Tier3InvocationThreshold=1000 -XX:Tier3MinInvocationThreshold=500 "
                                           "-XX:Tier3CompileThreshold=10000 -XX:Tier3BackEdgeThreshold=300000"),
+    # Every Spark Connect server the suite starts (the session's, a cluster's, a secure stack's,
+    # each kill_engine drill's restart) warms itself before it reports up. 100,000 records is the
+    # product's default, for a user's first batch; 5,000 touch the same steps (the warm-up test
+    # proves a batch after them finds no cold worker) at a fraction of the CPU. The first hour
+    # runs a user's defaults.
+    "STATETABLE_ENGINE_WARMUP_RECORDS": os.environ.get("STATETABLE_ENGINE_WARMUP_RECORDS", "5000"),
     # Airflow's metrics to a UDP port a test may listen on (tests/test_airflow_smoke.py).
     "AIRFLOW__METRICS__STATSD_ON": "True",
     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",

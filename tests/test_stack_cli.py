@@ -12,6 +12,7 @@ import pytest
 
 from deploy import stack
 from catalog import settings as stack_settings
+from spark_jobs import warmup
 from tests.table_env import port
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
@@ -89,8 +90,9 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
 
     assert f"Spark:       sc://127.0.0.1:{port(27002)}" in up.stdout
     # The engine reported up only once its warm-up batch ran (spark_jobs/warmup.py).
-    assert re.search(r"^spark-connect warmed in [0-9.]+s: 100,000 records through statetable_engine_warmup \(batch 0\)",
-                     up.stdout, re.M), up.stdout
+    records = f"{warmup.records():,}"       # the suite's count (tests/conftest.py); a user's is 100,000
+    assert re.search(rf"^spark-connect warmed in [0-9.]+s: {records} records through statetable_engine_warmup "
+                     r"\(batch 0\)", up.stdout, re.M), up.stdout
     assert up.stdout.index("spark-connect warmed") < up.stdout.index("Airflow UI:")
 
     connect_scratch = Path(own_stack_env["STATETABLE_STACK_DIR"]) / "tmp" / "spark-connect"
@@ -99,7 +101,7 @@ def test_up_status_down_leaves_nothing_running(own_stack_env):
 
     status = _cli(own_stack_env, "stack", "status")
     lines = status.stdout.splitlines()
-    assert re.fullmatch(r"spark-connect warmed in [0-9.]+s \(100,000 records\)", lines.pop(2)), status.stdout
+    assert re.fullmatch(rf"spark-connect warmed in [0-9.]+s \({records} records\)", lines.pop(2)), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN]
     cfg = stack_settings.StackSettings("127.0.0.1", port(27092), port(27093), port(27080), Path(own_stack_env["STATETABLE_STACK_DIR"]),
                                        connect_port=port(27002), postgres_port=port(27432))
