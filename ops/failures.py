@@ -346,8 +346,8 @@ def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: 
         said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         said = " ".join(said.split())[-300:]
         raise RuntimeError(f"{drill}: `{shlex.join(command)}` had not finished after {DEPLOYMENT_COMMAND_SECONDS:.0f}s "
-                           f"(it said: {said or 'nothing'}); check that this deployment's {what} can start, or set "
-                           f"{env_name} to the command that restarts it") from None
+                           f"(it said: {said or 'nothing'}); find why this deployment's {what} hangs there, or set "
+                           f"{env_name} to the command this deployment uses") from None
     if done.returncode != 0:
         raise RuntimeError(f"{drill}: `{shlex.join(command)}` failed (exit {done.returncode}): "
                            f"{(done.stderr or done.stdout).strip()[-500:]}; set {env_name} to the "
