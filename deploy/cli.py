@@ -261,7 +261,7 @@ def _drill(args) -> int:
                 say(f"{task} {state}")
 
     run = api.wait_run(dag_id, run_id, timeout=args.timeout, on_poll=progress)
-    for task, tail in api.failed_logs(dag_id, run_id).items():
+    for task, tail in (api.failed_logs(dag_id, run_id) if run["state"] != "success" else {}).items():
         say(f"{task} failed; the end of its log:\n" + "\n".join(tail.splitlines()[-12:]))
     verdict, kind = status.verify_verdict((status.verify_history(Runtime.from_env(), args.table, limit=1) or
                                            [None])[0])

@@ -339,20 +339,21 @@ def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: 
     own = shlex.split(os.environ.get(env_name, ""))
     command = own or [sys.executable, "-m", "deploy.cli", "stack", stack_action] + (["--table"] if table else [])
     command += [table] if table else []
+    shown = shlex.join(command)
     started = time.monotonic()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DEPLOYMENT_COMMAND_SECONDS)
     except subprocess.TimeoutExpired as exc:
         said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         said = " ".join(said.split())[-300:]
-        raise RuntimeError(f"{drill}: `{shlex.join(command)}` had not finished after {DEPLOYMENT_COMMAND_SECONDS:.0f}s "
+        raise RuntimeError(f"{drill}: `{shown}` had not finished after {DEPLOYMENT_COMMAND_SECONDS:.0f}s "
                            f"(it said: {said or 'nothing'}); find why this deployment's {what} hangs there, or set "
                            f"{env_name} to the command this deployment uses") from None
     if done.returncode != 0:
-        raise RuntimeError(f"{drill}: `{shlex.join(command)}` failed (exit {done.returncode}): "
+        raise RuntimeError(f"{drill}: `{shown}` failed (exit {done.returncode}): "
                            f"{(done.stderr or done.stdout).strip()[-500:]}; set {env_name} to the "
                            f"command that restarts this deployment's {what}")
-    return round(time.monotonic() - started, 3), shlex.join(command)
+    return round(time.monotonic() - started, 3), shown
 
 
 @dataclass
