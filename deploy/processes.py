@@ -90,13 +90,14 @@ class ManagedProcess:
         """SIGKILL the process's whole session at once, as a crash would (a failure drill): the
         process led a session of its own, so its Python daemon's workers, outside its process
         group, go too. True if it was running."""
-        from state.faults import kill_session
+        from state.faults import kill_session, session_pids
 
         pid = self.pid()
         if pid is None:
             return False
         kill_session(pid)
-        wait_until(lambda: self.pid() is None, timeout, 0.05, f"{self.name} (pid {pid}) to die")
+        wait_until(lambda: not any(map(_running, session_pids(pid))), timeout, 0.05,
+                   f"{self.name} (pid {pid}) and its session to die")
         return True
 
     def log_tail(self, lines: int = 40) -> str:
@@ -114,7 +115,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    """True while any non-zombie process of the group remains."""
+    """True while any process of the group has a thread running (an unreaped zombie does not count)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -122,8 +123,25 @@ def _group_alive(pgid: int) -> bool:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
+        if int(fields[2]) == pgid and _running(int(entry.name)):
+            return True
+    return False
+
+
+def _running(pid: int) -> bool:
+    """True while any thread of `pid` runs. A SIGKILLed JVM's main thread shows as a zombie while
+    its other threads still exit, and they hold its sockets: a port checked then is still taken
+    (a restarted Spark Connect server found its port in use after `stack kill-engine`)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    for tid in threads:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in ("Z", "X"):
             return True
     return False
 
