@@ -77,6 +77,32 @@ V1_SOURCES = "avro,csv,json,orc,parquet,text"     # Spark's default list without
 SESSION_CONFS = {"spark.sql.ansi.enabled": "false",
                  "spark.sql.sources.parallelPartitionDiscovery.parallelism": "16"}
 
+SPARK_CONF_ENV = "STATETABLE_SPARK_CONF"
+# What a deployment's own Spark settings may not change: the semantics every batch, rebuild and
+# verify must share (a verify under other SQL semantics would compare two different tables), and
+# the options statetable composes from several parts (the JVM options have variables of their own).
+FIXED_CONFS = {*SESSION_CONFS, *DELTA_CONF, "spark.jars", "spark.master", "spark.app.name",
+               "spark.driver.extraClassPath", "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions",
+               "spark.sql.sources.useV1SourceList", "spark.python.daemon.module"}
+
+
+def deployment_conf() -> dict[str, str]:
+    """A deployment's own Spark settings, `key=value` pairs separated by spaces in
+    STATETABLE_SPARK_CONF, for every driver statetable starts (sessions, jobs, spark-submit tasks,
+    the Spark Connect server): the tuning a machine needs without a release of statetable. The
+    test suite runs its Spark SQL interpreted with it (tests/conftest.py)."""
+    conf = {}
+    for item in os.environ.get(SPARK_CONF_ENV, "").split():
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("spark.") or not value:
+            raise UserError(f"{SPARK_CONF_ENV}: {item!r} is not a Spark setting; write key=value pairs separated by "
+                            f"spaces, e.g. {SPARK_CONF_ENV}='spark.sql.shuffle.partitions=8'")
+        if key in FIXED_CONFS:
+            raise UserError(f"{SPARK_CONF_ENV}: {key} is statetable's to set (every batch, rebuild and verify must "
+                            f"share it); remove it from {SPARK_CONF_ENV}")
+        conf[key] = value
+    return conf
+
 
 def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = None) -> dict[str, str]:
     """The configuration of a driver statetable starts. Its scratch files go to `scratch`, by
@@ -121,6 +147,7 @@ def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = 
         # the process's umask: Delta tables hold the table's events, so their owner's alone.
         "spark.hadoop.fs.permissions.umask-mode": "077",
         **s3a_conf(),
+        **deployment_conf(),
     }
     # Under spark-submit the master comes from the command line (the Airflow
     # Spark connection); a direct Python session defaults to local mode.

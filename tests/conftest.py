@@ -43,6 +43,7 @@ def _port(variable: str, default: int) -> str:
 
 
 TEST_GC = "-XX:+UseSerialGC"
+INTERPRETED_SQL = "spark.sql.codegen.wholeStage=false spark.sql.codegen.factoryMode=NO_CODEGEN"
 
 os.environ.update({
     "STATETABLE_STACK_DIR": str(_TEST_ROOT / "stack"),
@@ -73,6 +74,14 @@ os.environ.update({
     "STATETABLE_CONNECT_JVM_OPTIONS": os.environ.get(
         "STATETABLE_CONNECT_JVM_OPTIONS", "-XX:Tier3InvocationThreshold=1000 -XX:Tier3MinInvocationThreshold=500 "
                                           "-XX:Tier3CompileThreshold=10000 -XX:Tier3BackEdgeThreshold=300000"),
+    # Spark SQL interpreted, not compiled, in every Spark driver the suite starts (its sessions,
+    # CLI jobs, spark-submit tasks, Connect servers): a test's batches are hundreds of rows, each
+    # query a new plan, and Janino's compiling of its generated classes, then the JIT's of those
+    # classes, cost more than the rows (ksqlDB's cases 331 -> 286 CPU s; the SQL-semantics and
+    # session modules 145 -> 118). Both modes are Spark's own, held equal by Spark's tests; the
+    # first hour runs a user's defaults (compiled) end to end, and the expressions' fuzz test
+    # compares with compiled Spark SQL.
+    "STATETABLE_SPARK_CONF": os.environ.get("STATETABLE_SPARK_CONF", INTERPRETED_SQL),
     # Every Spark Connect server the suite starts (the session's, a cluster's, a secure stack's,
     # each kill_engine drill's restart) warms itself before it reports up. 100,000 records is the
     # product's default, for a user's first batch; 5,000 touch the same steps (the warm-up test

@@ -79,6 +79,10 @@ def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | N
     session = spark.newSession()
     session.conf.set("spark.sql.ansi.enabled", "false")
     session.conf.set("spark.sql.session.timeZone", "UTC")
+    # Compiled, as a user's engine runs it: the suite's sessions run Spark SQL interpreted
+    # (tests/conftest.py), and ours is compared with what users get.
+    session.conf.set("spark.sql.codegen.wholeStage", "true")
+    session.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
     schema = T.StructType([T.StructField(n, T._parse_datatype_string(t)) for n, t in COLUMNS.items()])
     frame = session.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], schema)
     frame = frame.withColumn("_row", __import__("pyspark.sql.functions", fromlist=["x"]).monotonically_increasing_id())
