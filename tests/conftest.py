@@ -77,10 +77,10 @@ os.environ.update({
     # Spark SQL interpreted, not compiled, in every Spark driver the suite starts (its sessions,
     # CLI jobs, spark-submit tasks, Connect servers): a test's batches are hundreds of rows, each
     # query a new plan, and Janino's compiling of its generated classes, then the JIT's of those
-    # classes, cost more than the rows (ksqlDB's cases 331 -> 286 CPU s; the SQL-semantics and
-    # session modules 145 -> 118). Both modes are Spark's own, held equal by Spark's tests; the
-    # first hour runs a user's defaults (compiled) end to end, and the expressions' fuzz test
-    # compares with compiled Spark SQL.
+    # classes, cost more than the rows (18 Spark-heavy modules on three workers: 1,262 -> 1,114
+    # CPU s; ksqlDB's cases alone 331 -> 286). Both modes are Spark's own, held equal by Spark's
+    # tests; the first hour runs a user's defaults (compiled) end to end, and the expressions'
+    # fuzz test compares with compiled Spark SQL.
     "STATETABLE_SPARK_CONF": os.environ.get("STATETABLE_SPARK_CONF", INTERPRETED_SQL),
     # Every Spark Connect server the suite starts (the session's, a cluster's, a secure stack's,
     # each kill_engine drill's restart) warms itself before it reports up. 100,000 records is the
