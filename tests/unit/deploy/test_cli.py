@@ -69,6 +69,8 @@ def test_every_mistake_a_user_can_type_is_one_line_without_a_python_class_name(a
     ("STATETABLE_KAFKA_CONFIG", "/no/such/client.properties", ["create-topic", "page_views"], "no such file"),
     ("STATETABLE_KAFKA_CONFIG", "{tmp}/bad.properties", ["create-topic", "page_views"], "line 1 is not `name=value`"),
     ("STATETABLE_LOCK_WAIT_SECONDS", "60", ["rebuild", "page_views"], "no committed batch to rebuild from"),
+    ("STATETABLE_SPARK_CONF", "spark.sql.ansi.enabled=true", ["verify", "page_views"],
+     "STATETABLE_SPARK_CONF: spark.sql.ansi.enabled is statetable's to set"),
 ])
 def test_a_wrong_setting_or_a_refused_request_is_one_line_and_exits_2(setting, value, argv, names, tmp_path,
                                                                       monkeypatch, capsys):
