@@ -117,13 +117,8 @@ def _signal_group(pid: int, sig: int) -> None:
 def _group_alive(pgid: int) -> bool:
     """True while any process of the group has a thread running (an unreaped zombie does not count)."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[2]) == pgid and _running(int(entry.name)):
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) and stat["pgrp"] == pgid \
+                and _running(int(entry.name)):
             return True
     return False
 
@@ -136,23 +131,23 @@ def _running(pid: int) -> bool:
         threads = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return False
-    for tid in threads:
-        try:
-            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            return True
-    return False
+    return any((fields := _stat_fields(f"/proc/{pid}/task/{tid}/stat")) and fields[0] not in ("Z", "X")
+               for tid in threads)
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (which may hold spaces and
+    parentheses), or None once the process or thread is gone."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
 
 
 def _stat(pid: int) -> dict | None:
     """State, process group and start time (clock ticks since boot) from /proc, or None if gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return {"state": fields[0], "pgrp": int(fields[2]), "started": int(fields[19])}
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    return None if fields is None else {"state": fields[0], "pgrp": int(fields[2]), "started": int(fields[19])}
 
 
 def port_in_use(host: str, port: int) -> bool:
