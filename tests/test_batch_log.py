@@ -154,7 +154,11 @@ def test_a_5000_batch_log_compacted_through_a_crash_restores_and_verifies_exact(
             monkeypatch.setenv(key, value)
         store = f"s3://statetable/test-{uuid.uuid4().hex[:8]}"
         rt = replace(rt, store_uri=store, snapshot_uri=f"{store}/snapshots")
-    env = {**os.environ, **rt.as_env(), "STATETABLE_SPARK_REMOTE": "local"}
+    # The folder's jobs run on the stack's Spark Connect server, as a user's do (a local driver JVM
+    # per CLI job cost ~12 CPU s more each); the store's jobs in local sessions, whose executors
+    # get this process's S3 settings (the session's server was started without them).
+    remote = request.getfixturevalue("engine") if where == "folder" else "local"
+    env = {**os.environ, **rt.as_env(), "STATETABLE_SPARK_REMOTE": remote}
     for key in (faults.ENV, faults.SCOPE_ENV):
         env.pop(key, None)
     table = "payments_per_customer"

@@ -6,9 +6,12 @@ README and run verbatim from the clone's folder: a table of one's own written, i
 events produced (one of them bad), run, queried, listed, its dead letters read, and a restore
 drill triggered. What the user then sees is checked through the CLI, Airflow's REST API, the
 Airflow-mounted query API and the State tables page (a headless browser), against pandas over
-the records read back from the topic. Then what a local stranger could do to the stack: read
-its files, find the admin password in a log, take a table's lock. Finally `make stack-down`
-leaves nothing running.
+the records read back from the topic. The stack `make run` brought up is checked as `statetable
+stack status` shows it: down before, every component up and warmed after, listening on loopback
+alone. Then what a local stranger could do to the stack: read its files, find the admin password
+in a log, take a table's lock, use its Spark Connect server without the token. Finally `make
+stack-down` leaves nothing running, and every JVM of the stack kept its scratch in the stack's
+folder.
 
 The clone gets its own ports (27xxx) and its own `.stack`, so nothing of the session's stack or
 of another test is in it. Maven's local repository is shared with the checkout under test (a
@@ -20,6 +23,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -31,6 +35,7 @@ from confluent_kafka import Consumer, TopicPartition
 from catalog import settings as stack_settings
 from deploy import airflow_server
 from deploy.airflow_api import AirflowApi
+from spark_jobs import warmup
 from tests.browser import screenshots
 from tests.table_env import port
 
@@ -39,6 +44,9 @@ PORTS = {"STATETABLE_KAFKA_PORT": str(port(27092)), "STATETABLE_KAFKA_CONTROLLER
          "STATETABLE_AIRFLOW_PORT": str(port(27080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(27002)),
          "STATETABLE_POSTGRES_PORT": str(port(27432))}
 MARKER = "<!-- quickstart: run verbatim, in this order, by tests/test_first_hour.py -->"
+STATETABLE = str(Path(sys.executable).parent / "statetable")
+DOWN = [f"kafka 127.0.0.1:{port(27092)} down", f"spark-connect sc://127.0.0.1:{port(27002)} down",
+        f"postgres 127.0.0.1:{port(27432)} down", f"airflow http://127.0.0.1:{port(27080)} down"]
 
 
 def quickstart_commands(readme: str) -> list[str]:
@@ -148,6 +156,10 @@ def _get(url: str, token: str):
 @pytest.mark.timeout(1800)       # a clean clone's install and stack, beside the other xdist worker
 def test_first_hour_from_a_clean_clone(clone):
     where, env = clone
+    # Before `make run` (the clone has no venv yet), `stack status` of this same code on the
+    # clone's folder: everything down, and a non-zero exit.
+    before = _status(where, env)
+    assert before.returncode != 0 and before.stdout.splitlines() == DOWN, before.stdout + before.stderr
     commands = quickstart_commands((where / "README.md").read_text())
     outputs: dict[str, str] = {}
     table_file_written = time.monotonic()
@@ -165,6 +177,7 @@ def test_first_hour_from_a_clean_clone(clone):
 
     # make run: the demo ended with the seed's leaderboard.
     assert "Isabelle" in outputs["make"], outputs["make"][-3000:]
+    _the_stack_is_up_warm_and_on_loopback(where, env, cfg, outputs["make"])
 
     # The table's own run: 4 read, 1 dead-lettered; its answer equals pandas over the topic.
     expected = _expected(bootstrap)
@@ -282,11 +295,22 @@ def test_first_hour_from_a_clean_clone(clone):
     mine = subprocess.run(["flock", "--nonblock", str(lock), "true"], capture_output=True, text=True, timeout=30)
     assert mine.returncode == 0, mine.stderr          # the owner can (nothing holds it now)
 
-    down = subprocess.run(["make", "stack-down"], cwd=where, env=env, capture_output=True, text=True, timeout=180)
-    assert down.returncode == 0, down.stdout + down.stderr
     from deploy import stack
 
+    jvms = {pid: _cmdline(pid) for pid in _stack_family(cfg) if _cmdline(pid).startswith("java ")
+            or "/bin/java " in _cmdline(pid)}
+    assert len(jvms) >= 2, jvms          # the broker and the Spark Connect server, at least
+    outside = {pid: cmd[:200] for pid, cmd in jvms.items() if f"-Djava.io.tmpdir={stack_dir / 'tmp'}" not in cmd}
+    assert outside == {}, f"a JVM of the stack keeps its scratch outside the stack's folder: {outside}"
+    started = time.monotonic()
+    down = subprocess.run(["make", "stack-down"], cwd=where, env=env, capture_output=True, text=True, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert time.monotonic() - started < 30, down.stdout
     assert stack.running_pids(cfg) == {}
+    assert _processes_mentioning(str(stack_dir)) == []
+    after = _status(where, env)
+    assert after.stdout.splitlines() == DOWN, after.stdout + after.stderr
+    assert (stack_dir / "tmp" / "spark-connect").is_dir()
 
 
 def _screenshots(cfg, token: str, when: str) -> None:
@@ -294,3 +318,104 @@ def _screenshots(cfg, token: str, when: str) -> None:
     screenshots(cfg.airflow_url, token, {f"{when}-tables.png": "/plugin/statetable",
                                          f"{when}-drill.png": "/dags/page_views__restore_verify",
                                          f"{when}-incremental.png": "/dags/page_views__incremental"})
+
+
+def _status(where: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([STATETABLE, "stack", "status"], env={**env, "STATETABLE_STACK_DIR": str(where / ".stack")},
+                          capture_output=True, text=True, timeout=120)
+
+
+def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str) -> None:
+    """What `stack up` (inside `make run`) said, what `stack status` says now, where the stack's
+    processes listen, and that its Spark Connect server runs no stranger's Python."""
+    from deploy import stack
+
+    assert f"Airflow UI:  http://127.0.0.1:{port(27080)}" in made and "password:" in made, made[-3000:]
+    assert f"Spark:       sc://127.0.0.1:{port(27002)}" in made, made[-3000:]
+    # The engine reported up only once its warm-up batch ran, with a user's default count.
+    records = f"{warmup.DEFAULT_RECORDS:,}"
+    assert re.search(rf"^spark-connect warmed in [0-9.]+s: {records} records through statetable_engine_warmup "
+                     r"\(batch 0\)", made, re.M), made[-3000:]
+    assert made.index("spark-connect warmed") < made.index("Airflow UI:")
+    connect_scratch = where / ".stack" / "tmp" / "spark-connect"
+    assert {p.name.split("-")[0] for p in connect_scratch.iterdir()} >= {"spark", "blockmgr"}, \
+        list(connect_scratch.iterdir())
+
+    status = _status(where, env)
+    lines = status.stdout.splitlines()
+    assert status.returncode == 0 and len(lines) == 5, status.stdout + status.stderr
+    assert re.fullmatch(rf"spark-connect warmed in [0-9.]+s \({records} records\)", lines.pop(2)), status.stdout
+    assert lines == [line.replace(" down", " up") for line in DOWN]
+    listening = _listening_addresses(stack.running_pids(cfg).values())
+    assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432)} <= listening, listening
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
+
+    # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.
+    probe = "from pyspark.sql import SparkSession as S; print(S.builder.remote('{}').create().range(3).count())"
+    python = str(where / ".venv" / "bin" / "python")
+    stranger = subprocess.run([python, "-c", probe.format(f"sc://localhost:{port(27002)}")], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert stranger.returncode != 0 and "UNAUTHENTICATED" in stranger.stderr.upper(), stranger.stderr[-2000:]
+    token = where / ".stack" / "spark-connect" / ".token"
+    assert oct(token.stat().st_mode & 0o777) == "0o600"
+    owner = subprocess.run([python, "-c", probe.format(f"sc://localhost:{port(27002)}/;token={token.read_text()}")],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert owner.stdout.strip() == "3", owner.stderr[-2000:]
+
+
+def _stack_family(cfg) -> set[int]:
+    """The stack's processes and all their descendants."""
+    import psutil
+
+    from deploy import stack
+
+    found = set()
+    for pid in stack.running_pids(cfg).values():
+        try:
+            root = psutil.Process(pid)
+            found |= {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _listening_addresses(pids) -> set[tuple[str, int]]:
+    """Where the given processes and all their descendants listen (IPv4-mapped addresses unmapped)."""
+    import psutil
+
+    found = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in family:
+            try:
+                conns = proc.net_connections(kind="inet")
+            except psutil.NoSuchProcess:
+                continue
+            found |= {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns
+                      if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def _processes_mentioning(path: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                environ = (entry / "environ").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if path in cmdline or path in environ:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
