@@ -297,8 +297,8 @@ def test_first_hour_from_a_clean_clone(clone):
 
     from deploy import stack
 
-    jvms = {pid: _cmdline(pid) for pid in _stack_family(cfg) if _cmdline(pid).startswith("java ")
-            or "/bin/java " in _cmdline(pid)}
+    commands = {pid: _cmdline(pid) for pid in _stack_family(cfg)}
+    jvms = {pid: cmd for pid, cmd in commands.items() if cmd.startswith("java ") or "/bin/java " in cmd}
     assert len(jvms) >= 2, jvms          # the broker and the Spark Connect server, at least
     outside = {pid: cmd[:200] for pid, cmd in jvms.items() if f"-Djava.io.tmpdir={stack_dir / 'tmp'}" not in cmd}
     assert outside == {}, f"a JVM of the stack keeps its scratch outside the stack's folder: {outside}"
@@ -328,8 +328,6 @@ def _status(where: Path, env: dict) -> subprocess.CompletedProcess:
 def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str) -> None:
     """What `stack up` (inside `make run`) said, what `stack status` says now, where the stack's
     processes listen, and that its Spark Connect server runs no stranger's Python."""
-    from deploy import stack
-
     assert f"Airflow UI:  http://127.0.0.1:{port(27080)}" in made and "password:" in made, made[-3000:]
     assert f"Spark:       sc://127.0.0.1:{port(27002)}" in made, made[-3000:]
     # The engine reported up only once its warm-up batch ran, with a user's default count.
@@ -346,7 +344,7 @@ def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str
     assert status.returncode == 0 and len(lines) == 5, status.stdout + status.stderr
     assert re.fullmatch(rf"spark-connect warmed in [0-9.]+s \({records} records\)", lines.pop(2)), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN]
-    listening = _listening_addresses(stack.running_pids(cfg).values())
+    listening = _listening_addresses(_stack_family(cfg))
     assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432)} <= listening, listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
@@ -364,7 +362,7 @@ def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str
 
 
 def _stack_family(cfg) -> set[int]:
-    """The stack's processes and all their descendants."""
+    """The pids of the stack's processes and all their descendants."""
     import psutil
 
     from deploy import stack
@@ -372,8 +370,7 @@ def _stack_family(cfg) -> set[int]:
     found = set()
     for pid in stack.running_pids(cfg).values():
         try:
-            root = psutil.Process(pid)
-            found |= {root.pid, *(p.pid for p in root.children(recursive=True))}
+            found |= {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
         except psutil.NoSuchProcess:
             continue
     return found
@@ -387,23 +384,16 @@ def _cmdline(pid: int) -> str:
 
 
 def _listening_addresses(pids) -> set[tuple[str, int]]:
-    """Where the given processes and all their descendants listen (IPv4-mapped addresses unmapped)."""
+    """Where the given processes listen (IPv4-mapped addresses unmapped)."""
     import psutil
 
     found = set()
     for pid in pids:
         try:
-            root = psutil.Process(pid)
-            family = [root, *root.children(recursive=True)]
+            conns = psutil.Process(pid).net_connections(kind="inet")
         except psutil.NoSuchProcess:
             continue
-        for proc in family:
-            try:
-                conns = proc.net_connections(kind="inet")
-            except psutil.NoSuchProcess:
-                continue
-            found |= {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns
-                      if c.status == psutil.CONN_LISTEN}
+        found |= {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
     return found
 
 
@@ -411,8 +401,8 @@ def _processes_mentioning(path: str) -> list[str]:
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
+            cmdline = _cmdline(int(entry.name))
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 environ = (entry / "environ").read_bytes().decode(errors="replace")
             except OSError:
                 continue
