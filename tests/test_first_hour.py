@@ -14,8 +14,8 @@ stack-down` leaves nothing running, and every JVM of the stack kept its scratch 
 folder.
 
 The clone gets its own ports (27xxx) and its own `.stack`, so nothing of the session's stack or
-of another test is in it. Maven's local repository is shared with the checkout under test (a
-developer's ~/.m2, in effect); everything else the clone installs itself.
+of another test is in it. Maven's repositories and uv's cache are the user's (~/.cache), as on a
+developer's machine after one `make setup`; everything else the clone installs itself.
 """
 from __future__ import annotations
 
@@ -97,8 +97,6 @@ def _clean_env(clone: Path) -> dict[str, str]:
 def clone(tmp_path_factory):
     where = tmp_path_factory.mktemp("first-hour") / "statetable"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(where)], check=True)
-    (where / ".cache").mkdir()
-    os.symlink(ROOT / ".cache" / "m2", where / ".cache" / "m2")
     env = _clean_env(where)
     try:
         yield where, env
