@@ -1,0 +1,27 @@
+"""The Spark Connect server's driver maps the jobs' class-data archive only where one was built for
+its own jars: a server whose classpath differs (a cluster's, with the s3a jars) starts as before."""
+from pathlib import Path
+
+from catalog import settings as stack_settings
+from deploy import connect_server
+from spark_jobs import jvm_archive
+
+
+def _driver_options(settings) -> str:
+    return connect_server.server_conf(settings)["spark.driver.extraJavaOptions"]
+
+
+def test_the_server_maps_the_archive_built_for_its_jars_and_starts_without_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(jvm_archive, "ARCHIVE_DIR", tmp_path)
+    settings = stack_settings.load()
+    assert "SharedArchiveFile" not in _driver_options(settings)
+
+    jars = [Path(p) for p in connect_server.server_conf(settings)["spark.jars"].split(",")]
+    jvm_archive.archive_path(jars).write_bytes(b"")
+    options = _driver_options(settings)
+    assert f"-XX:SharedArchiveFile={jvm_archive.archive_path(jars)}" in options
+    assert options.index("-Djava.io.tmpdir=") < options.index("-XX:SharedArchiveFile=")
+
+    jvm_archive.archive_path(jars[:-1]).write_bytes(b"")       # built for other jars only
+    jvm_archive.archive_path(jars).unlink()
+    assert "SharedArchiveFile" not in _driver_options(settings)
