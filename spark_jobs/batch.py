@@ -372,11 +372,12 @@ def _verify(name: str, spark, rt: Runtime, examples: int, full: bool = False) ->
     if pending is not None:
         raise UserError(f"table {name!r} has an unfinished batch {pending.batch_id}; "
                         f"finish it (`statetable run {name}`) before verifying")
-    spark = spark or session.get_or_create(f"statetable-verify-{name}")
     last = batch_log.last_commit()
     result = VerifyResult(table.name, last.batch_id if last else None)
     spec = registry.spec_of(table, rt)
+    # The chain first: a verify that trimmed history refuses answers before a Spark driver starts.
     chain = verify_chain.plan(rt, table, spec.fingerprint, result.batch_id, full)
+    spark = spark or session.get_or_create(f"statetable-verify-{name}")
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
     compare = (spec, str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri, result.batch_id)
     summaries = _compare_all(spark, table, tables, rt, compare, chain)

@@ -81,9 +81,10 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert sorted(r["batch_id"] for r in kept.select("batch_id").distinct().collect()) == [4, 5]
     assert kept.count() == 1000
 
-    # A full verify now refuses, in one line naming the option, from the CLI too (exit 2); a
-    # verify from the checkpoint still proves the table.
-    env = {**os.environ, **rt.as_env()}
+    # A full verify now refuses, in one line naming the option, from the CLI too (exit 2), before
+    # it asks for a Spark engine (none answers at the address it is given); a verify from the
+    # checkpoint still proves the table.
+    env = {**os.environ, **rt.as_env(), "STATETABLE_SPARK_REMOTE": "sc://127.0.0.1:9"}
     cli = subprocess.run([STATETABLE, "verify", TABLE, "--full"], capture_output=True, text=True, env=env)
     assert cli.returncode == 2, cli.stderr[-2000:]
     message = [line for line in cli.stderr.splitlines() if "bronze_retention" in line]
