@@ -525,13 +525,13 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
 
     started = time.monotonic()
     table, tables = registry.load_table(name, rt)
-    spark = spark or session.get_or_create(f"statetable-rebuild-{name}")
     batch_log = BatchLog(rt.batch_dir(table.name))
     last = batch_log.last_commit()
     if last is None:
         raise UserError(f"table {name!r} has no committed batch to rebuild from; run it first")
     if batch_log.pending_plan() is not None:
         raise UserError(f"table {name!r} has an unfinished batch; run it to completion before a rebuild")
+    spark = spark or session.get_or_create(f"statetable-rebuild-{name}")      # after what a user can fix
     spec = registry.spec_of(table, rt)
     recorded = (last.definition or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:
