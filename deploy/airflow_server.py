@@ -125,8 +125,10 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         # A new table's DAGs within ~30 s of its file. (Set as `[scheduler]`'s, Airflow 2's name, this
         # was 10 and silently ignored; tests/unit/deploy checks every option here is one Airflow
         # reads.) Each parse of the DAG files costs ~1 CPU s: every 10 s that is ~6 CPU s a minute
-        # of an idle stack, against ~2 at 30 s.
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+        # of an idle stack, against ~2 at 30 s. A deployment's own setting wins (the test suite's
+        # Airflows, whose DAG files never change while they run, parse every 300 s).
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL":
+            os.environ.get("AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL", "30"),
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         # Task logs hold table names, keys and values: their owner's alone (Airflow's own defaults
         # are 775 and 664, applied whatever the umask).

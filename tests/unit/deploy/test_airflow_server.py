@@ -40,3 +40,14 @@ def test_the_suites_airflow_options_are_ones_airflow_reads():
     race the runs the tests trigger. pytest loaded tests/conftest.py, which set them, before this."""
     assert os.environ.get("AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE") == "False"
     assert unread(n for n in os.environ if n.startswith("AIRFLOW__")) == []
+
+
+def test_the_parse_interval_is_30_s_unless_the_deployment_sets_its_own(tmp_path, monkeypatch):
+    """A user's new table file is a DAG within ~30 s; the suite's Airflows, whose files never change
+    while they run, set 300 (tests/conftest.py) and must get it."""
+    name = "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"
+    settings = StackSettings("127.0.0.1", 29092, 29093, 28080, tmp_path / "stack")
+    monkeypatch.delenv(name, raising=False)
+    assert airflow_server.airflow_env(settings)[name] == "30"
+    monkeypatch.setenv(name, "120")
+    assert airflow_server.airflow_env(settings)[name] == "120"
