@@ -64,8 +64,8 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
                 conf[key] += f" {extra}"
     # The jobs' class-data archive, where `make test` or `make jvm-archive` built one for these
     # jars: the server's driver has the jobs' classpath and maps Spark's, Delta's and the Kafka
-    # source's classes instead of loading them (start and warm-up batch: 16-20 -> 10.5-11 CPU s).
-    if archived := jvm_archive.java_options([Path(p) for p in conf["spark.jars"].split(",") if p]):
+    # source's classes instead of loading them (start and warm-up batch: 16-20 -> 10.5-12 CPU s).
+    if archived := jvm_archive.conf_java_options(conf):
         conf["spark.driver.extraJavaOptions"] += f" {archived}"
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from catalog.settings import CACHE_DIR, JARS_DIR
 
-__all__ = ["archive_path", "build", "java_options"]
+__all__ = ["archive_path", "build", "conf_java_options", "java_options"]
 
 ARCHIVE_DIR = CACHE_DIR / "jvm"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -52,6 +52,12 @@ def java_options(jars: list[Path]) -> str:
     """The driver's options that map the archive, or "" when none was built for these jars."""
     path = archive_path(jars)
     return f"-XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else ""
+
+
+def conf_java_options(conf: dict[str, str]) -> str:
+    """java_options for the driver of a Spark conf: its jars are the conf's `spark.jars` (a job's
+    driver and the Spark Connect server's have the same classpath)."""
+    return java_options([Path(p) for p in conf.get("spark.jars", "").split(",") if p])
 
 
 # The job the archive is built from: what a batch's driver loads (Delta's log, reads, writes, a

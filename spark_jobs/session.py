@@ -163,8 +163,7 @@ def job_conf(conf: dict[str, str]) -> dict[str, str]:
     from catalog import settings
     from spark_jobs import jvm_archive
 
-    jars = [Path(p) for p in conf.get("spark.jars", "").split(",") if p]
-    extra = f"{jvm_archive.java_options(jars)} {settings.job_jvm_options()}".strip()
+    extra = f"{jvm_archive.conf_java_options(conf)} {settings.job_jvm_options()}".strip()
     if extra:
         conf = {**conf, "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} {extra}".strip()}
     return conf
