@@ -37,19 +37,40 @@ def _cached(kind, bootstrap: str, make):
         return client
 
 
-def topic_metadata(client, bootstrap: str, topic: str, operation: str = "describe", timeout: float = 10):
+def topic_metadata(client, bootstrap: str, topic: str, operation: str = "describe", timeout: float = 10,
+                   patience: float = 10.0):
     """`topic`'s metadata, or None when it does not exist. A broker that does not answer, or
     refuses the login or the topic, raises KafkaAccessError naming the broker, the principal
-    and the fix (`operation`: what the caller needs the topic for)."""
-    try:
-        meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
-    except KafkaException as exc:
-        if kafka_errors.is_connection_failure(exc.args[0]):
+    and the fix (`operation`: what the caller needs the topic for).
+
+    librdkafka asks one broker for metadata and reports that broker's lost connection as the
+    call's error. Of several brokers, one dying or restarting is what a cluster survives: the
+    call is asked again (another broker answers) for `patience` seconds; a
+    client of the wrong security.protocol hears the same error after it. The secure stack's
+    broker kills found this: a merge task's changelog catch-up asked the broker that was just
+    starting again, and the batch stopped while two brokers were up."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+            break
+        except KafkaException as exc:
+            if not kafka_errors.is_connection_failure(exc.args[0]):
+                raise
+            if _another_broker_may_answer(exc.args[0], bootstrap) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
             raise kafka_errors.connection_error(bootstrap, client, f"reading topic {topic!r}") from None
-        raise
     if meta is not None and meta.error is not None and meta.error.name() in kafka_errors.AUTHORIZATION_ERRORS:
         raise kafka_errors.denied(bootstrap, meta.error.name(), operation, topic)
     return None if meta is None or meta.error is not None else meta
+
+
+def _another_broker_may_answer(error, bootstrap: str) -> bool:
+    """A connection lost to one of several brokers, not a refusal (a wrong password or CA is
+    final, and said at once), nor a single broker's (nothing else to ask)."""
+    return (error.name() in kafka_errors.UNREACHABLE and "," in bootstrap
+            and not kafka_errors.refused(bootstrap))
 
 
 def partition_watermarks(consumer, bootstrap: str, partition, timeout: float = 10.0, patience: float = 30.0) -> tuple[int, int]:

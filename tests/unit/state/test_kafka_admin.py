@@ -45,3 +45,54 @@ def test_a_broker_that_dies_while_asked_gives_the_convention_not_an_error(error)
     broker asked had just died, and the TimeoutError stopped a batch's snapshot."""
     assert kafka_admin.wanted_replication(_Admin(3, error), bootstrap="b:1") == 3
     assert kafka_admin.wanted_replication(_Admin(1, error), bootstrap="b:2") == 1
+
+
+class _Flaky:
+    """A metadata client whose list_topics fails with `errors` (Kafka error names) in turn, then
+    answers with one topic."""
+
+    def __init__(self, *errors: str) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def list_topics(self, topic=None, timeout=None):
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.errors:
+            raise KafkaException(KafkaError(getattr(KafkaError, self.errors.pop(0))))
+        meta = SimpleNamespace(error=None, partitions={0: object()})
+        return SimpleNamespace(topics={topic: meta})
+
+    def poll(self, timeout=None):
+        return None
+
+
+def test_metadata_asks_again_while_one_of_several_brokers_restarts(monkeypatch):
+    monkeypatch.setattr(kafka_admin.time, "sleep", lambda s: None)
+    client = _Flaky("_TRANSPORT", "_ALL_BROKERS_DOWN")
+    assert kafka_admin.topic_metadata(client, "b:1,b:2,b:3", "t") is not None
+    assert client.calls == 3
+
+
+@pytest.mark.parametrize(("bootstrap", "error"), [("b:1", "_TRANSPORT"), ("b:1,b:2", "_AUTHENTICATION")])
+def test_a_single_broker_lost_or_a_refusal_is_said_at_once(monkeypatch, bootstrap, error):
+    from state.errors import KafkaAccessError
+
+    monkeypatch.setattr(kafka_admin.time, "sleep", lambda s: None)
+    client = _Flaky(error, error)
+    with pytest.raises(KafkaAccessError, match="kafka"):
+        kafka_admin.topic_metadata(client, bootstrap, "t")
+    assert client.calls == 1
+
+
+def test_several_brokers_that_never_answer_are_said_after_the_patience(monkeypatch):
+    from state.errors import KafkaAccessError
+
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(kafka_admin.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(kafka_admin.time, "sleep", lambda s: None)
+    client = _Flaky(*["_TRANSPORT"] * 100)
+    with pytest.raises(KafkaAccessError, match="no broker answered"):
+        kafka_admin.topic_metadata(client, "b:1,b:2", "t", patience=30)
+    assert 2 <= client.calls <= 5
