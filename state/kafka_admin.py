@@ -45,25 +45,33 @@ def topic_metadata(client, bootstrap: str, topic: str, operation: str = "describ
 
     librdkafka asks one broker for metadata and reports that broker's lost connection as the
     call's error. Of several brokers, one dying or restarting is what a cluster survives: the
-    call is asked again (another broker answers) for `patience` seconds; a
-    client of the wrong security.protocol hears the same error after it. The secure stack's
+    call is asked again (another broker answers) for `patience` seconds; a client of the wrong
+    security.protocol hears the same error after it. The secure stack's
     broker kills found this: a merge task's changelog catch-up asked the broker that was just
     starting again, and the batch stopped while two brokers were up."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
-            break
-        except KafkaException as exc:
-            if not kafka_errors.is_connection_failure(exc.args[0]):
-                raise
-            if _another_broker_may_answer(exc.args[0], bootstrap) and time.monotonic() < deadline:
-                time.sleep(0.5)
-                continue
+    try:
+        meta = _asked_again(lambda: client.list_topics(topic, timeout=timeout).topics.get(topic),
+                            lambda error: _another_broker_may_answer(error, bootstrap), patience, 0.5)
+    except KafkaException as exc:
+        if kafka_errors.is_connection_failure(exc.args[0]):
             raise kafka_errors.connection_error(bootstrap, client, f"reading topic {topic!r}") from None
+        raise
     if meta is not None and meta.error is not None and meta.error.name() in kafka_errors.AUTHORIZATION_ERRORS:
         raise kafka_errors.denied(bootstrap, meta.error.name(), operation, topic)
     return None if meta is None or meta.error is not None else meta
+
+
+def _asked_again(call, transient, patience: float, pause: float):
+    """`call()`, asked again every `pause` seconds for `patience` seconds while it raises a Kafka
+    error that `transient(error)` calls passing (a leader moving, one broker of several lost)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not transient(exc.args[0]) or time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
 
 
 def _another_broker_may_answer(error, bootstrap: str) -> bool:
@@ -77,15 +85,9 @@ def partition_watermarks(consumer, bootstrap: str, partition, timeout: float = 1
     """A partition's (low, high) watermarks. While its leader dies and another takes over (a
     broker lost, restarting, or electing) the question goes again for `patience` seconds, as
     Kafka's own clients retry a NOT_LEADER answer; a refused login is not retried."""
-    deadline = time.monotonic() + max(timeout, patience)
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=min(timeout, 5.0))
-        except KafkaException as exc:
-            name = exc.args[0].name()
-            if name not in kafka_errors.LEADER_MOVING or kafka_errors.refused(bootstrap) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return _asked_again(lambda: consumer.get_watermark_offsets(partition, timeout=min(timeout, 5.0)),
+                        lambda error: error.name() in kafka_errors.LEADER_MOVING and not kafka_errors.refused(bootstrap),
+                        max(timeout, patience), 0.2)
 
 
 def admin(bootstrap: str) -> AdminClient:
