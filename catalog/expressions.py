@@ -81,8 +81,11 @@ def _wrap32(value):
         else value
 
 
-_NUMBER_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*\Z")
-_INTEGER_TEXT = re.compile(r"\s*([+-]?\d*)(\.\d*)?\s*\Z")
+# Possessive quantifiers throughout: a run of digits or spaces followed by anything else fails in
+# one pass. The greedy forms backtracked quadratically, and a producer's 1 MiB digit string held a
+# table's merge (every retry) and the query server's event loop for hours.
+_NUMBER_TEXT = re.compile(r"\s*+[+-]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][+-]?+\d++)?+\s*+\Z")
+_INTEGER_TEXT = re.compile(r"\s*+([+-]?+\d*+)(\.\d*+)?+\s*+\Z")
 _SPECIAL_DOUBLES = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
                     "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 
@@ -98,7 +101,10 @@ def _text_to_int(text: str):
     match = _INTEGER_TEXT.match(text)
     if not match or match.group(1).lstrip("+-") == "" and match.group(2) is None:
         return None
-    value = int(match.group(1).lstrip("+") or "0") if match.group(1) not in ("-", "+") else 0
+    sign, digits = ("-" if match.group(1).startswith("-") else ""), match.group(1).lstrip("+-").lstrip("0")
+    if len(digits) > 19:            # past 64 bits whatever follows: no int() of a megabyte of digits
+        return None
+    value = int(sign + (digits or "0"))
     return value if -(1 << 63) <= value < (1 << 63) else None
 
 
@@ -753,18 +759,29 @@ def _function(node: exp.Expression, columns: set[str]) -> Callable[[dict], objec
     return None
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+# Spark's TIMESTAMP range (years 1-9999, as Python's): a number past it is NULL, as Spark's
+# casts give NULL where its microseconds would overflow.
+_INSTANT_LIMIT_MS = 253_402_300_799_999
+
+
 def _instant(value) -> dt.datetime:
     """A row's time value as a UTC datetime: epoch milliseconds (window_start, window_end), a
     date or datetime, or ISO text."""
     if isinstance(value, bool):
         raise TypeError("a boolean is no time")
     if isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value / 1000, tz=dt.timezone.utc)
+        if not -_INSTANT_LIMIT_MS <= value <= _INSTANT_LIMIT_MS:     # the platform's time_t raises OSError past it
+            raise OverflowError("an instant past years 1-9999")
+        return _EPOCH + dt.timedelta(milliseconds=value)
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
     if isinstance(value, dt.date):
         return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
-    parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    text = str(value)
+    if len(text) > 64:              # no ISO instant is longer; Spark's parse gives NULL
+        raise ValueError("not an ISO instant")
+    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
 
 
