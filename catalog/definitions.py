@@ -27,6 +27,7 @@ from sqlglot.dialects.spark import Spark
 
 from state.table import definition_fingerprint, meaning_changes  # noqa: F401 (re-exported)
 from state.windows import WindowSpec
+from catalog.definition_files import check_nesting, definition_files, read_definition
 from catalog.errors import DefinitionError, UnsupportedSql
 from catalog.errors import UserError
 
@@ -47,12 +48,13 @@ HEADER_KEYS = {
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
-TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")   # also a folder, lock and topic name: nothing else gets in
+# Also a folder, lock, topic and DAG id: nothing else gets in, and every derived name fits
+# (Airflow's dag_id takes 250 characters, Kafka's topic names 249, a folder name 255).
+TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,99}\Z")
 TOPK_MAX = 1000                                   # a TOPK state is one changelog record: keep it small
 TTL_AGGREGATE = "_last_event_ms"                  # a TTL table's hidden MAX of its event time
 SESSION_LAST = "window_end"                       # a session's last event time: a MAX the rows show
 EVENT_MS = "_event_ms"                            # ... both over this per-event column (event time as epoch ms)
-MAX_NESTING = 64                                  # deeper SQL is hostile, and would exhaust the parser's stack
 
 
 class _DefinitionSQL(Spark):
@@ -449,22 +451,9 @@ def _parse_schema(path: Path, raw: str) -> list[tuple[str, str]]:
 
 def _check_name(path: Path, name: str, node: exp.Expression | None = None) -> str:
     if not TABLE_NAME.match(name or ""):
-        raise _invalid(path, node, f"table name {name!r} must match [a-z][a-z0-9_]* (it names folders, locks "
-                                   f"and topics); rename the table")
+        raise _invalid(path, node, f"table name {name[:120]!r} must match [a-z][a-z0-9_]* and have at most 100 "
+                                   f"characters (it names folders, locks, topics and DAGs); rename the table")
     return name
-
-
-def _check_nesting(path: Path, text: str) -> None:
-    """Reject deep nesting before the parser recurses into it, pointing at where it gets too deep."""
-    depth = 0
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.lstrip().startswith("--"):
-            continue
-        for col, char in enumerate(line, start=1):
-            depth += (char == "(") - (char == ")")
-            if depth > MAX_NESTING:
-                raise DefinitionError(f"{path}:{number}:{col}: parentheses nest deeper than {MAX_NESTING} levels; "
-                                      f"simplify the expression")
 
 
 def _interval_ms(path: Path, node: exp.Expression, what: str = "window length", zero: bool = False) -> int:
@@ -614,7 +603,7 @@ def _unparsed(path: Path, text: str) -> DefinitionError:
 
 def parse(path: Path | str, text: str | None = None) -> TableDefinition:
     path = Path(path)
-    text = path.read_text() if text is None else text
+    text = read_definition(path) if text is None else text
     token = _SOURCE.set(text)
     try:
         return _parse(path, text)
@@ -624,7 +613,7 @@ def parse(path: Path | str, text: str | None = None) -> TableDefinition:
 
 def _parse(path: Path, text: str) -> TableDefinition:
     header = _parse_header(path, text)
-    _check_nesting(path, text)
+    check_nesting(path, text)
     try:
         statements = [s for s in sqlglot.parse(text, dialect=_DefinitionSQL) if s is not None]
     except sqlglot.errors.ParseError as exc:
@@ -1172,7 +1161,7 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
     A table FROM a source table (an aggregate over its rows) takes that table's schema, so it
     is parsed once the source tables are known."""
     tables: dict[str, TableDefinition] = {}
-    paths = sorted(Path(folder).glob("*.sql"))
+    paths = definition_files(Path(folder), broken)
     parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
     sources = {t.name: t for t in reversed(parsed.values())
                if isinstance(t, TableDefinition) and t.kind == "source" and t.input_table is None}
@@ -1202,22 +1191,36 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
 
 
 def _parsed(path: Path) -> "TableDefinition | DefinitionError":
+    """One file's table, or its error: any error reading, parsing or compiling it is that table's
+    DefinitionError, so no file can raise past load_all."""
     try:
         return parse(path)
     except DefinitionError as exc:
         return exc
+    except RecursionError:
+        return DefinitionError(f"{path}: the SQL is nested too deeply to compile; simplify it")
+    except Exception as exc:    # noqa: BLE001 - whatever a hostile file raises in the parser is its own error
+        return DefinitionError(f"{path}: does not load ({type(exc).__name__}: {str(exc)[:200]}); fix the file")
 
 
 def _load_each(parsed: dict, tables: dict, broken: dict | None) -> None:
+    """A name two files define is broken in both: which one runs must not depend on how the
+    file names sort (a copy named a_... would silently take over the table)."""
+    files: dict[str, list[Path]] = {}
+    for path, table in parsed.items():
+        if isinstance(table, TableDefinition):
+            files.setdefault(table.name, []).append(path)
     for path, table in parsed.items():
         try:
             if isinstance(table, DefinitionError):
                 raise table
-            if table.name in tables:
-                raise DefinitionError(f"{path}: table {table.name!r} is also defined in {tables[table.name].path}")
+            if len(files[table.name]) > 1:
+                raise DefinitionError(f"table {table.name!r} is defined in {len(files[table.name])} files ("
+                                      f"{', '.join(str(p) for p in files[table.name])}); keep one of them")
         except DefinitionError as exc:
             if broken is None:
                 raise
-            broken[path.stem] = str(exc)
+            name = table.name if isinstance(table, TableDefinition) else path.stem
+            broken[name] = str(exc)
             continue
         tables[table.name] = table

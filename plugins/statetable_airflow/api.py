@@ -108,18 +108,17 @@ class _Service:
                 self.service = self.factory()
             return self.service
 
-    async def ask(self, method: str, *args, blocking: bool = False):
-        """Answer on the event loop: a reader process service is awaited; in-process reads are
-        microseconds on secondaries that never block, so they run inline, and only what waits on
-        other systems (`blocking`: /tables asks Kafka for lag) goes to a thread. Making the service
-        (reader processes open every table) happens on a thread too."""
+    async def ask(self, method: str, *args):
+        """A reader process service is awaited; an in-process one answers on a thread. Its reads
+        are microseconds on secondaries, but a row's computed columns run a definition's
+        expressions over a producer's values, and in the Airflow-mounted API a slow one on the
+        event loop froze the whole api-server (UI and the tasks' Execution API). Making the
+        service (reader processes open every table) happens on a thread too."""
         service = self.service or await run_in_threadpool(self.get)
         call = getattr(service, method)
         if inspect.iscoroutinefunction(call):
             return await call(*args)
-        if blocking or getattr(service, "source", None) == "replica":    # a replica's catch-up talks to Kafka
-            return await run_in_threadpool(call, *args)
-        return call(*args)
+        return await run_in_threadpool(call, *args)
 
     def close(self) -> None:
         with self.lock:
@@ -276,7 +275,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
             return
         from serving.replica import batches_behind
 
-        logged = await holder.ask("log_batch", table, blocking=True)
+        logged = await holder.ask("log_batch", table)
         behind = batches_behind(logged, batch)
         if behind > bound:
             raise StateUnavailable(f"table {table!r}: this server answers from batch {batch}, {behind} behind the "
@@ -290,7 +289,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
     async def tables(request: Request):
         broken = await holder.ask("broken_tables")
-        return {"tables": await readable(request, await holder.ask("tables", blocking=True)),
+        return {"tables": await readable(request, await holder.ask("tables")),
                 "broken": {name: reason for name, reason in broken.items()
                            if await auth.may_read(request.state.principal, name)}}
 
@@ -300,7 +299,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
         may read only."""
         from serving.metrics import exposition
 
-        rows = await readable(request, await holder.ask("tables", blocking=True))
+        rows = await readable(request, await holder.ask("tables"))
         service = holder.service or await run_in_threadpool(holder.get)
         body, content_type = await run_in_threadpool(exposition, service.rt, rows, request.headers.get("accept"))
         return Response(body, media_type=content_type)
@@ -409,7 +408,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/ui", response_class=HTMLResponse, include_in_schema=False)
     async def ui(request: Request):
-        return HTMLResponse(status_page(await readable(request, await holder.ask("tables", blocking=True))))
+        return HTMLResponse(status_page(await readable(request, await holder.ask("tables"))))
 
     return app
 
