@@ -157,6 +157,7 @@ class BatchPlan:
     joins: dict | None = None              # joined table -> {"batch", "file"}: its state the batch joins (see
                                            # planning.pin_joins)
     holder: dict | None = None             # the driver that planned it (see this_driver)
+    resumed: bool = False                  # taken over from the log: an earlier attempt did not commit it
 
     @property
     def record_count(self) -> int:

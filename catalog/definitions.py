@@ -423,6 +423,19 @@ def _topic_option(path: Path, header: _Header, key: str) -> str | None:
     return raw
 
 
+def _check_names(path: Path, header: "_Header", table: "TableDefinition") -> None:
+    """The topic and the column names reach Kafka and the table's own generated SQL (backquoted
+    there): a name that is no topic, or that holds a backquote or a control character, would
+    break the table at its first batch instead of here."""
+    if table.topic is not None and (not TOPIC_NAME.match(table.topic) or table.topic in (".", "..")):
+        raise DefinitionError(f"{header.where(path, 'topic')}: table {table.name!r}: topic {table.topic[:80]!r} is not "
+                              f"a Kafka topic name; use 1 to 249 of the characters a-z A-Z 0-9 . _ -")
+    for column, _ in table.schema:
+        if "`" in column or not column.isprintable() or not column.strip() or len(column) > 128:
+            raise DefinitionError(f"{header.where(path, 'schema')}: table {table.name!r}: column name {column[:80]!r} "
+                                  f"must be 1-128 printable characters without a backquote; rename the field")
+
+
 def _schedule(path: Path, header: _Header) -> str:
     raw = header.get("schedule")
     if raw is None:
@@ -649,6 +662,7 @@ def _parse(path: Path, text: str) -> TableDefinition:
                               f"at least 1h: a batch's files are written before its Delta commit, and a reader may "
                               f"still read files a commit dropped")
     _bronze_retention(path, header, table)
+    _check_names(path, header, table)
     if table.output_topic is not None and table.output_topic == table.topic:
         raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
                               f"to its own input topic {table.topic!r}; name another output_topic")

@@ -151,8 +151,18 @@ def _tables(args) -> int:
         print(json.dumps(rows, indent=1, default=str))
         return 0
     for info in rows:
-        print(_table_lines(info))
+        print(shown(_table_lines(info)))
     return 0
+
+
+def shown(text: str) -> str:
+    """Text for a terminal: control and format characters (escape sequences, OSC 52's clipboard
+    writes, carriage returns forging a line, bidi overrides) as visible escapes. Dead letters and
+    broken definitions quote what producers and files hold, and a terminal obeys its bytes."""
+    import unicodedata
+
+    return "".join(c if c == "\n" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
+                   else c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
 
 
 def _table_lines(info: dict) -> str:
@@ -221,12 +231,12 @@ def _dead_letters(args) -> int:
         return 0
     print(f"{args.table}: {found['total']} dead letters in committed batches (topic {found['topic']})")
     for reason, n in found["by_reason"].items():
-        print(f"  {reason}: {n}")
+        print(shown(f"  {reason}: {n}"))
     if found["newest"]:
         print(f"newest {len(found['newest'])}:")
     for d in found["newest"]:
-        print(f"  {d['reason']}: partition {d['source_partition']} offset {d['source_offset']}, {d['size']} bytes"
-              f"{' (cut)' if d['truncated'] else ''}: {d['value']}")
+        print(shown(f"  {d['reason']}: partition {d['source_partition']} offset {d['source_offset']}, {d['size']} "
+                    f"bytes{' (cut)' if d['truncated'] else ''}: {d['value']}"))
     return 0
 
 

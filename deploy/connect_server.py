@@ -54,6 +54,7 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
     if workers:
         # One executor per worker, one core each: tasks spread over the workers as over machines.
         conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers),
+                     "spark.authenticate": "true", "spark.ui.killEnabled": "false",    # secret: command()
                      "spark.executor.memory": os.environ.get("STATETABLE_SPARK_EXECUTOR_MEMORY", "1g"),
                      # The stack's workers share this host: their executors' codec libraries go
                      # with the server's scratch (emptied when it starts), not to /tmp.
@@ -93,6 +94,8 @@ def command(settings: StackSettings, host: str | None = None) -> list[str]:
     conf = server_conf(settings, host)
     cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
            "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name"), "--jars", conf.pop("spark.jars")]
+    if conf.get("spark.authenticate") == "true":
+        cmd += ["--properties-file", str(spark_cluster.driver_properties(settings))]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd + ["spark-internal"]

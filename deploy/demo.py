@@ -73,7 +73,7 @@ def run(settings: StackSettings, events: int = 20000) -> None:
     print(f"tickets per genre (an aggregate over a join of tables): "
           f"{json.dumps(lookup('tickets_per_genre', ('sci-fi',)))}")
     print(f"done in {time.monotonic() - started:.0f}s. Look at:")
-    print(f"  Airflow:            {settings.airflow_url}/dags?tags=statetable  (login admin, password above)")
+    print(f"  Airflow:            {settings.airflow_url}/dags?tags=statetable  (login admin, password: .venv/bin/statetable stack password)")
     print(f"  State tables page:  {settings.airflow_url}/statetable/ui")
     print(f"  Query API (JWT):    curl -H \"Authorization: Bearer $TOKEN\" {settings.airflow_url}/statetable/leaderboard/1")
     print("  CLI:                .venv/bin/statetable query leaderboard 1")

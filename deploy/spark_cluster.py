@@ -5,11 +5,18 @@ own: Spark's work dir, its scratch dirs, and the statetable state cache its
 tasks open partitions in (STATETABLE_WORKER_STATE_DIR). Nothing is shared
 between workers but the object store and Kafka, so a partition that moves to
 another worker is restored there from snapshots plus the changelog.
+
+The master, the workers and the Connect server's driver share a secret (`spark.authenticate`):
+without it any local user could submit an application, which runs code as the stack's user. It
+reaches the daemons through their environment (`_SPARK_AUTH_SECRET`, readable by the owner
+only) and the driver through a private properties file, never a command line. The master's UI
+cannot kill applications (`spark.ui.killEnabled=false`).
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 import urllib.request
@@ -19,7 +26,7 @@ from catalog.runtime import WORKER_STATE_ENV
 from catalog.settings import PROJECT_ROOT, StackSettings
 from deploy import object_store
 from state import faults
-from deploy.processes import ManagedProcess, require_free_ports, wait_ready
+from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 
 VENV_BIN = Path(sys.executable).parent
 WORKER_MEMORY = os.environ.get("STATETABLE_SPARK_WORKER_MEMORY", "2g")
@@ -70,8 +77,34 @@ def spark_env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+SECURITY_OPTS = "-Dspark.authenticate=true -Dspark.ui.killEnabled=false"      # no secret in these
+
+
+def auth_secret(settings: StackSettings) -> str:
+    """The cluster's shared secret, made on first use (mode 600 in the cluster's folder)."""
+    path = settings.cluster_dir / ".auth_secret"
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = ""
+    if existing:
+        return existing
+    made = secrets.token_urlsafe(32)
+    write_private(path, made)
+    return made
+
+
 def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
-    return spark_env(settings, {**object_store.client_env(settings), **extra})
+    return spark_env(settings, {**object_store.client_env(settings), "_SPARK_AUTH_SECRET": auth_secret(settings),
+                                "SPARK_MASTER_OPTS": SECURITY_OPTS, "SPARK_WORKER_OPTS": SECURITY_OPTS, **extra})
+
+
+def driver_properties(settings: StackSettings) -> Path:
+    """A properties file (mode 600) giving a driver of this cluster its secret: Spark wants a
+    standalone driver's in its conf, and `--conf` would put it on the command line."""
+    path = settings.cluster_dir / ".driver.properties"
+    write_private(path, f"spark.authenticate.secret {auth_secret(settings)}\n")
+    return path
 
 
 def start(settings: StackSettings, workers: int) -> None:

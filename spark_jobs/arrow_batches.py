@@ -7,10 +7,13 @@ records of ~25 bytes: the read with the record positions (partition, offset, tim
 ~3 s more JVM CPU than with the value alone. With the check off, the two reads cost the same.
 
 So the read turns the check off and keeps its purpose another way: it sets the record cap so
-that a batch holds about 64 MB. That needs the records' size before they are read. It comes
-from the table's last batch on the same topic (`read_bytes` / `read`), or, for a table's first
-batch, from a sample of records at the start of each partition. When neither is known (the
-sample timed out), Spark's own check stays on: slower, never unsafe.
+that a batch holds about 64 MB. That needs the records' size before they are read: the larger of
+the table's last batch's mean on the same topic (`read_bytes` / `read`) and a sample of records
+at the start of each partition of this batch. The last batch alone is no guide: 2,000 records of
+1 MiB after a history of 25-byte ones made one Arrow batch past Arrow's 2 GiB. A records mix the
+sample misses can still overflow once, so a batch run again from its plan (an attempt failed)
+keeps Spark's own check on, as does a batch whose size is unknown: slower, never unsafe, and no
+re-run repeats the cap that failed.
 """
 from __future__ import annotations
 
@@ -40,8 +43,11 @@ def records_per_batch(bytes_per_record: float | None) -> int | None:
     return max(1, min(max_records(), int(BATCH_BYTES // (bytes_per_record + POSITION_BYTES))))
 
 
-def records_for(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]]) -> tuple[int | None, str]:
+def records_for(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]],
+                resumed: bool = False) -> tuple[int | None, str]:
     """(the record cap for a batch over `ranges`, None for Spark's byte check; why, for its log line)."""
+    if resumed:
+        return None, "Spark's byte cap (a re-run of the batch's plan: no cap that may have failed it)"
     size, source = record_bytes(last_commit, bootstrap, topic, ranges)
     records = records_per_batch(size)
     records = None if records is None else bucket(records)
@@ -52,10 +58,13 @@ def records_for(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple
 def record_bytes(last_commit, bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]]) -> tuple[float | None, str]:
     """(mean value bytes a record, where that figure comes from) for a batch over `ranges`."""
     counts = getattr(last_commit, "counts", None) or {}
-    if last_commit is not None and last_commit.topic == topic and counts.get("read") and "read_bytes" in counts:
+    known = last_commit is not None and last_commit.topic == topic and counts.get("read") and "read_bytes" in counts
+    sampled = sample_bytes(bootstrap, topic, ranges, timeout=0.5 if known else 2.0)
+    if not sampled:
+        return None, "no sample (Spark checks bytes)"
+    if known and counts["read_bytes"] / counts["read"] >= sampled[0]:
         return counts["read_bytes"] / counts["read"], f"the last batch's {counts['read']:,} records"
-    sampled = sample_bytes(bootstrap, topic, ranges)
-    return (sampled[0], f"{sampled[1]:,} sampled records") if sampled else (None, "no sample (Spark checks bytes)")
+    return sampled[0], f"{sampled[1]:,} sampled records"
 
 
 def sample_bytes(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]],

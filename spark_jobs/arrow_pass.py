@@ -20,6 +20,7 @@ import decimal
 import json
 import math
 import re
+import sys
 import uuid
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from state.aggregates import OFFSET_BITS
 from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
 from catalog.expressions import java_double
-from spark_jobs.parse import LONE_SURROGATE, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_EPOCH_MS
+from spark_jobs.parse import DATE_TEXT, LONE_SURROGATE, MAX_DATE_DAYS, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_DATE_DAYS, MIN_EPOCH_MS
 from spark_jobs.errors import ArrowUnsupported
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
@@ -43,6 +44,15 @@ INT_TEXT = re.compile(r"-?[0-9]+\Z")                 # ASCII digits only: int() 
 EPOCH_TEXT = re.compile(r"-?[0-9]{1,18}\Z")
 FLOAT_MAX = 3.4028234663852886e38
 SPLIT_BELOW = 8           # blocks this small are judged record by record
+# Spark's reader (Jackson's StreamReadConstraints) refuses JSON nested deeper than 1,000, counting
+# the record's own object as 1, and the Spark-SQL pass reads each record once more inside [ ]
+# (parse.classify: one JSON value per record), one level deeper: so 999 there. pyarrow's reader
+# takes any depth and json.loads stops at Python's recursion limit. A record past it is
+# malformed_json on both passes, alone or in a block.
+MAX_JSON_DEPTH = 999
+# json.loads recurses once per level: a record at MAX_JSON_DEPTH must parse alone wherever the
+# call stands (a Spark worker's stack is already deep), as it does in a block.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * MAX_JSON_DEPTH))
 
 
 def arrow_type(dtype: str) -> pa.DataType:
@@ -287,9 +297,15 @@ def _timestamp_ms(text: str) -> int | None:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
+_DATE_TEXT = re.compile(DATE_TEXT.replace("^", "").replace("$", r"\Z"))
+
+
 def _date(text: str) -> int | None:
+    """parse._date's rule: fromisoformat alone also takes "20240101" and "2024-W01-1"."""
+    if not _DATE_TEXT.match(text):
+        return None
     try:
-        return (dt.date.fromisoformat(text.strip()) - dt.date(1970, 1, 1)).days
+        return (dt.date.fromisoformat(text.strip(" \t\n\r")) - dt.date(1970, 1, 1)).days
     except ValueError:
         return None
 
@@ -431,6 +447,7 @@ def _typed(table: pa.Table, schema: list[tuple[str, str]]) -> pa.Table:
             col = _timestamps(col)
         elif dtype == "DATE":
             col = pc.cast(col, pa.date32())
+            _in_range(pc.cast(col, pa.int32()), 1, MIN_DATE_DAYS, MAX_DATE_DAYS)
         elif dtype == "DECIMAL":
             raise ValueError("decimals are judged one by one")
         columns[name] = col
@@ -462,9 +479,9 @@ def _timestamps(col):
     return pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC"))
 
 
-def _in_range(values, per_ms: int) -> None:
+def _in_range(values, per_ms: int, lowest: int = MIN_EPOCH_MS, highest: int = MAX_EPOCH_MS) -> None:
     low, high = pc.min(values).as_py(), pc.max(values).as_py()
-    if low is not None and (low < MIN_EPOCH_MS * per_ms or high > (MAX_EPOCH_MS + 1) * per_ms - 1):
+    if low is not None and (low < lowest * per_ms or high > (highest + 1) * per_ms - 1):
         raise ValueError("a time outside years 1-9999")
 
 
@@ -526,11 +543,13 @@ def parse_values(values: pa.Array | pa.ChunkedArray, schema: list[tuple[str, str
         values = values.cast(pa.binary() if pa.types.is_string(values.type) else pa.large_binary())
     good, good_index, bad = [], [], []
     bad += [(i, "invalid_unicode") for i in unicode_rejects(values)]
+    rejected = {i for i, _ in bad}
+    bad += [(i, "malformed_json") for i in nesting_rejects(values) if i not in rejected]
     usable = pc.is_valid(values)
     if bad:
-        unicode_ok = np.ones(len(values), dtype=bool)
-        unicode_ok[[i for i, _ in bad]] = False
-        usable = pc.and_(usable, pa.array(unicode_ok))
+        judged = np.ones(len(values), dtype=bool)
+        judged[[i for i, _ in bad]] = False
+        usable = pc.and_(usable, pa.array(judged))
     simple = pc.and_(usable, looks_like_object(values))
     block_index = pc.indices_nonzero(simple).cast(pa.int64())
     alone_index = pc.indices_nonzero(pc.and_(usable, pc.invert(simple))).cast(pa.int64())
@@ -596,6 +615,23 @@ def unicode_rejects(values: pa.Array) -> list[int]:
         if _LONE_SURROGATE.search(values[i].as_py()):
             suspects.add(i)
     return sorted(suspects)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+
+
+def nesting_rejects(values: pa.Array) -> list[int]:
+    """Indices of values nested deeper than MAX_JSON_DEPTH (brackets inside strings do not
+    count). Only values with that many opening brackets at all are scanned."""
+    opening = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
+    suspects = pc.indices_nonzero(pc.fill_null(pc.greater(opening, MAX_JSON_DEPTH), False)).to_pylist()
+    out = []
+    for i in suspects:
+        text = np.frombuffer(_JSON_STRING.sub(b"", values[i].as_py()), dtype=np.uint8)
+        steps = np.isin(text, (ord("["), ord("{"))).astype(np.int32) - np.isin(text, (ord("]"), ord("}")))
+        if len(steps) and np.cumsum(steps).max() > MAX_JSON_DEPTH:
+            out.append(i)
+    return out
 
 
 def looks_like_object(values: pa.Array):

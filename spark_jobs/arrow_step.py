@@ -25,7 +25,7 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
     from spark_jobs import arrow_batches, session
 
     records, why = arrow_batches.records_for(table_run.log.last_commit(), table_run.rt.bootstrap, plan.topic,
-                                             plan.ranges)
+                                             plan.ranges, resumed=plan.resumed)
     log.info("%s batch %d: Arrow batches of %s", table_run.table.name, plan.batch_id, why)
     return _pass(table_run.in_session(session.arrow_session(table_run.spark, records)), plan, started, begun_at,
                  records)

@@ -39,6 +39,10 @@ CORRUPT = "_corrupt_record"
 # TIMESTAMP's range, years 1 to 9999 (what Spark and Python both hold); epochs outside it are
 # wrong_type on both passes rather than wrapped or overflowed.
 MIN_EPOCH_MS, MAX_EPOCH_MS = -62135596800000, 253402300799999
+# DATE's, the same years as days since 1970: Spark's reader takes "0000-01-01" and "+10000-01-01",
+# which no Python date (the query API, the change topic) can hold.
+MIN_DATE_DAYS, MAX_DATE_DAYS = -719162, 2932896
+DATE_TEXT = r"^[ \t\n\r]*[0-9]{4}-[0-9]{2}-[0-9]{2}[ \t\n\r]*$"
 # A JSON \u escape of a UTF-16 surrogate with no partner (an even run of backslashes before it
 # is text, not an escape). Python's and Java's regex read it alike: both engines use it.
 LONE_SURROGATE = (r"(?<!\\)(?:\\\\)*(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
@@ -73,6 +77,16 @@ def _timestamp(text):
     return F.when(micros.between(MIN_EPOCH_MS * 1000, MAX_EPOCH_MS * 1000 + 999), stamp)
 
 
+def _date(text):
+    """A DATE field's JSON text as a date: YYYY-MM-DD in ASCII digits, ASCII blanks around it
+    allowed, years 1-9999; null otherwise. Spark's reader would also take "20240101" (as that
+    many days), "2024", "2024-1-1" and year 0; the Arrow pass's `_date` holds the same rule."""
+    from pyspark.sql import functions as F
+
+    day = F.try_to_date(F.trim(text, F.lit(" \t\n\r")), "yyyy-MM-dd")
+    return F.when(text.rlike(DATE_TEXT) & F.unix_date(day).between(MIN_DATE_DAYS, MAX_DATE_DAYS), day)
+
+
 def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES,
              now_ms: int | None = None):
     """`raw` is Spark's Kafka source frame; returns a frame with the parsed
@@ -81,8 +95,8 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     from pyspark.sql import functions as F
 
     text = F.col("value").cast("string")
-    timestamps = [name for name, dtype in table.schema if dtype == "TIMESTAMP"]
-    schema = ", ".join(f"`{name}` {'STRING' if dtype == 'TIMESTAMP' else dtype}" for name, dtype in table.schema) \
+    timestamps = [name for name, dtype in table.schema if dtype in ("TIMESTAMP", "DATE")]
+    schema = ", ".join(f"`{name}` {'STRING' if name in timestamps else dtype}" for name, dtype in table.schema) \
         + f", `{CORRUPT}` STRING"
     parsed = raw.select(
         F.col("partition").alias("_partition"), F.col("offset").alias("_offset"),
@@ -106,8 +120,10 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     for name, _ in table.schema:
         wrong_type = wrong_type | (F.col(f"_present.`{name}`").isNotNull() & F.col(f"_parsed.`{name}`").isNull())
     if timestamps:
-        # Judge each timestamp's text, then put the timestamp in its place.
-        stamps = {name: _timestamp(F.col(f"_parsed.`{name}`")) for name in timestamps}
+        # Judge each timestamp's and date's text, then put the value in its place.
+        kinds = dict(table.schema)
+        stamps = {name: (_timestamp if kinds[name] == "TIMESTAMP" else _date)(F.col(f"_parsed.`{name}`"))
+                  for name in timestamps}
         bad = F.lit(False)
         for name, stamp in stamps.items():
             bad = bad | F.coalesce(F.col(f"_parsed.`{name}`").isNotNull() & stamp.isNull(), F.lit(False))

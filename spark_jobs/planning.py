@@ -5,6 +5,7 @@ same records and joining the same rows. Also the checks a writer makes before it
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from catalog.batch_log import BatchLog, BatchLogLost, BatchPlan
 from catalog.registry import ensure_output_topic
@@ -73,7 +74,7 @@ def next_plan(run: TableRun) -> BatchPlan | None:
         batch_log.take_over(pending, table.name)
         log.info("%s: finishing batch %d from its plan (%d records)", table.name, pending.batch_id,
                  pending.record_count)
-        return pending
+        return replace(pending, resumed=True)
     last = batch_log.last_commit()
     marks = watermarks(rt.bootstrap, table.topic)
     incarnation = topic_id(rt.bootstrap, table.topic)

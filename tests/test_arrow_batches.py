@@ -30,9 +30,19 @@ def test_the_record_cap_fills_a_batch_of_the_target_bytes_and_never_rounds_to_ze
     assert arrow_batches.records_per_batch(1 << 30) == 1
 
 
-def test_the_size_comes_from_the_last_batch_on_the_same_topic():
+def test_the_size_is_the_larger_of_the_last_batch_and_this_batchs_sample(monkeypatch):
     last = SimpleNamespace(topic="t", counts={"read": 1000, "read_bytes": 50_000})
+    monkeypatch.setattr(arrow_batches, "sample_bytes", lambda *a, **k: (30.0, 64))
     assert arrow_batches.record_bytes(last, "unused:1", "t", {0: (0, 10)}) == (50.0, "the last batch's 1,000 records")
+    # Issue 66: 1 MiB records after a history of 25-byte ones. The last batch's mean alone gave the
+    # 200,000-record cap, a >2 GiB Arrow batch, and the retry computed the same cap.
+    history = SimpleNamespace(topic="t", counts={"read": 100_000, "read_bytes": 2_500_000})
+    monkeypatch.setattr(arrow_batches, "sample_bytes", lambda *a, **k: (float(1 << 20), 64))
+    records, why = arrow_batches.records_for(history, "unused:1", "t", {0: (0, 2000)})
+    assert records == 32 and "64 sampled records" in why
+    assert arrow_batches.records_for(history, "unused:1", "t", {0: (0, 2000)}, resumed=True)[0] is None
+    monkeypatch.setattr(arrow_batches, "sample_bytes", lambda *a, **k: None)
+    assert arrow_batches.records_for(history, "unused:1", "t", {0: (0, 2000)})[0] is None   # unknown: Spark's check
 
 
 def _bronze_files(rt, table: str, batch: int) -> list:
@@ -77,6 +87,15 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
     assert len(_bronze_files(rt, table, 1)) == math.ceil(500 / cap) > 1
     assert second.counts["read_bytes"] == sum(len(v) for v in small)
     assert spark.conf.get(arrow_batches.MAX_BYTES_CONF) == byte_check        # the session's own setting is back
+
+    caplog.clear()                       # large records after a batch of small ones: the sample sets the cap
+    for value in large:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(30) == 0
+    jobs.run(table, spark=spark, rt=rt, max_batches=1)
+    cap = arrow_batches.bucket((1 << 20) // (len(large[0]) + 24))
+    assert f"up to {cap:,} records" in caplog.text and "64 sampled records" in caplog.text
+    assert len(_bronze_files(rt, table, 2)) == math.ceil(500 / cap)
 
     expected: dict[str, list[int]] = {}
     for value in small + large + small:

@@ -484,3 +484,41 @@ def test_statetable_query_on_the_cluster_from_a_fresh_data_dir(cluster, cluster_
     assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
     lines = [line for line in unreachable.stderr.splitlines() if line.strip()]
     assert lines and MOVIES in lines[-1] and ("store" in lines[-1] or "batch log" in lines[-1]), lines[-5:]
+
+
+DRIVER_WITHOUT_SECRET = """
+import sys
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master(sys.argv[1]).appName("intruder").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").getOrCreate())
+print(spark.range(3).count(), flush=True)
+"""
+
+
+def test_a_driver_without_the_clusters_secret_cannot_run_on_its_workers(cluster, tmp_path):
+    """Issue 66: the master ran without spark.authenticate, so any local user could run code as
+    the stack's user on its workers. A driver that cannot read the secret (another user's) is
+    refused: its application never registers and runs nothing."""
+    import urllib.request
+
+    from deploy import spark_cluster
+
+    settings, _, _ = cluster
+    secret_file = settings.cluster_dir / ".auth_secret"
+    assert secret_file.stat().st_mode & 0o077 == 0            # another user cannot read it
+    for pid in (spark_cluster.master(settings).pid(), spark_cluster.worker(settings, 1).pid()):
+        assert secret_file.read_text().strip() not in Path(f"/proc/{pid}/cmdline").read_text()
+    script = tmp_path / "intruder.py"
+    script.write_text(DRIVER_WITHOUT_SECRET)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("_SPARK_AUTH", "SPARK_"))}
+    try:
+        done = subprocess.run([sys.executable, str(script), settings.master_url], env=env, capture_output=True,
+                              text=True, timeout=45)
+        counted = done.stdout.strip()
+    except subprocess.TimeoutExpired as stopped:
+        counted = (stopped.stdout or b"").decode().strip()
+    assert counted != "3", "a driver without the secret ran a job on the cluster"
+    with urllib.request.urlopen(f"http://{settings.host}:{spark_cluster.master_ui_port(settings)}/json/") as r:
+        apps = json.load(r)
+    names = [a.get("name") for a in apps.get("activeapps", []) + apps.get("completedapps", [])]
+    assert "intruder" not in names and "statetable-connect" in names

@@ -39,7 +39,7 @@ _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2 ** 70), max_value=2 ** 70),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
     st.sampled_from(["2026-11-01T10:00:00Z", "1969-12-31T23:59:59.999500", "1700000000000", "\u0661\u0662",
-                     "2026-01-01T00:00:00.123456+02:00", "9300000000000000000"]),
+                     "2026-01-01T00:00:00.123456+02:00", "9300000000000000000", *fuzz_records.DATES[:15]]),
 )
 _objects = st.dictionaries(st.sampled_from([n for n, _ in fuzz_records.SCHEMA] + ["other"]),
                            st.one_of(_scalars, st.lists(_scalars, max_size=2)), max_size=6)
@@ -82,12 +82,28 @@ def _same(a, b) -> bool:
 @example([b'{"k":"\\ud800","v":1}'] + [b'{"k":"x"}'] * 10)              # issue 45's 40-byte record
 @example([b'{"k":' + b"[" * 900 + b"]" * 900 + b"}"] + [b'{"k":"x"}'] * 10)   # deep nesting in a STRING field (review)
 @example([b'{"t":"1969-12-31T23:59:59.999500"}'] + [b'{"t":"2026-01-01T00:00:00Z"}'] * 10)
+@example([b'{"k":"a","z":' + b"[" * 999 + b"]" * 999 + b"}"] + [b'{"k":"x"}'] * 10)   # issue 66: past the 999
+@example([b'{"k":"a","z":' + b"[" * 998 + b"]" * 998 + b"}"] + [b'{"k":"x"}'] * 10)     # ... and at it
+@example([b'{"k":"a","z":"' + b"[" * 100_000 + b'"}'] + [b'{"k":"x"}'] * 10)           # brackets in a string
+@example([b'{"d":"0000-01-01"}'] + [b'{"d":"2026-01-01"}'] * 10)                       # issue 66: year 0
+@example([b'{"d":"20240101"}', b'{"d":" 2024-01-01"}'] + [b'{"d":"2026-01-01"}'] * 10)
 def test_a_record_gets_the_same_verdict_and_value_alone_as_in_a_block(values):
     together = _verdicts(values)
     for i, value in enumerate(values):
         alone = _verdicts([value])[0]
         assert alone[0] == together[i][0] and _same(alone[1], together[i][1]), \
             f"record {value[:120]!r}: alone {alone}, in a block {together[i]}"
+
+
+def test_generated_hostile_records_get_the_same_verdict_alone_as_in_their_batch():
+    """The records the both-passes test sends (dates past their range, nesting to 100,000), as
+    one batch and each alone."""
+    values = fuzz_records.values(SEED, int(os.environ.get("STATETABLE_FUZZ_RECORDS", "1000")))
+    together = _verdicts(values)
+    for i, value in enumerate(values):
+        alone = _verdicts([value])[0]
+        assert alone[0] == together[i][0] and _same(alone[1], together[i][1]), \
+            (f"record {i} {value[:120]!r}: alone {alone}, in the batch {together[i]}", _replay("alone", SEED))
 
 
 # ------------------------------------------------------------------ expressions vs Spark SQL
@@ -120,7 +136,7 @@ def test_generated_expressions_are_total_and_agree_with_spark_sql(spark):
 
 # ------------------------------------------------------------ records through both passes
 SQL = """-- topic: {topic}
--- schema: k STRING, v BIGINT, x DOUBLE, t TIMESTAMP, flag BOOLEAN
+-- schema: k STRING, v BIGINT, x DOUBLE, t TIMESTAMP, flag BOOLEAN, d DATE
 -- partitions: 3
 -- max_records_per_batch: 400
 CREATE TABLE {table} AS SELECT k, COUNT(*) AS n, SUM(v) AS s, MAX(x) AS mx, COUNT(flag) AS nf FROM events GROUP BY k;

@@ -98,21 +98,23 @@ class StatetableApiHook(BaseHook):
         super().__init__()
         self.statetable_conn_id = statetable_conn_id
 
-    def _get(self, path: str) -> dict:
+    def _get(self, *segments: str) -> dict:
+        """GET the path of `segments`, each quoted whole: a key holding / ? = & or # is one
+        segment, not a path, a query or a fragment of its own."""
         import json
         import urllib.parse
         import urllib.request
 
         conn = self.get_connection(self.statetable_conn_id)
         base = f"{conn.schema or 'http'}://{conn.host}:{conn.port or 8080}{conn.extra_dejson.get('path', '')}"
-        request = urllib.request.Request(base + urllib.parse.quote(path, safe="/?=&"),
-                                         headers={"Authorization": f"Bearer {conn.password}"})
+        path = "".join("/" + urllib.parse.quote(segment, safe="") for segment in segments)
+        request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {conn.password}"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             return json.load(answer)
 
     def row(self, table: str, key: str) -> dict:
         """One row and the batch it comes from."""
-        return self._get(f"/tables/{table}/rows/{key}")
+        return self._get("tables", table, "rows", key)
 
     def tables(self) -> list[dict]:
-        return self._get("/tables")["tables"]
+        return self._get("tables")["tables"]

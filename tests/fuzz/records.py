@@ -7,7 +7,13 @@ from __future__ import annotations
 import json
 import random
 
-SCHEMA = [("k", "STRING"), ("v", "BIGINT"), ("x", "DOUBLE"), ("t", "TIMESTAMP"), ("flag", "BOOLEAN")]
+SCHEMA = [("k", "STRING"), ("v", "BIGINT"), ("x", "DOUBLE"), ("t", "TIMESTAMP"), ("flag", "BOOLEAN"), ("d", "DATE")]
+# DATE text at and past its range and in the forms one reader takes and another does not.
+DATES = ["0000-01-01", "0001-01-01", "9999-12-31", "10000-01-01", "+10000-01-01", "-0001-01-01", "20240101",
+         "2024-W01-1", " 2024-01-01", "2024-01-01 ", "2024-02-30", "2024-1-1", "2024", "2024-01-01T00:00:00",
+         "\u0662024-01-01", 19723, "", "1970-01-01"]
+# Nesting around the limit (999 with the record's own object: arrow_pass.MAX_JSON_DEPTH) and far past it.
+DEPTHS = [300, 998, 999, 1000, 1001, 5000, 100_000]
 KEYS = ["a", "b", "c", "caf\u00e9", "\U0001F600", "with \"quotes\"", "nul\u0000byte", "  spaced  ", "", "1"]
 
 
@@ -24,6 +30,8 @@ def _valid(rng: random.Random) -> dict:
             "1969-12-31T23:59:59.999500", "2026-01-01T00:00:00.123456+02:00", None])
     if rng.random() < 0.8:
         event["flag"] = rng.choice([True, False, None])
+    if rng.random() < 0.5:
+        event["d"] = f"{rng.randint(1990, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
     return event
 
 
@@ -31,7 +39,7 @@ def _hostile(rng: random.Random) -> bytes:
     base = _valid(rng)
     field = rng.choice([name for name, _ in SCHEMA])
     text = json.dumps(base, ensure_ascii=rng.random() < 0.5)
-    choice = rng.randrange(26)
+    choice = rng.randrange(28)
     if choice == 0:
         return text.replace('"k": ', '"k": "\\ud800", "_": ', 1).encode()
     if choice == 1:
@@ -49,8 +57,14 @@ def _hostile(rng: random.Random) -> bytes:
     if choice == 7:
         return json.dumps({**base, field: rng.choice(["12", "abc", [1, 2], {"a": 1}, True, 1.5])}).encode()
     if choice == 8:
-        return ("[" * 600 + "]" * 600).encode() if rng.random() < 0.5 else \
-            json.dumps({**base, "deep": json.loads("[" * 300 + "]" * 300)}).encode()
+        depth = rng.choice(DEPTHS)
+        nested = "[" * depth + "]" * depth if rng.random() < 0.7 else '{"a":' * depth + "1" + "}" * depth
+        where = rng.choice(["top", "deep", "k", "string"])
+        if where == "top":
+            return nested.encode()
+        if where == "string":                                   # brackets inside a string are text
+            return json.dumps({**base, "deep": nested}).encode()
+        return (text[:-1] + f', "{where}": {nested}}}').encode()
     if choice == 9:
         return b"null"
     if choice == 10:
@@ -84,6 +98,10 @@ def _hostile(rng: random.Random) -> bytes:
         return json.dumps({**base, "x": rng.choice([1e-320, -1e308, 3.4e38, 1.0e16])}).encode()
     if choice == 24:
         return json.dumps({"K": "upper", "v": 1}).encode()                       # the key field missing
+    if choice == 26:
+        return json.dumps({**base, "d": rng.choice(DATES)}).encode()
+    if choice == 27:
+        return json.dumps({**base, "d": rng.choice(DATES), "t": rng.choice(DATES)}).encode()
     return json.dumps({**base, "v": None, "x": None, "flag": None}).encode()
 
 

@@ -137,3 +137,15 @@ def test_generated_and_mutated_definitions_never_raise_out_of_load_all(folder):
         listed = f"fuzz_{i}" in broken or any(f"/fuzz_{i}.sql" in reason for reason in broken.values())
         loaded = f"fuzz_{i}.sql" in tables.values()
         assert listed or loaded, (i, mutated[i][:200], _replay(SEED))
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda t: t.replace("-- topic: payments", "-- topic: pay`ments"), "is not a Kafka topic name"),
+    (lambda t: "-- partitions: 2\nCREATE TABLE payments_per_customer (`we``ird` STRING PRIMARY KEY, v BIGINT) "
+               "WITH (topic='src');\n", "without a backquote"),
+])
+def test_a_topic_or_column_name_the_tables_own_sql_cannot_quote_is_refused_when_it_loads(folder, edit, problem):
+    (folder / "payments_per_customer.sql").write_text(edit(GOOD))
+    tables, broken = _load(str(folder))
+    assert "payments_per_customer" not in tables and problem in broken["payments_per_customer"]
+    assert "movies" in tables
