@@ -20,6 +20,7 @@ from pathlib import Path
 
 from deploy import postgres_server
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
+from catalog.listeners import ForeignListener, check_ours, listener_uids
 from catalog.settings import PROJECT_ROOT, StackSettings
 from deploy.errors import NoAnswer
 
@@ -261,13 +262,28 @@ def http_json(url: str, *, method: str = "GET", body: bytes | None = None, heade
         pause = min(pause * 2, 10.0)
 
 
+def _wait_ours(settings: StackSettings, patience: float) -> None:
+    """Wait (within `patience`) until the API port's listener is this user's: the password goes
+    to no other process. Nothing listening yet is waited for; another user's listener is refused."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            check_ours(settings.host, settings.airflow_port, "the stack's Airflow API server")
+            return
+        except ForeignListener as exc:
+            if listener_uids(settings.airflow_port) or time.monotonic() > deadline:
+                raise RuntimeError(str(exc)) from None
+        time.sleep(0.5)
+
+
 def api_token(settings: StackSettings, patience: float = 120.0) -> str:
     """A bearer token for the REST API, from the admin password. The API server answers slowly
     while a 2-core stack starts (its first call timed out after 10 s and failed `make run`), so
     the call is retried with backoff for `patience` seconds, and a final failure names what was
     waited for and where its log is."""
-    body = json.dumps({"username": ADMIN_USER, "password": admin_password(settings)}).encode()
     url = f"{settings.airflow_url}/auth/token"
+    _wait_ours(settings, patience)
+    body = json.dumps({"username": ADMIN_USER, "password": admin_password(settings)}).encode()
     try:
         return http_json(url, method="POST", body=body, headers={"Content-Type": "application/json"},
                          patience=patience)["access_token"]

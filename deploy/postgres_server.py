@@ -19,6 +19,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from catalog.listeners import check_ours
 from catalog.settings import StackSettings
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 
@@ -88,7 +89,7 @@ def client_env(settings: StackSettings) -> dict[str, str]:
 
 def url(settings: StackSettings, database: str = DATABASE) -> str:
     """SQLAlchemy's URL for Airflow: psycopg 3, sync and async alike; no password in it."""
-    return f"postgresql+psycopg://{USER}@{settings.host}:{settings.postgres_port}/{database}"
+    return f"postgresql+psycopg://{USER}@{settings.host}:{settings.postgres_port}/{database}?require_auth=scram-sha-256"
 
 
 def _init(settings: StackSettings) -> None:
@@ -132,11 +133,15 @@ def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> 
 
 
 def connect(settings: StackSettings, dbname: str = DATABASE, timeout: float = 5.0):
+    """A session as the stack's user. The password never leaves this process: the listener must
+    be this user's (catalog.listeners), and libpq may only authenticate by SCRAM, which proves the
+    password without sending it (libpq would answer a fake server's cleartext request)."""
     import psycopg
 
+    check_ours(settings.host, settings.postgres_port, "the stack's PostgreSQL")
     return psycopg.connect(host=settings.host, port=settings.postgres_port, user=USER, dbname=dbname,
                            passfile=str(passfile(settings)), connect_timeout=max(1, int(timeout)),
-                           autocommit=True)
+                           autocommit=True, require_auth="scram-sha-256")
 
 
 def is_healthy(settings: StackSettings) -> bool:

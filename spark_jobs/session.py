@@ -18,6 +18,7 @@ from catalog.priority import batch_niceness, yield_cpu_to_queries
 from catalog.settings import JARS_DIR
 from spark_jobs.errors import EngineUnavailable
 from catalog.errors import UserError
+from catalog.listeners import check_ours
 
 log = logging.getLogger("statetable.session")
 
@@ -283,6 +284,8 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
     held = url if purpose == "jobs" else f"{url}#{purpose}"
     if held in _remote_sessions:
         return _remote_sessions[held]
+    if ";token=" in url:                # the token goes only to our own server (catalog.listeners)
+        check_ours(*_host_port(url), f"the Spark Connect server at {url.partition(';')[0]}")
     for generation in range(SESSION_GENERATIONS):
         spark = SparkSession.builder.remote(f"{url};session_id={session_id(generation, purpose)}").create()
         # pyspark retries an unreachable server for 10 minutes, also while exiting (releasing its
