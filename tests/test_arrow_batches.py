@@ -98,7 +98,7 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
     assert len(_bronze_files(rt, table, 2)) == math.ceil(500 / cap)
 
     expected: dict[str, list[int]] = {}
-    for value in small + large + small:
+    for value in small + large + small + large:
         row = json.loads(value)
         expected.setdefault(row["k"], []).append(row["v"])
     state = {key[0]: (row["n"], row["s"]) if isinstance(row, dict) else tuple(row)
