@@ -12,6 +12,22 @@ from catalog import settings as stack_settings
 from catalog.settings import PROJECT_ROOT
 
 
+def private_dir(folder: Path) -> Path:
+    """`folder`, made or tightened to 0700 when it is this user's. Everything a table leaves
+    (state, snapshots, the batch log, Delta) lives below it, so no other user reads a table
+    around the query API's authorisation, whatever umask wrote the files: the provider inside a
+    user's own Airflow runs under Airflow's umask (022), and data dirs of older versions were
+    made with it."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            folder.chmod(0o700)
+    except OSError:         # not ours to make or tighten (a read-only mount): used as it is
+        pass
+    return folder
+
+
 @dataclass(frozen=True)
 class Runtime:
     bootstrap: str
@@ -26,7 +42,7 @@ class Runtime:
         stack = stack_settings.load()
         stack_settings.adopt_cluster_env(stack)
         stack_settings.adopt_kafka_env(stack)
-        data_dir = Path(os.environ.get("STATETABLE_DATA_DIR", stack.data_dir)).resolve()
+        data_dir = private_dir(Path(os.environ.get("STATETABLE_DATA_DIR", stack.data_dir)).resolve())
         store = os.environ.get("STATETABLE_STORE_URI", "").rstrip("/")
         if store and not store.startswith("s3://"):
             raise SystemExit(f"STATETABLE_STORE_URI={store!r}: the durable store is an s3://bucket/prefix URI "

@@ -94,11 +94,21 @@ def command(settings: StackSettings, host: str | None = None) -> list[str]:
     conf = server_conf(settings, host)
     cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
            "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name"), "--jars", conf.pop("spark.jars")]
-    if conf.get("spark.authenticate") == "true":
-        cmd += ["--properties-file", str(spark_cluster.driver_properties(settings))]
-    for key, value in conf.items():
-        cmd += ["--conf", f"{key}={value}"]
-    return cmd + ["spark-internal"]
+    if conf.get("spark.authenticate") == "true":       # Spark wants a standalone driver's secret in its conf
+        conf["spark.authenticate.secret"] = spark_cluster.auth_secret(settings)
+    # The conf goes in a private file, not `--conf` on a command line every local user reads:
+    # STATETABLE_SPARK_CONF may carry a deployment's credentials, and the cluster's secret is here.
+    properties = settings.connect_dir / "server.properties"
+    write_private(properties, java_properties(conf))
+    return cmd + ["--properties-file", str(properties), "spark-internal"]
+
+
+def java_properties(conf: dict[str, str]) -> str:
+    """`conf` in java.util.Properties' text form (what spark-submit's --properties-file reads)."""
+    def escaped(text: str, key: bool = False) -> str:
+        text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        return text.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ") if key else text
+    return "".join(f"{escaped(k, key=True)}={escaped(v)}\n" for k, v in conf.items())
 
 
 def environment(settings: StackSettings, with_token: bool = True) -> dict[str, str]:

@@ -99,13 +99,6 @@ def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
                                 "SPARK_MASTER_OPTS": SECURITY_OPTS, "SPARK_WORKER_OPTS": SECURITY_OPTS, **extra})
 
 
-def driver_properties(settings: StackSettings) -> Path:
-    """A properties file (mode 600) giving a driver of this cluster its secret: Spark wants a
-    standalone driver's in its conf, and `--conf` would put it on the command line."""
-    path = settings.cluster_dir / ".driver.properties"
-    write_private(path, f"spark.authenticate.secret {auth_secret(settings)}\n")
-    return path
-
 
 def start(settings: StackSettings, workers: int) -> None:
     settings.cluster_dir.mkdir(parents=True, exist_ok=True)

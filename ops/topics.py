@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from catalog.definitions import TableDefinition
 from catalog.errors import UserError
@@ -57,6 +57,19 @@ class Produced:
     seconds: float
 
 
+def _send(producer, topic: str, value: bytes, key: bytes | None, delivered) -> str | None:
+    """Hand one record to the producer, waiting while its queue is full; the reason when the
+    client refuses it before sending (larger than message.max.bytes)."""
+    while True:
+        try:
+            producer.produce(topic, value, key=key, on_delivery=delivered)
+            return None
+        except BufferError:
+            producer.poll(0.05)
+        except KafkaException as exc:
+            return exc.args[0].str()
+
+
 def produce_lines(name: str, lines: Iterable[str], rt: Runtime | None = None,
                   progress: Callable[[int, float], None] | None = None) -> Produced:
     """Every non-blank line as one record of the table's input topic, keyed by the table's key
@@ -79,36 +92,41 @@ def produce_lines(name: str, lines: Iterable[str], rt: Runtime | None = None,
     producer = Producer(client_config(rt.bootstrap, **{"enable.idempotence": True, "linger.ms": 20,
                                                         "log_level": 2}))
     sent = not_objects = 0
+    refused: list[str] = []
     started = time.monotonic()
-    for line in lines:
-        text = line.rstrip("\r\n")
-        if not text.strip():
-            continue
-        key = None
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            if keys and all(k in parsed for k in keys):
-                key = json.dumps([parsed[k] for k in keys], separators=(",", ":")).encode()
-        else:
-            not_objects += 1
-        while True:
+    try:
+        for number, line in enumerate(lines, start=1):
+            text = line.rstrip("\r\n")
+            if not text.strip():
+                continue
+            key = None
             try:
-                producer.produce(topic, text.encode("utf-8", "surrogateescape"), key=key, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        sent += 1
-        if sent % PROGRESS_EVERY == 0:
-            producer.poll(0)
-            if progress:
-                progress(sent, time.monotonic() - started)
-    left = producer.flush(60)
-    if left or failures:
-        raise RuntimeError(f"table {name!r}: {left + len(failures)} of {sent} records were not delivered to "
-                           f"{topic!r}" + (f": {failures[0]}" if failures else " within 60 s"))
+                parsed = json.loads(text)
+            except (ValueError, RecursionError):     # nested past the parser: the table dead-letters it
+                parsed = None
+            if isinstance(parsed, dict) and keys and all(k in parsed for k in keys):
+                key = json.dumps([parsed[k] for k in keys], separators=(",", ":")).encode()
+            error = _send(producer, topic, text.encode("utf-8", "surrogateescape"), key, delivered)
+            if error:
+                refused.append(f"line {number}: {error}")
+                continue
+            sent += 1
+            not_objects += not isinstance(parsed, dict)
+            if sent % PROGRESS_EVERY == 0:
+                producer.poll(0)
+                if progress:
+                    progress(sent, time.monotonic() - started)
+    finally:
+        # Whatever stops the loop, what was handed over is delivered and confirmed before this
+        # returns or raises: a rerun must know which records are in the topic.
+        left = producer.flush(60)
+    if left or failures or refused:
+        problems = [f"{len(refused)} lines refused before sending (first: {refused[0]})"] if refused else []
+        if left or failures:
+            problems.append(f"{left + len(failures)} of {sent} sent records not delivered"
+                            + (f" ({failures[0]})" if failures else " within 60 s"))
+        raise RuntimeError(f"table {name!r}: {sent - left - len(failures)} records delivered to {topic!r}; "
+                           + "; ".join(problems))
     return Produced(topic, sent, not_objects, round(time.monotonic() - started, 3))
 
 

@@ -90,7 +90,7 @@ def test_the_admin_password_is_a_secret_read_into_a_private_file_and_the_two_key
     """AIRFLOW_ADMIN_PASSWORD was documented and never read; one value served as both the JWT
     secret and the API secret key."""
     compose = yaml.safe_load(COMPOSE.read_text())
-    env = compose["x-statetable-env"]
+    env = compose["x-airflow-env"]
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] != env["AIRFLOW__API__SECRET_KEY"]
     assert "AIRFLOW_API_SECRET_KEY" in env["AIRFLOW__API__SECRET_KEY"]
     assert compose["secrets"]["airflow_admin_password"] == {"environment": "AIRFLOW_ADMIN_PASSWORD"}
@@ -100,3 +100,16 @@ def test_the_admin_password_is_a_secret_read_into_a_private_file_and_the_two_key
     assert "umask 077" in command and "/run/secrets/airflow_admin_password" in command
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] in command
     assert any(v.startswith("airflow-home:") for v in init["volumes"])
+
+
+def test_the_spark_containers_get_no_airflow_secret():
+    """Issue 66: the Spark containers (master, workers, the Connect server, which runs its
+    clients' code) had Airflow's JWT secret and the database password in their environment."""
+    services = _services()
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect"):
+        env = services[name]["environment"]
+        leaked = [k for k, v in env.items() if k.startswith("AIRFLOW") or "POSTGRES_PASSWORD" in str(v)]
+        assert leaked == [], (name, leaked)
+        assert env["STATETABLE_STORE_URI"].startswith("s3://")
+    for name in ("airflow-api-server", "airflow-scheduler"):
+        assert "AIRFLOW__API_AUTH__JWT_SECRET" in services[name]["environment"]

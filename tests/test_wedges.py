@@ -279,3 +279,25 @@ def test_what_the_fuzzer_found_commits_alike_on_both_passes(env, spark, monkeypa
         {0: "sum_overflow", 1: "sum_overflow", 2: "malformed_json", 3: "wrong_type"}
     assert {k[0]: (r["n"], r["s"]) for k, r in _rows("found", rt).items()} == \
         {"a": (1, 6), "100.0": (1, 1), "1.5": (1, 1), "12345678901234567890": (1, 1)}
+
+
+# ------------------------------------------------------------- issue 66: produce never aborts
+def test_produce_sends_a_deeply_nested_line_and_reports_a_refused_one_after_delivering_the_rest(env):
+    """A line nested past Python's parser used to raise out of `produce` before its flush: the
+    records already handed over were neither confirmed nor counted, and a rerun duplicated them.
+    Now every line that can be sent is sent and confirmed, and a line the client refuses (over
+    message.max.bytes) is named after the rest are delivered."""
+    from ops.topics import produce_lines
+
+    rt, suffix = env
+    topic = _table(rt, "spend", "customer_id STRING, amount BIGINT",
+                   "SELECT customer_id, COUNT(*) AS n, SUM(amount) AS total FROM payments GROUP BY customer_id", suffix)
+    deep = '{"customer_id": "c1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines = ['{"customer_id": "c1", "amount": 1}', deep, '{"customer_id": "c2", "amount": 2}',
+             '{"customer_id": "big", "pad": "' + "x" * 1_100_000 + '"}', '{"customer_id": "c3", "amount": 3}']
+    with pytest.raises(RuntimeError) as refused:
+        produce_lines("spend", lines, rt=rt)
+    message = str(refused.value)
+    assert "4 records delivered" in message and "1 lines refused before sending (first: line 4:" in message
+    values = [m.value().decode() for m in read_topic(rt.bootstrap, topic)]
+    assert values == [lines[0], deep, lines[2], lines[4]]
