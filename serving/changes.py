@@ -13,6 +13,7 @@ superseded; from the newest day on, every change.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from state import codec
 from state.changelog import is_marker, partition_bounds, replay
@@ -37,9 +38,15 @@ def check_definition(table: TableDefinition, rt: Runtime) -> None:
     built_with(table, BatchLog(rt.batch_dir(table.name)).last_commit())
 
 
-def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[int, dict] | None:
-    """(batch id, event body) of the first committed batch past `after_batch`, or None yet.
-    Raises DefinitionMismatch for a batch built under another definition than `table`."""
+CHANGES_PER_PIECE = 1000      # a follower holds at most this many of a batch's changes at once
+
+
+def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[int, Iterator[str]] | None:
+    """(batch id, the pieces of its server-sent event) for the first committed batch past
+    `after_batch`, or None yet. The event is read from the changelog as it is sent, a piece of
+    CHANGES_PER_PIECE changes at a time: a batch that changed millions of keys costs a follower
+    one piece of memory, not the batch. Raises DefinitionMismatch for a batch built under
+    another definition than `table`."""
     spec = state_spec(table, rt.namespace)
     batch_log = BatchLog(rt.batch_dir(table.name))
     commit = batch_log.commit(max(after_batch, -1) + 1)       # two reads a step, however old the table
@@ -51,13 +58,13 @@ def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[i
     # A rebuild that moved the state to a new topic starts its offsets afresh.
     previous = before.changelog_offsets if before is not None \
         and batch_log.changelog_of(before, spec.changelog) == topic else {}
-    return commit.batch_id, batch_changes(table, rt, spec.aggregator, topic, previous, commit)
+    return commit.batch_id, _event(table, commit, changes(table, rt, spec.aggregator, topic, previous, commit))
 
 
-def batch_changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previous: dict[int, int],
-                  commit: BatchCommit) -> dict:
+def changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previous: dict[int, int],
+            commit: BatchCommit) -> Iterator[dict]:
+    """The batch's changed rows, one {"key", "row"} at a time, read back from its changelog."""
     names = key_names(table)
-    changes = []
     for partition, end in sorted(commit.changelog_offsets.items()):
         start = previous.get(partition)
         if start is None:
@@ -69,11 +76,21 @@ def batch_changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, p
                     continue
                 key = codec.decode_key(record.key)
                 value = None if record.value is None else codec.decode_value(record.value)
-                changes.append({"key": dict(zip(names, key)),
-                                "row": None if value is None else shown(table, row_of(table, key, value, aggregator))})
-    return {"table": table.name, "batch": commit.batch_id, "committed_at": commit.committed_at, "changes": changes}
+                yield {"key": dict(zip(names, key)),
+                       "row": None if value is None else shown(table, row_of(table, key, value, aggregator))}
 
 
-def sse(batch_id: int, body: dict) -> str:
-    """One server-sent event: the batch id is the event id, so a client resumes with Last-Event-ID."""
-    return f"id: {batch_id}\nevent: batch\ndata: {json.dumps(body, default=str)}\n\n"
+def _event(table: TableDefinition, commit: BatchCommit, rows: Iterator[dict]) -> Iterator[str]:
+    """One server-sent event (what `sse` writes for the whole body, byte for byte) in pieces:
+    the batch id is the event id, so a client resumes with Last-Event-ID."""
+    head = json.dumps({"table": table.name, "batch": commit.batch_id, "committed_at": commit.committed_at,
+                       "changes": []}, default=str)
+    piece, first = [f"id: {commit.batch_id}\nevent: batch\ndata: {head[:-2]}"], True
+    for row in rows:
+        piece.append(("" if first else ", ") + json.dumps(row, default=str))
+        first = False
+        if len(piece) >= CHANGES_PER_PIECE:
+            yield "".join(piece)
+            piece = []
+    piece.append("]}\n\n")
+    yield "".join(piece)

@@ -157,7 +157,7 @@ class _Followers:
         """The batches after `after`, while the client stays connected and `allowed()` (its token
         and its grant, re-checked at least every RECHECK_SECONDS and before each batch) holds. The
         slot was taken by `take`; it is given back here."""
-        from serving.changes import DefinitionMismatch, next_batch, sse
+        from serving.changes import DefinitionMismatch, next_batch
 
         self.threads = self.threads or anyio.CapacityLimiter(4)
         try:
@@ -175,8 +175,9 @@ class _Followers:
                         yield _sse_error(why)
                         return
                 if found is not None:
-                    after, body = found
-                    yield sse(after, body)
+                    after, pieces = found
+                    while (piece := await anyio.to_thread.run_sync(next, pieces, None, limiter=self.threads)) is not None:
+                        yield piece                  # the batch's event, as its changelog is read
                     quiet_since = time.monotonic()
                     continue
                 if time.monotonic() - quiet_since > self.keepalive:
