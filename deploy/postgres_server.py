@@ -23,7 +23,8 @@ from catalog.listeners import check_ours
 from catalog.settings import StackSettings
 from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
 
-USER = "statetable"
+USER = "statetable"               # Airflow's role: owns its databases, may create them, no superuser
+ADMIN = "statetable_admin"        # initdb's superuser: its password is forgotten once USER exists
 DATABASE = "airflow"
 MAJOR = 15           # docker-compose's image is postgres:15 too (tests/test_compose.py holds them equal)
 BINARIES = ("initdb", "postgres")
@@ -98,18 +99,58 @@ def _init(settings: StackSettings) -> None:
         return
     settings.postgres_dir.mkdir(parents=True, exist_ok=True)
     settings.postgres_dir.chmod(0o700)
-    pwfile = settings.postgres_dir / ".password"
-    _password(settings)
+    pwfile = _admin_password_file(settings)
+    write_private(pwfile, secrets.token_urlsafe(32))
     if folder.exists():            # an initdb killed halfway: start over, nothing in it was used
         shutil.rmtree(folder)
     done = subprocess.run(
-        _unprivileged([binary("initdb"), "-D", str(folder), "-U", USER, f"--pwfile={pwfile}", "--auth=scram-sha-256",
+        _unprivileged([binary("initdb"), "-D", str(folder), "-U", ADMIN, f"--pwfile={pwfile}", "--auth=scram-sha-256",
          "--encoding=UTF8", "--locale=C", "--no-instructions"]),
         capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"},
     )
     if done.returncode != 0:
         raise SystemExit(f"postgres: initdb into {folder} failed: "
                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+
+def _admin_password_file(settings: StackSettings) -> Path:
+    return settings.postgres_dir / ".admin_password"
+
+
+def _make_user(settings: StackSettings) -> None:
+    """On a cluster this stack's initdb made: USER, a role that may log in and create databases
+    but is no superuser, with the stack's password; then the superuser's password is deleted.
+    A superuser can run programs on the host (COPY ... TO PROGRAM), as the server's user, which
+    the user namespace maps to the stack's (root, in CI): whoever learns the password Airflow
+    uses must not get that. Done once; a crash before the delete is finished by the next start."""
+    import psycopg
+    from psycopg import sql
+
+    admin = _admin_password_file(settings)
+    if not admin.exists():
+        return
+    check_ours(settings.host, settings.postgres_port, "the stack's PostgreSQL")
+    with psycopg.connect(host=settings.host, port=settings.postgres_port, user=ADMIN, dbname="postgres",
+                         password=admin.read_text().strip(), require_auth="scram-sha-256", autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
+                sql.Identifier(USER), sql.Literal(_password(settings))))
+    admin.unlink()
+
+
+def _answers(settings: StackSettings) -> bool:
+    """Whether the server takes connections (a login it refuses still answers)."""
+    import psycopg
+
+    try:
+        check_ours(settings.host, settings.postgres_port, "the stack's PostgreSQL")
+        psycopg.connect(host=settings.host, port=settings.postgres_port, user=USER, dbname="postgres",
+                        passfile=str(passfile(settings)), connect_timeout=2, require_auth="scram-sha-256").close()
+    except psycopg.OperationalError as exc:
+        return "authentication failed" in str(exc) or "does not exist" in str(exc)
+    except Exception:      # noqa: BLE001 - not up, or not ours
+        return False
+    return True
 
 
 def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> None:
@@ -127,6 +168,10 @@ def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> 
                                   "-p", str(settings.postgres_port), "-c", f"listen_addresses={settings.host}",
                                   "-c", "unix_socket_directories=", "-c", "max_connections=200"]),
                    env={**os.environ, "LC_ALL": "C"}, cwd=settings.postgres_dir)
+    if _admin_password_file(settings).exists():
+        wait_ready([proc], lambda: _answers(settings), 60.0,
+                   what=f"postgres at {settings.host}:{settings.postgres_port}", interval=0.2)
+        _make_user(settings)
     wait_healthy(settings)
     for database in databases:
         _create_database(settings, database)

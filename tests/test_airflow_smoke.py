@@ -100,6 +100,8 @@ def test_backfill_three_dates_creates_three_successful_runs(airflow, smoke_topic
 def test_the_metadata_database_is_the_stacks_own_postgres(airflow):
     """Airflow's metadata lives in the stack's PostgreSQL: reached with psycopg over loopback,
     the password in mode-600 files only, never in Airflow's config, the URL or a log."""
+    import psycopg
+
     from deploy import postgres_server
 
     env = airflow_server.airflow_env(airflow)
@@ -115,8 +117,14 @@ def test_the_metadata_database_is_the_stacks_own_postgres(airflow):
         assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
         assert conn.execute("SELECT count(*) FROM dag").fetchone()[0] >= 1      # Airflow's own tables
         server_major = conn.execute("SHOW server_version_num").fetchone()[0][:2]
+        # Issue 66: Airflow's role is no superuser, so its password runs no program on the host
+        # (the server's user namespace maps to the stack's user), and the superuser's is gone.
+        assert conn.execute("SELECT rolsuper, rolcreatedb FROM pg_roles WHERE rolname = current_user").fetchone() \
+            == (False, True)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("COPY (SELECT 1) TO PROGRAM 'true'")
     assert server_major == str(postgres_server.MAJOR)
-    import psycopg
+    assert not (airflow.postgres_dir / ".admin_password").exists()
 
     with pytest.raises(psycopg.OperationalError, match="password"):
         psycopg.connect(host=airflow.host, port=airflow.postgres_port, user=postgres_server.USER,
