@@ -279,15 +279,26 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
     confs are shared by every job that uses it)."""
     from pyspark.errors.exceptions.connect import SparkConnectException
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     held = url if purpose == "jobs" else f"{url}#{purpose}"
     if held in _remote_sessions:
         return _remote_sessions[held]
+    guard = None
     if ";token=" in url:                # the token goes only to our own server (catalog.listeners)
-        check_ours(*_host_port(url), f"the Spark Connect server at {url.partition(';')[0]}")
+        # A server not up yet is waited for by the client's retries, as before: none listens,
+        # so none receives the token. Another user's listener is refused at once.
+        check_ours(*_host_port(url), f"the Spark Connect server at {url.partition(';')[0]}", absent_ok=True)
+        guard = _listener_guard(url)
     for generation in range(SESSION_GENERATIONS):
-        spark = SparkSession.builder.remote(f"{url};session_id={session_id(generation, purpose)}").create()
+        target = f"{url};session_id={session_id(generation, purpose)}"
+        if guard is None:
+            spark = SparkSession.builder.remote(target).create()
+        else:
+            channel = DefaultChannelBuilder(target)
+            channel.add_interceptor(guard)
+            spark = SparkSession.builder.channelBuilder(channel).create()
         # pyspark retries an unreachable server for 10 minutes, also while exiting (releasing its
         # operations): a run whose engine died would hang that long. A server back within ~15 s
         # is waited for; after that the run fails and its plan waits for the next one.
@@ -306,6 +317,28 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
         return spark
     raise EngineUnavailable(f"the Spark Connect server at {url.split(';')[0]} has closed {SESSION_GENERATIONS} "
                             f"statetable sessions; restart it (`statetable stack restart-engine` after `down`)")
+
+
+def _listener_guard(url: str):
+    """A gRPC interceptor that checks, before every call, that the server's port is still held by
+    this user: a client reconnects by itself after an engine restart (`restart-engine`, a
+    `kill_engine` drill), and gRPC attaches the token to each call, so without this a process of
+    another user that took the port in the gap would receive it."""
+    import grpc
+
+    host, port = _host_port(url)
+    what = f"the Spark Connect server at {url.partition(';')[0]}"
+
+    class Guard(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+        def _checked(self, continuation, details, request):
+            check_ours(host, port, what, absent_ok=True)
+            return continuation(details, request)
+
+        intercept_unary_unary = intercept_unary_stream = _checked
+        intercept_stream_unary = intercept_stream_stream = _checked
+
+    return Guard()
 
 
 def interrupt_all() -> None:

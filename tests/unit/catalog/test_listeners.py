@@ -117,3 +117,23 @@ def test_another_users_listener_receives_no_postgres_or_airflow_password(tmp_pat
     finally:
         pg_got, af_got = pg.received(), af.received()
     assert pg_got == b"" and af_got == b""
+
+
+@needs_root
+def test_a_connect_clients_calls_check_the_listener_each_time_it_reconnects():
+    """After an engine restart the client reconnects by itself and gRPC attaches the token to
+    every call: each call is checked first, so another user's process that took the port in the
+    gap gets no call at all; with nothing listening the call goes ahead (and fails to connect)."""
+    from spark_jobs.session import _listener_guard
+
+    port = _free_port()
+    guard = _listener_guard(f"sc://localhost:{port}/;token=SECRET-TOKEN-66")
+    calls = []
+    assert guard.intercept_unary_unary(lambda d, r: calls.append(r) or "sent", "details", "nothing listens") == "sent"
+    fake = Fake(port)
+    try:
+        with pytest.raises(ForeignListener, match="uid 65534"):
+            guard.intercept_unary_stream(lambda d, r: calls.append(r), "details", "taken over")
+    finally:
+        fake.received()
+    assert calls == ["nothing listens"]
