@@ -33,7 +33,8 @@ from state.aggregates import OFFSET_BITS
 from state.table import partition_of
 from catalog.definitions import EVENT_MS, TableDefinition
 from catalog.expressions import java_double
-from spark_jobs.parse import DATE_TEXT, LONE_SURROGATE, MAX_DATE_DAYS, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_DATE_DAYS, MIN_EPOCH_MS
+from spark_jobs.parse import (DATE_TEXT, LONE_SURROGATE, MAX_DATE_DAYS, MAX_EPOCH_MS, MAX_VALUE_BYTES, MIN_DATE_DAYS,
+                              MIN_EPOCH_MS)
 from spark_jobs.errors import ArrowUnsupported
 
 INT_RANGES = {"INT": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1), "LONG": (-2 ** 63, 2 ** 63 - 1)}
@@ -297,7 +298,7 @@ def _timestamp_ms(text: str) -> int | None:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
-_DATE_TEXT = re.compile(DATE_TEXT.replace("^", "").replace("$", r"\Z"))
+_DATE_TEXT = re.compile(DATE_TEXT)             # the Spark pass's rlike pattern, read alike here
 
 
 def _date(text: str) -> int | None:

@@ -513,7 +513,7 @@ def test_a_driver_without_the_clusters_secret_cannot_run_on_its_workers(cluster,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("_SPARK_AUTH", "SPARK_"))}
     try:
         done = subprocess.run([sys.executable, str(script), settings.master_url], env=env, capture_output=True,
-                              text=True, timeout=45)
+                              text=True, timeout=15)
         counted = done.stdout.strip()
     except subprocess.TimeoutExpired as stopped:
         counted = (stopped.stdout or b"").decode().strip()

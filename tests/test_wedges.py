@@ -7,6 +7,7 @@ must be in the dead letters with its reason."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import pandas as pd
@@ -301,3 +302,38 @@ def test_produce_sends_a_deeply_nested_line_and_reports_a_refused_one_after_deli
     assert "4 records delivered" in message and "1 lines refused before sending (first: line 4:" in message
     values = [m.value().decode() for m in read_topic(rt.bootstrap, topic)]
     assert values == [lines[0], deep, lines[2], lines[4]]
+
+
+# ------------------------------------------------ issue 66: a long numeric string, HOUR(1e20)
+@ENGINES
+@pytest.mark.timeout(600)
+def test_a_200000_character_number_and_1e20_commit_with_spark_sqls_values(env, spark, monkeypatch, engine):
+    """A 200,000-character numeric text in CAST(... AS DOUBLE) and arithmetic took ~1,000 CPU s a
+    row in the merge (every retry again), and HOUR(MAX(x)) of 1e20 raised OSError on every
+    attempt. Both commit now; the values are Spark SQL's for the casts, and NULL for an instant
+    past year 9999 (Spark's TIMESTAMP range)."""
+    rt, suffix = env
+    monkeypatch.setenv("STATETABLE_ENGINE", engine)
+    topic = _table(rt, "prices", "k STRING, price_text STRING, qty BIGINT, x DOUBLE",
+                   "SELECT k, CAST(LATEST_BY_OFFSET(price_text) AS DOUBLE) * SUM(qty) AS value, "
+                   "CAST(LATEST_BY_OFFSET(price_text) AS BIGINT) AS whole, HOUR(MAX(x)) AS h, "
+                   "MAX(x) AS mx FROM events GROUP BY k", suffix)
+    texts = {"zeros": "0" * 200_000 + "12", "digits": "1" * 200_000 + "x", "spaces": " " * 200_000 + "7",
+             "long": "9" * 200_000}
+    values = [json.dumps({"k": k, "price_text": t, "qty": 2, "x": 1e20 if k == "digits" else 1_700_000_000_000.0})
+              for k, t in texts.items()]
+    _produce(rt, topic, [v.encode() for v in values])
+    commits = jobs.run("prices", until_caught_up=True, spark=spark, rt=rt)
+    assert sum(c.counts["read"] for c in commits) == 4 and not _dead_letters(rt, "prices")
+    rows = {k[0]: r for k, r in _rows("prices", rt).items()}
+
+    session = spark.newSession()
+    session.conf.set("spark.sql.ansi.enabled", "false")
+    for key, text in texts.items():
+        theirs = session.sql("SELECT CAST(t AS DOUBLE) * 2 AS value, CAST(t AS BIGINT) AS whole FROM VALUES (:t) AS v(t)",
+                             args={"t": text}).collect()[0]
+        expected_value = theirs["value"] if theirs["value"] is None or math.isfinite(theirs["value"]) else None
+        assert rows[key]["value"] == expected_value, (key, rows[key]["value"], theirs["value"])
+        assert rows[key]["whole"] == theirs["whole"], key
+    assert rows["digits"]["mx"] == 1e20 and rows["digits"]["h"] is None        # past year 9999: NULL
+    assert rows["zeros"]["h"] == 22                                          # 1.7e12 ms: 22:13 UTC
