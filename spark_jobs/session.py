@@ -280,6 +280,7 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
     from pyspark.errors.exceptions.connect import SparkConnectException
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client import DefaultChannelBuilder
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     held = url if purpose == "jobs" else f"{url}#{purpose}"
@@ -298,7 +299,8 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
         else:
             channel = DefaultChannelBuilder(target)
             channel.add_interceptor(guard)
-            spark = SparkSession.builder.channelBuilder(channel).create()
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"      # as SparkSession.builder.remote().create() marks it
+            spark = ConnectSession.builder.channelBuilder(channel).create()
         # pyspark retries an unreachable server for 10 minutes, also while exiting (releasing its
         # operations): a run whose engine died would hang that long. A server back within ~15 s
         # is waited for; after that the run fails and its plan waits for the next one.

@@ -330,8 +330,8 @@ def test_a_200000_character_number_and_1e20_commit_with_spark_sqls_values(env, s
     session = spark.newSession()
     session.conf.set("spark.sql.ansi.enabled", "false")
     for key, text in texts.items():
-        theirs = session.sql("SELECT CAST(t AS DOUBLE) * 2 AS value, CAST(t AS BIGINT) AS whole FROM VALUES (:t) AS v(t)",
-                             args={"t": text}).collect()[0]
+        theirs = session.createDataFrame([(text,)], "t STRING") \
+            .selectExpr("CAST(t AS DOUBLE) * 2 AS value", "CAST(t AS BIGINT) AS whole").collect()[0]
         expected_value = theirs["value"] if theirs["value"] is None or math.isfinite(theirs["value"]) else None
         assert rows[key]["value"] == expected_value, (key, rows[key]["value"], theirs["value"])
         assert rows[key]["whole"] == theirs["whole"], key
