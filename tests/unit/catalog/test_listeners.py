@@ -137,3 +137,26 @@ def test_a_connect_clients_calls_check_the_listener_each_time_it_reconnects():
     finally:
         fake.received()
     assert calls == ["nothing listens"]
+
+
+@needs_root
+def test_statetable_run_sends_no_token_to_another_users_listener(tmp_path):
+    """From the outside: `statetable run` pointed at a port another user holds (the stack's
+    engine down, the port taken) fails in one line naming the uid, and the fake gets no byte."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fake = Fake(_free_port(), seconds=20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATETABLE_")}
+    env.update({"STATETABLE_SPARK_REMOTE": f"sc://127.0.0.1:{fake.port}",
+                "SPARK_CONNECT_AUTHENTICATE_TOKEN": "SECRET-TOKEN-66",
+                "STATETABLE_DATA_DIR": str(tmp_path / "data"), "STATETABLE_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "statetable"), "run", "payments_per_customer"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        got = fake.received()
+    assert done.returncode != 0 and "uid 65534" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert got == b""
