@@ -20,6 +20,7 @@ from pathlib import Path
 from catalog import scratch
 from catalog.priority import batch_niceness
 from catalog.settings import StackSettings, adopt_cluster_env, connect_jvm_options, connect_token
+from spark_jobs.session import java_properties
 from deploy import spark_cluster
 from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
                               write_private)
@@ -101,14 +102,6 @@ def command(settings: StackSettings, host: str | None = None) -> list[str]:
     properties = settings.connect_dir / "server.properties"
     write_private(properties, java_properties(conf))
     return cmd + ["--properties-file", str(properties), "spark-internal"]
-
-
-def java_properties(conf: dict[str, str]) -> str:
-    """`conf` in java.util.Properties' text form (what spark-submit's --properties-file reads)."""
-    def escaped(text: str, key: bool = False) -> str:
-        text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-        return text.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ") if key else text
-    return "".join(f"{escaped(k, key=True)}={escaped(v)}\n" for k, v in conf.items())
 
 
 def environment(settings: StackSettings, with_token: bool = True) -> dict[str, str]:

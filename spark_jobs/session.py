@@ -184,6 +184,14 @@ def submit_options(app_name: str) -> dict:
     return {"jars": jars_csv, "conf": conf, "name": app_name}
 
 
+def java_properties(conf: dict[str, str]) -> str:
+    """`conf` in java.util.Properties' text form (what spark-submit's --properties-file reads)."""
+    def escaped(text: str, key: bool = False) -> str:
+        text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        return text.replace("=", "\\=").replace(":", "\\:").replace(" ", "\\ ") if key else text
+    return "".join(f"{escaped(k, key=True)}={escaped(v)}\n" for k, v in conf.items())
+
+
 def is_connect(spark) -> bool:
     """Whether `spark` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
