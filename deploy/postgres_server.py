@@ -143,9 +143,7 @@ def _answers(settings: StackSettings) -> bool:
     import psycopg
 
     try:
-        check_ours(settings.host, settings.postgres_port, "the stack's PostgreSQL")
-        psycopg.connect(host=settings.host, port=settings.postgres_port, user=USER, dbname="postgres",
-                        passfile=str(passfile(settings)), connect_timeout=2, require_auth="scram-sha-256").close()
+        connect(settings, "postgres", timeout=2).close()
     except psycopg.OperationalError as exc:
         return "authentication failed" in str(exc) or "does not exist" in str(exc)
     except Exception:      # noqa: BLE001 - not up, or not ours
