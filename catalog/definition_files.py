@@ -21,6 +21,7 @@ from pathlib import Path
 from catalog.errors import DefinitionError
 
 log = logging.getLogger("statetable.definitions")
+_warned: set[tuple[str, str]] = set()   # once per process: the dag-processor loads the folder every parse
 
 MAX_DEFINITION_BYTES = 256 * 1024      # a definition is a page of SQL; a larger file is a mistake
 MAX_TOKENS = 20_000                    # ... and a few thousand tokens at most
@@ -44,9 +45,12 @@ def definition_files(folder: Path, broken: dict[str, str] | None) -> list[Path]:
         if reason is None:
             paths.append(path)
             continue
-        log.warning("skipping %s: %s", entry.name.encode("unicode_escape").decode(), reason)
+        name = entry.name.encode("unicode_escape").decode()      # a file name is a producer's bytes too
+        if (name, reason) not in _warned:
+            _warned.add((name, reason))
+            log.warning("skipping %s: %s", name, reason)
         if broken is not None:
-            broken[entry.name.encode("unicode_escape").decode()] = f"{path}: skipped: {reason}"
+            broken[name] = f"{path}: skipped: {reason}"
     return paths
 
 

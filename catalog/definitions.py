@@ -417,17 +417,21 @@ def _topic_option(path: Path, header: _Header, key: str) -> str | None:
     raw = header.get(key)
     if raw is None:
         return None
-    if not TOPIC_NAME.match(raw) or raw in (".", ".."):
+    if not _is_topic_name(raw):
         raise DefinitionError(f"{header.where(path, key)}: option {key}={raw!r} is not a Kafka topic name; use "
                               f"1 to 249 of the characters a-z A-Z 0-9 . _ -")
     return raw
+
+
+def _is_topic_name(raw: str) -> bool:
+    return bool(TOPIC_NAME.match(raw)) and raw not in (".", "..")
 
 
 def _check_names(path: Path, header: "_Header", table: "TableDefinition") -> None:
     """The topic and the column names reach Kafka and the table's own generated SQL (backquoted
     there): a name that is no topic, or that holds a backquote or a control character, would
     break the table at its first batch instead of here."""
-    if table.topic is not None and (not TOPIC_NAME.match(table.topic) or table.topic in (".", "..")):
+    if table.topic is not None and not _is_topic_name(table.topic):
         raise DefinitionError(f"{header.where(path, 'topic')}: table {table.name!r}: topic {table.topic[:80]!r} is not "
                               f"a Kafka topic name; use 1 to 249 of the characters a-z A-Z 0-9 . _ -")
     for column, _ in table.schema:

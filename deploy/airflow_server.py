@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from deploy import postgres_server
-from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
+from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready, write_private
 from catalog.listeners import ForeignListener, check_ours, listener_uids
 from catalog.settings import PROJECT_ROOT, StackSettings
 from deploy.errors import NoAnswer
@@ -48,10 +48,7 @@ VENV_BIN = Path(sys.executable).parent
 
 def _secret(settings: StackSettings, name: str) -> str:
     """A per-stack random secret kept under the git-ignored state folder."""
-    path = settings.airflow_home / f".{name}"
-    if not path.exists():
-        write_private(path, secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    return made_secret(settings.airflow_home / f".{name}")
 
 
 def connections(settings: StackSettings) -> dict[str, str]:

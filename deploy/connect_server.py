@@ -13,7 +13,6 @@ through its environment, never its command line (which every user can read).
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from catalog.priority import batch_niceness
 from catalog.settings import StackSettings, adopt_cluster_env, connect_jvm_options, connect_token
 from spark_jobs.session import java_properties
 from deploy import spark_cluster
-from deploy.processes import (ManagedProcess, require_free_ports, wait_port_free, wait_ready, wait_until,
+from deploy.processes import (ManagedProcess, made_secret, require_free_ports, wait_port_free, wait_ready, wait_until,
                               write_private)
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -34,13 +33,8 @@ def process(settings: StackSettings) -> ManagedProcess:
 
 
 def token(settings: StackSettings) -> str:
-    """The server's token, made on first use."""
-    existing = connect_token(settings)
-    if existing:
-        return existing
-    made = secrets.token_urlsafe(32)
-    write_private(settings.connect_dir / ".token", made)
-    return made
+    """The server's token, made on first use (`connect_token` reads it without making one)."""
+    return made_secret(settings.connect_dir / ".token")
 
 
 def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import glob
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from catalog.listeners import check_ours
 from catalog.settings import StackSettings
-from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
+from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready, write_private
 
 USER = "statetable"               # Airflow's role: owns its databases, may create them, no superuser
 ADMIN = "statetable_admin"        # initdb's superuser: its password is forgotten once USER exists
@@ -71,10 +70,7 @@ def passfile(settings: StackSettings) -> Path:
 
 
 def _password(settings: StackSettings) -> str:
-    path = settings.postgres_dir / ".password"
-    if not path.exists():
-        write_private(path, secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    return made_secret(settings.postgres_dir / ".password")
 
 
 def _write_passfile(settings: StackSettings) -> None:
@@ -100,7 +96,8 @@ def _init(settings: StackSettings) -> None:
     settings.postgres_dir.mkdir(parents=True, exist_ok=True)
     settings.postgres_dir.chmod(0o700)
     pwfile = _admin_password_file(settings)
-    write_private(pwfile, secrets.token_urlsafe(32))
+    pwfile.unlink(missing_ok=True)            # an initdb killed halfway: a new cluster, a new password
+    made_secret(pwfile)
     if folder.exists():            # an initdb killed halfway: start over, nothing in it was used
         shutil.rmtree(folder)
     done = subprocess.run(

@@ -206,6 +206,16 @@ def wait_port_free(host: str, port: int, what: str) -> None:
 PRIVATE_UMASK = 0o077
 
 
+def made_secret(path: Path) -> str:
+    """The random secret kept in `path` (mode 600), made on first use: every stack secret that
+    nobody chooses (tokens, passwords, the cluster's shared secret) comes from here."""
+    import secrets
+
+    if not path.exists() or not path.read_text().strip():
+        write_private(path, secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
 def write_private(path: Path, text: str) -> None:
     """A secret's file, readable by its owner only from before the secret is in it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import sys
 import urllib.request
@@ -26,7 +25,7 @@ from catalog.runtime import WORKER_STATE_ENV
 from catalog.settings import PROJECT_ROOT, StackSettings
 from deploy import object_store
 from state import faults
-from deploy.processes import ManagedProcess, require_free_ports, wait_ready, write_private
+from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready
 
 VENV_BIN = Path(sys.executable).parent
 WORKER_MEMORY = os.environ.get("STATETABLE_SPARK_WORKER_MEMORY", "2g")
@@ -81,23 +80,13 @@ SECURITY_OPTS = "-Dspark.authenticate=true -Dspark.ui.killEnabled=false"      # 
 
 
 def auth_secret(settings: StackSettings) -> str:
-    """The cluster's shared secret, made on first use (mode 600 in the cluster's folder)."""
-    path = settings.cluster_dir / ".auth_secret"
-    try:
-        existing = path.read_text().strip()
-    except FileNotFoundError:
-        existing = ""
-    if existing:
-        return existing
-    made = secrets.token_urlsafe(32)
-    write_private(path, made)
-    return made
+    """The cluster's shared secret (mode 600 in the cluster's folder)."""
+    return made_secret(settings.cluster_dir / ".auth_secret")
 
 
 def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
     return spark_env(settings, {**object_store.client_env(settings), "_SPARK_AUTH_SECRET": auth_secret(settings),
                                 "SPARK_MASTER_OPTS": SECURITY_OPTS, "SPARK_WORKER_OPTS": SECURITY_OPTS, **extra})
-
 
 
 def start(settings: StackSettings, workers: int) -> None:
