@@ -26,6 +26,7 @@ from deploy.processes import (ManagedProcess, made_secret, require_free_ports, w
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 VENV_BIN = Path(sys.executable).parent
+TOKEN_FILE_ENV = "STATETABLE_SPARK_CONNECT_TOKEN_FILE"
 
 
 def process(settings: StackSettings) -> ManagedProcess:
@@ -113,13 +114,16 @@ def start(settings: StackSettings) -> None:
 
 def foreground(settings: StackSettings, host: str) -> None:
     """Run the server (a container's command): against STATETABLE_SPARK_MASTER, bound to `host`,
-    with the token in SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one. It is warmed
+    with the token read from the file STATETABLE_SPARK_CONNECT_TOKEN_FILE names, or in
+    SPARK_CONNECT_AUTHENTICATE_TOKEN when the environment has one. It is warmed
     once it answers (see `warm`), and the container lives as long as the server; a stop signal
     reaches the server."""
     import signal
     import subprocess
 
     env = environment(settings, with_token=False)
+    if token_file := os.environ.get(TOKEN_FILE_ENV):       # a compose secret: a file, not the environment
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = Path(token_file).read_text().strip()
     (scratch.for_server(settings.state_dir, scratch_dir(settings).name) / "executors").mkdir()
     cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
     server = subprocess.Popen(cmd, env=env)
@@ -130,14 +134,14 @@ def foreground(settings: StackSettings, host: str) -> None:
     wait_until(lambda: server.poll() is not None or answers(settings.connect_url, timeout=1.0), 180.0,
                what=f"Spark Connect at {settings.connect_url}")
     if server.poll() is None:
-        print(warm(settings), flush=True)
+        print(warm(settings, env.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")), flush=True)
     sys.exit(server.wait())
 
 
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 
-def warm(settings: StackSettings) -> str:
+def warm(settings: StackSettings, token: str | None = None) -> str:
     """Run the warm-up batch on the server that just came up (spark_jobs/warmup.py), before it is
     reported up; one line saying what it took. A warm-up that fails leaves a working, cold server:
     the line says why, `stack status` repeats it, and the first batch pays the warm-up instead."""
@@ -155,7 +159,7 @@ def warm(settings: StackSettings) -> str:
     # children inherit): the caller's later local sessions and child processes must not be.
     mode = os.environ.get(CONNECT_MODE_ENV)
     try:
-        spark = session.remote_session(session.client_url(settings.connect_url, connect_token(settings)))
+        spark = session.remote_session(session.client_url(settings.connect_url, token or connect_token(settings)))
         try:
             report = warmup.warm(spark, Runtime.from_env(), folder, count)
         finally:

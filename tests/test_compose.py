@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,14 +38,13 @@ def test_has_every_component_of_the_cluster():
     assert sorted(workers) == ["spark-worker-1", "spark-worker-2"]
     assert services["spark-connect"]["command"][:2] == ["statetable", "engine"]
     assert services["spark-connect"]["environment"]["STATETABLE_SPARK_MASTER"] == "spark://spark-master:7077"
-    assert "ports" not in services["spark-connect"]     # the compose network only
+    assert "ports" not in services["spark-connect"]
     for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
         svc = services[f"airflow-{component}"]
         assert svc["command"][:2] == ["airflow", component]
         assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://")
         assert svc["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"].startswith("postgresql+psycopg://")
         assert svc["environment"]["STATETABLE_SNAPSHOT_URI"].startswith("s3://")
-        assert '"host": "spark-connect"' in svc["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
         assert svc["environment"]["STATETABLE_SPARK_MODE"] == "connect"
 
 
@@ -113,3 +113,85 @@ def test_the_spark_containers_get_no_airflow_secret():
         assert env["STATETABLE_STORE_URI"].startswith("s3://")
     for name in ("airflow-api-server", "airflow-scheduler"):
         assert "AIRFLOW__API_AUTH__JWT_SECRET" in services[name]["environment"]
+
+
+def test_only_the_scheduler_reaches_the_connect_server_and_with_a_token():
+    """The Connect server runs its clients' Python: it binds the loopback of its own network
+    namespace, which only the scheduler (the tasks' host under LocalExecutor) shares, and it
+    checks a token from a compose secret, so neither another container nor the Docker host can
+    submit to it (#66)."""
+    import json
+
+    services = _services()
+    connect = services["spark-connect"]
+    assert connect["command"] == ["statetable", "engine", "--host", "127.0.0.1"]
+    assert connect["secrets"] == ["spark_connect_token"]
+    assert connect["environment"]["STATETABLE_SPARK_CONNECT_TOKEN_FILE"] == "/run/secrets/spark_connect_token"
+    assert yaml.safe_load(COMPOSE.read_text())["secrets"]["spark_connect_token"] == {"environment": "SPARK_CONNECT_TOKEN"}
+    scheduler = services["airflow-scheduler"]
+    assert scheduler["network_mode"] == "service:spark-connect"
+    assert "spark-connect" in scheduler["depends_on"]
+    conn = json.loads(scheduler["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert (conn["host"], conn["port"]) == ("localhost", 15002)       # pyspark sends a token to localhost only
+    assert conn["password"] == "${SPARK_CONNECT_TOKEN:?set SPARK_CONNECT_TOKEN}"
+    holders = sorted(name for name, svc in services.items()
+                     if "SPARK_CONNECT" in json.dumps(svc.get("environment", {})).replace("STATETABLE_SPARK_CONNECT_PORT", "")
+                     .replace("STATETABLE_SPARK_CONNECT_TOKEN_FILE", ""))
+    assert holders == ["airflow-scheduler"], holders
+
+
+def test_the_compose_engine_takes_its_token_from_the_secret_file(tmp_path, monkeypatch):
+    """`statetable engine` hands the secret file's token to the server in its environment (never
+    its command line) and warms the server with it."""
+    import subprocess
+
+    from catalog import settings as stack_settings
+    from deploy import connect_server
+
+    secret = tmp_path / "spark_connect_token"
+    secret.write_text("tok-from-secret\n")
+    monkeypatch.setenv("STATETABLE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv(connect_server.TOKEN_FILE_ENV, str(secret))
+    monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
+    started, warmed = [], []
+
+    class Exited:
+        def __init__(self, cmd, env):
+            started.append((cmd, env))
+
+        def poll(self):
+            return None
+
+        def wait(self):
+            return 0
+
+        def send_signal(self, _signum):
+            pass
+
+    monkeypatch.setattr(subprocess, "Popen", Exited)
+    monkeypatch.setattr("spark_jobs.session.answers", lambda *_a, **_k: True)
+    monkeypatch.setattr(connect_server, "warm", lambda _settings, token=None: warmed.append(token) or "warm")
+    with pytest.raises(SystemExit):
+        connect_server.foreground(stack_settings.load(), "127.0.0.1")
+    (cmd, env), = started
+    assert env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] == "tok-from-secret"
+    assert not any("tok-from-secret" in part for part in cmd)
+    assert warmed == ["tok-from-secret"]
+
+
+def test_the_spark_daemons_and_the_driver_share_a_secret():
+    """As `stack up --workers`: nobody without the secret submits to the master or kills an
+    application from its UI, and the driver is reachable by its executors on the network."""
+    services = _services()
+    opts = "-Dspark.authenticate=true -Dspark.ui.killEnabled=false"
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2"):
+        env = services[name]["environment"]
+        assert env["_SPARK_AUTH_SECRET"] == "${SPARK_AUTH_SECRET:?set SPARK_AUTH_SECRET}", name
+        assert (env["SPARK_MASTER_OPTS"], env["SPARK_WORKER_OPTS"]) == (opts, opts), name
+    conf = dict(item.split("=", 1) for item in services["spark-connect"]["environment"]["STATETABLE_SPARK_CONF"].split())
+    assert conf == {"spark.driver.host": "spark-connect", "spark.driver.bindAddress": "0.0.0.0",
+                    "spark.authenticate": "true", "spark.authenticate.secret": "${SPARK_AUTH_SECRET}",   # required (:?) by the daemons
+                    "spark.ui.killEnabled": "false"}
+    from spark_jobs.session import FIXED_CONFS
+
+    assert not set(conf) & FIXED_CONFS            # a deployment may set every one of them
