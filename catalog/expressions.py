@@ -385,7 +385,7 @@ def _kind(node, columns: dict) -> str | None:
         return "decimal" if _kind(node.this, columns) == "decimal" else "bigint"
     if isinstance(node, (exp.Upper, exp.Lower, exp.Trim, exp.Concat, exp.DPipe, exp.Substring, exp.Replace)):
         return "string"
-    if isinstance(node, exp.Length):
+    if isinstance(node, exp.Length) or type(node) in _DATE_PARTS:
         return "int"
     if isinstance(node, _COMBINING):
         if isinstance(node, exp.Case):
@@ -745,7 +745,9 @@ def _function(node: exp.Expression, columns: set[str]) -> Callable[[dict], objec
         length = part(node.args["length"]) if node.args.get("length") is not None else (lambda row: 1 << 62)
         return _null_safe(_substring, part(node.this), start, length)
     if isinstance(node, exp.TsOrDsToDate):
-        return _null_safe(lambda v: _instant(v).date().isoformat(), part(node.this))     # as JSON shows a DATE
+        if _kind(node.this, columns if isinstance(columns, dict) else {}) in _NUMERIC_KINDS:
+            return lambda row: None         # Spark: no number is a date (epoch ms come as untyped columns)
+        return _null_safe(lambda v: _instant(v, date_only=True).date().isoformat(), part(node.this))   # as JSON shows a DATE
     if type(node) in _DATE_PARTS:
         return _null_safe(lambda v, pick=_DATE_PARTS[type(node)]: pick(_instant(v)), part(node.this))
     if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
@@ -765,9 +767,9 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _INSTANT_LIMIT_MS = 253_402_300_799_999
 
 
-def _instant(value) -> dt.datetime:
+def _instant(value, date_only: bool = False) -> dt.datetime:
     """A row's time value as a UTC datetime: epoch milliseconds (window_start, window_end), a
-    date or datetime, or ISO text."""
+    date or datetime, or text as Spark reads it (`_parsed_text`)."""
     if isinstance(value, bool):
         raise TypeError("a boolean is no time")
     if isinstance(value, (int, float)):
@@ -778,11 +780,41 @@ def _instant(value) -> dt.datetime:
         return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
     if isinstance(value, dt.date):
         return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
-    text = str(value)
-    if len(text) > 64:              # no ISO instant is longer; Spark's parse gives NULL
-        raise ValueError("not an ISO instant")
-    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return _parsed_text(str(value), date_only)
+
+
+# Spark's text forms (DateTimeUtils.stringToDate / stringToTimestamp): a year of 4-7 digits,
+# then optional -[m]m and -[d]d; a date may be followed by ' ' or 'T' and anything, a timestamp
+# by [h]h[:[m]m[:[s]s[.fraction]]] and a zone. Possessive, so no text costs more than its length.
+_DATE_TEXT = re.compile(r"\s*+\+?+(\d{4,7}+)(?:-(\d{1,2}+)(?:-(\d{1,2}+))?+)?+")
+_TIME_TEXT = re.compile(r"(?:[ T](?:(\d{1,2}+)(?::(\d{1,2}+)(?::(\d{1,2}+)(?:\.(\d{0,9}+))?+)?+)?+)?+)?+"
+                        r"\s*+(Z|[+-]\d{1,2}+(?::?+\d{2}+)?+)?+\s*+")
+
+
+def _parsed_text(text: str, date_only: bool) -> dt.datetime:
+    if len(text) > 64 and not date_only:        # no time text is longer; Spark's parse gives NULL
+        raise ValueError("not a time")
+    day = _DATE_TEXT.match(text)
+    if not day:
+        raise ValueError("not a time")
+    year, month, date = int(day[1]), int(day[2] or 1), int(day[3] or 1)
+    if date_only:
+        rest = text[day.end():]
+        if rest.strip() and rest[0] not in " T":
+            raise ValueError("not a date")
+        return dt.datetime(year, month, date, tzinfo=dt.timezone.utc)   # ValueError past years 1-9999
+    clock = _TIME_TEXT.fullmatch(text, day.end())
+    if not clock:
+        raise ValueError("not a time")
+    hour, minute, second, fraction, zone = clock.groups()
+    moment = dt.datetime(year, month, date, int(hour or 0), int(minute or 0), int(second or 0),
+                         int((fraction or "0")[:6].ljust(6, "0")), tzinfo=dt.timezone.utc)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        hours, minutes = (int(digits[:-2]), int(digits[-2:])) if len(digits) > 2 else (int(digits), 0)
+        moment -= sign * dt.timedelta(hours=hours, minutes=minutes)
+    return moment
 
 
 _DATE_PARTS = {exp.Year: lambda t: t.year, exp.Month: lambda t: t.month, exp.Day: lambda t: t.day,
@@ -798,7 +830,9 @@ def _truncated(value, unit: str):
     """DATE_TRUNC, giving back the kind it was given: epoch milliseconds stay milliseconds, and
     anything else becomes ISO text in UTC."""
     cut = _instant(value).replace(**_TRUNCATE[unit])
-    return int(cut.timestamp() * 1000) if isinstance(value, (int, float)) else cut.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, (int, float)):
+        return (cut - _EPOCH) // dt.timedelta(milliseconds=1)
+    return f"{cut.year:04d}-{cut:%m-%dT%H:%M:%S}Z"      # strftime's %Y does not pad years before 1000
 
 
 def _substring(text, start, length) -> str | None:

@@ -1,7 +1,8 @@
 """Generated row expressions (HAVING and computed columns) and their values under Spark SQL.
 
 A seeded generator writes expressions over the columns a table's rows hold (a BIGINT count, a
-DOUBLE total, a DECIMAL sum, a STRING key, a BOOLEAN flag), and Spark SQL with ANSI off
+DOUBLE total, a DECIMAL sum, a STRING key, a BOOLEAN flag, a TIMESTAMP at and near the ends
+of its range), and Spark SQL with ANSI off
 evaluates every expression over the same rows in one query. Expressions Spark's analyzer
 refuses (a boolean in arithmetic, text in GREATEST with numbers) have no Spark value: for those
 only totality is checked (catalog.expressions must give NULL or a value, never raise).
@@ -12,16 +13,25 @@ import decimal
 import math
 import random
 
-COLUMNS = {"n": "BIGINT", "x": "DOUBLE", "d": "DECIMAL(20,0)", "s": "STRING", "b": "BOOLEAN"}
+COLUMNS = {"n": "BIGINT", "x": "DOUBLE", "d": "DECIMAL(20,0)", "s": "STRING", "b": "BOOLEAN", "t": "TIMESTAMP"}
+# A row holds a TIMESTAMP as epoch milliseconds, as state does; Spark's frame gets the instant.
+FIRST_MS, LAST_MS = -62_135_596_800_000, 253_402_300_799_999       # 0001-01-01, 9999-12-31T23:59:59.999
 ROWS = [
-    {"n": 7, "x": 2.5, "d": decimal.Decimal(12), "s": "10", "b": True},
-    {"n": -3, "x": -0.125, "d": decimal.Decimal(-5), "s": "abc", "b": False},
-    {"n": 0, "x": 1.7e308, "d": decimal.Decimal(10) ** 18, "s": " 2.5 ", "b": None},
-    {"n": 9223372036854775807, "x": 0.0, "d": decimal.Decimal(0), "s": "true", "b": True},
-    {"n": None, "x": None, "d": None, "s": None, "b": None},
-    {"n": -9223372036854775808, "x": 1e-5, "d": decimal.Decimal(99999), "s": "-7", "b": False},
-    {"n": 100, "x": 12345678.0, "d": decimal.Decimal(3), "s": "2024-03-01T10:00:00", "b": True},
+    {"n": 7, "x": 2.5, "d": decimal.Decimal(12), "s": "10", "b": True, "t": 1_709_287_200_123},
+    {"n": -3, "x": -0.125, "d": decimal.Decimal(-5), "s": "abc", "b": False, "t": FIRST_MS},
+    {"n": 0, "x": 1.7e308, "d": decimal.Decimal(10) ** 18, "s": " 2.5 ", "b": None, "t": LAST_MS},
+    {"n": 9223372036854775807, "x": 0.0, "d": decimal.Decimal(0), "s": "true", "b": True, "t": 0},
+    {"n": None, "x": None, "d": None, "s": None, "b": None, "t": None},
+    {"n": -9223372036854775808, "x": 1e-5, "d": decimal.Decimal(99999), "s": "-7", "b": False, "t": -1},
+    {"n": 100, "x": 12345678.0, "d": decimal.Decimal(3), "s": "2024-03-01T10:00:00", "b": True,
+     "t": 951_782_400_000},                                          # 2000-02-29, a leap day
 ]
+# Text past year 9999 is left out: Spark reads '10000-01-01' as a time (its range goes to year
+# 294247), ours as NULL (Python's and JSON's range), a difference the README names;
+# tests/unit/catalog/test_expression_cost.py holds such text to totality and cost.
+TIMES = ["t", "s", "'2024-02-29T23:59:59'", "'2024-03-01'", "'9999-12-31T23:59:59'", "'0001-01-01T00:00:00'",
+         "'2024-13-01'", "'2023-02-29'", "'x'", "''"]
+DATE_PARTS = ["YEAR", "MONTH", "DAY", "HOUR", "MINUTE", "DAYOFWEEK"]
 STRINGS = ["'10'", "'abc'", "'2.5'", "'true'", "'false'", "''", "' 7 '", "'1e3'", "'%d'", "'100%'", "'x'"]
 
 
@@ -44,8 +54,12 @@ class Generator:
     def expression(self, depth: int = 0) -> str:
         r = self.random.random()
         if depth >= 3 or r < 0.25:
-            return self.random.choice(list(COLUMNS)) if self.random.random() < 0.6 else self.literal()
+            leaves = [c for c in COLUMNS if c != "t"]      # a TIMESTAMP only where time is asked for
+            return self.random.choice(leaves) if self.random.random() < 0.6 else self.literal()
         e = lambda: self.expression(depth + 1)      # noqa: E731
+        # Time: the TIMESTAMP column, ISO text in and out of range, or any expression (Spark's
+        # analyzer refuses a number there: then only totality is checked).
+        when = lambda: self.random.choice(TIMES) if self.random.random() < 0.8 else e()    # noqa: E731
         forms = [
             lambda: f"({e()} {self.random.choice(['+', '-', '*', '/', '%'])} {e()})",
             lambda: f"({e()} {self.random.choice(['=', '<>', '<', '<=', '>', '>='])} {e()})",
@@ -66,8 +80,20 @@ class Generator:
             lambda: f"ROUND({e()})",
             lambda: f"CONCAT({e()}, {e()})",
             lambda: f"SUBSTRING({e()}, {self.random.randint(-3, 3)}, {self.random.randint(-1, 4)})",
+            lambda: f"{self.random.choice(DATE_PARTS)}({when()})",
+            lambda: f"{self.random.choice(DATE_PARTS)}({self.time(when())})",
         ]
+        if depth == 0 and self.random.random() < 0.1:
+            return self.time(when())
         return self.random.choice(forms)()
+
+    def time(self, of: str) -> str:
+        """A time (TO_DATE, DATE_TRUNC), only where a time is read as one: at the top or inside
+        a date part. Ours is epoch milliseconds or ISO text, not a typed instant, so a CAST of
+        it to a number is not Spark's (seconds): docs/tables.md says so."""
+        if self.random.random() < 0.4:
+            return f"TO_DATE({of})"
+        return f"DATE_TRUNC('{self.random.choice(['YEAR', 'MONTH', 'DAY', 'HOUR', 'MINUTE'])}', {of})"
 
 
 def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | None]:
@@ -84,7 +110,7 @@ def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | N
     session.conf.set("spark.sql.codegen.wholeStage", "true")
     session.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
     schema = T.StructType([T.StructField(n, T._parse_datatype_string(t)) for n, t in COLUMNS.items()])
-    frame = session.createDataFrame([tuple(r[c] for c in COLUMNS) for r in rows], schema)
+    frame = session.createDataFrame([tuple(_for_spark(c, r[c]) for c in COLUMNS) for r in rows], schema)
     frame = frame.withColumn("_row", __import__("pyspark.sql.functions", fromlist=["x"]).monotonically_increasing_id())
     out: dict[str, list | None] = {}
     accepted, types = [], {}
@@ -96,10 +122,38 @@ def spark_values(spark, expressions: list[str], rows=ROWS) -> dict[str, list | N
             out[expression] = None
     for start in range(0, len(accepted), 100):
         batch = accepted[start:start + 100]
-        result = frame.selectExpr("_row", *[f"{e} AS e{i}" for i, e in enumerate(batch)]).orderBy("_row").collect()
+        # A time comes back as text: Spark's range (years -290308 to 294247) is wider than Python's.
+        timed = lambda e: isinstance(types[e], (T.TimestampType, T.DateType))      # noqa: E731
+        result = frame.selectExpr("_row", *[f"CAST({e} AS STRING) AS e{i}" if timed(e) else f"{e} AS e{i}"
+                                            for i, e in enumerate(batch)]).orderBy("_row").collect()
         for i, e in enumerate(batch):
-            out[e] = ([r[f"e{i}"] for r in result], types[e])
+            out[e] = ([_instant(r[f"e{i}"]) if timed(e) else r[f"e{i}"] for r in result], types[e])
     return out
+
+
+class OutOfRange(str):
+    """A Spark time Python cannot hold (a year outside 1-9999): ours must be NULL."""
+
+
+def _instant(text: str | None):
+    import datetime as dt
+
+    if text is None:
+        return None
+    try:
+        if len(text) == 10:
+            return dt.date.fromisoformat(text)
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return OutOfRange(text)
+
+
+def _for_spark(column: str, value):
+    import datetime as dt
+
+    if COLUMNS[column] != "TIMESTAMP" or value is None:
+        return value
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=value)
 
 
 def same(ours, theirs, spark_type) -> bool:
@@ -109,10 +163,20 @@ def same(ours, theirs, spark_type) -> bool:
 
     if isinstance(theirs, float) and not math.isfinite(theirs):
         return ours is None
+    if isinstance(theirs, OutOfRange):
+        return ours is None
     if theirs is None or ours is None:
         return theirs is None and ours is None
     if isinstance(theirs, bool) or isinstance(ours, bool):
         return ours is theirs
+    import datetime as dt
+
+    if isinstance(theirs, dt.datetime):         # ours: epoch milliseconds from one, ISO text from text
+        ms = (theirs.replace(tzinfo=theirs.tzinfo or dt.timezone.utc) - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) \
+            // dt.timedelta(milliseconds=1)
+        return ours == ms or ours == f"{theirs.year:04d}-{theirs:%m-%dT%H:%M:%S}Z"
+    if isinstance(theirs, dt.date):             # ours: as JSON shows a DATE
+        return ours == theirs.isoformat()
     if isinstance(theirs, (int, float, decimal.Decimal)):
         if not isinstance(ours, (int, float, decimal.Decimal)):
             return False
