@@ -27,8 +27,9 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from catalog.errors import CatalogError
+from catalog.errors import BatchLogIncomplete, BatchLogWriteFailed, CatalogError
 from catalog.errors import UserError
+from state.errors import BadSetting
 
 LEASE_ENV = "STATETABLE_BATCH_LEASE_SECONDS"
 POINTER = "last-commit.json"
@@ -98,7 +99,7 @@ def lease_seconds() -> float:
     try:
         return float(raw)
     except ValueError:
-        raise SystemExit(f"{LEASE_ENV}={raw!r} is not a number of seconds; set it to e.g. "
+        raise BadSetting(f"{LEASE_ENV}={raw!r} is not a number of seconds; set it to e.g. "
                          f"{DEFAULT_LEASE_SECONDS:.0f}") from None
 
 
@@ -321,7 +322,7 @@ class _S3Store:
                 "Objects": [{"Key": self.prefix + name} for name in chunk], "Quiet": True})
             failed = [f"{e.get('Key')}: {e.get('Code')}" for e in done.get("Errors", [])]
             if failed:
-                raise OSError(f"batch log {self.location}: {len(failed)} of {len(chunk)} entries were not "
+                raise BatchLogWriteFailed(f"batch log {self.location}: {len(failed)} of {len(chunk)} entries were not "
                               f"removed ({'; '.join(failed[:3])}); the next compaction removes them")
 
     def names(self) -> list[str]:
@@ -478,7 +479,7 @@ class BatchLog:
 
         data = self.store.get(name)
         if data is None:
-            raise FileNotFoundError(f"batch log {self.location}: {HEAD} needs {name}, which is missing; "
+            raise BatchLogIncomplete(f"batch log {self.location}: {HEAD} needs {name}, which is missing; "
                                     f"restore the batch log folder from a backup")
         return {entry["batch_id"]: entry for entry in json.loads(gzip.decompress(data))["commits"]}
 
@@ -551,7 +552,7 @@ class BatchLog:
             for batch_id in range(before + 1, upto + 1):
                 raw = self._read(batch_id, "commit")
                 if raw is None:
-                    raise FileNotFoundError(f"batch log {self.location}: commit {batch_id} is missing between its "
+                    raise BatchLogIncomplete(f"batch log {self.location}: commit {batch_id} is missing between its "
                                             f"checkpoint (up to {before}) and the last commit ({last}); nothing "
                                             f"was compacted")
                 new[batch_id] = {k: v for k, v in raw.items() if k not in SLIM_DROP}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from catalog import settings as stack_settings
 from catalog.settings import PROJECT_ROOT
+from state.errors import BadSetting
 
 
 def private_dir(folder: Path) -> Path:
@@ -45,7 +46,7 @@ class Runtime:
         data_dir = private_dir(Path(os.environ.get("STATETABLE_DATA_DIR", stack.data_dir)).resolve())
         store = os.environ.get("STATETABLE_STORE_URI", "").rstrip("/")
         if store and not store.startswith("s3://"):
-            raise SystemExit(f"STATETABLE_STORE_URI={store!r}: the durable store is an s3://bucket/prefix URI "
+            raise BadSetting(f"STATETABLE_STORE_URI={store!r}: the durable store is an s3://bucket/prefix URI "
                              f"(or unset, for folders under STATETABLE_DATA_DIR)")
         return cls(
             bootstrap=os.environ.get("STATETABLE_KAFKA_BOOTSTRAP", stack.kafka_bootstrap),

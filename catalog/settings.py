@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from state.errors import BadSetting
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = PROJECT_ROOT / ".cache"      # fetched once by `make setup` (deploy/jars.py), then read offline
@@ -55,9 +56,9 @@ def _port(name: str, default: int) -> int:
     try:
         port = int(raw)
     except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a port number; set it to an integer such as {default}") from None
+        raise BadSetting(f"{name}={raw!r} is not a port number; set it to an integer such as {default}") from None
     if not 1 <= port <= 65535:
-        raise SystemExit(f"{name}={port} is out of range; use 1..65535, e.g. {default}")
+        raise BadSetting(f"{name}={port} is out of range; use 1..65535, e.g. {default}")
     low, high = ephemeral_port_range()
     if low <= port <= high:
         print(f"warning: {name}={port} is in the kernel's ephemeral port range {low}-{high}: an outgoing "

@@ -12,6 +12,7 @@ import urllib.parse
 
 from deploy import airflow_server
 from catalog.settings import StackSettings
+from deploy.errors import AirflowRefused, NoAnswer, WaitTimedOut
 
 TERMINAL_RUN_STATES = {"success", "failed"}
 
@@ -30,7 +31,7 @@ class AirflowApi:
                 headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
                 patience=patience, retry_unanswered=method == "GET")
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
+            raise AirflowRefused(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')}") from None
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120.0, on_wait=None) -> dict:
         """Wait until the dag-processor has parsed `dag_id` into the database (`on_wait(text)`
@@ -42,7 +43,7 @@ class AirflowApi:
                 return self._call("GET", f"/api/v2/dags/{dag_id}")
             except RuntimeError as exc:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Airflow has no DAG {dag_id!r} after {timeout:.0f}s; its dag-processor log "
+                    raise NoAnswer(f"Airflow has no DAG {dag_id!r} after {timeout:.0f}s; its dag-processor log "
                                        f"says why (an import error shows in the UI's banner too)") from exc
                 if on_wait and not told:
                     on_wait(f"waiting for Airflow's dag-processor to parse {dag_id} (it rescans every 10 s)")
@@ -68,7 +69,7 @@ class AirflowApi:
             if run["state"] in TERMINAL_RUN_STATES:
                 return run
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{dag_id} run {run_id} still {run['state']} after {timeout:.0f}s")
+                raise WaitTimedOut(f"{dag_id} run {run_id} still {run['state']} after {timeout:.0f}s")
             time.sleep(2)
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:

@@ -22,7 +22,8 @@ from deploy import postgres_server
 from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready, write_private
 from catalog.listeners import ForeignListener, check_ours, listener_uids
 from catalog.settings import PROJECT_ROOT, StackSettings
-from deploy.errors import NoAnswer
+from deploy.errors import AirflowRefused, CommandFailed, NoAnswer, UnexpectedOutput
+from state.errors import BadSetting
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 EXECUTOR_ENV = "STATETABLE_AIRFLOW_EXECUTOR"
@@ -35,7 +36,7 @@ def executor() -> str:
     of a deployment whose tasks run on other machines."""
     value = os.environ.get(EXECUTOR_ENV, "local")
     if value not in ("local", "celery"):
-        raise SystemExit(f"{EXECUTOR_ENV}={value!r} is not an executor of the local stack; use local "
+        raise BadSetting(f"{EXECUTOR_ENV}={value!r} is not an executor of the local stack; use local "
                          f"(LocalExecutor) or celery (CeleryExecutor with a worker process)")
     return value
 
@@ -171,7 +172,7 @@ def start(settings: StackSettings) -> None:
                                                                   else ()))
     migrated = airflow_cli(settings, "db", "migrate", capture=True, check=False)
     if migrated.returncode != 0:
-        raise SystemExit(f"airflow db migrate against {postgres_server.url(settings)} failed: "
+        raise CommandFailed(f"airflow db migrate against {postgres_server.url(settings)} failed: "
                          f"{(migrated.stderr.strip().splitlines() or ['no output'])[-1]}")
     ensure_admin_password(settings)
     env = airflow_env(settings)
@@ -267,9 +268,9 @@ def _wait_ours(settings: StackSettings, patience: float) -> None:
         try:
             check_ours(settings.host, settings.airflow_port, "the stack's Airflow API server")
             return
-        except ForeignListener as exc:
+        except ForeignListener:
             if listener_uids(settings.airflow_port) or time.monotonic() > deadline:
-                raise RuntimeError(str(exc)) from None
+                raise
         time.sleep(0.5)
 
 
@@ -285,10 +286,10 @@ def api_token(settings: StackSettings, patience: float = 120.0) -> str:
         return http_json(url, method="POST", body=body, headers={"Content-Type": "application/json"},
                          patience=patience)["access_token"]
     except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"the Airflow API refused the stack's admin login at {url}: {exc.code}; "
+        raise AirflowRefused(f"the Airflow API refused the stack's admin login at {url}: {exc.code}; "
                            f"was {_passwords_file(settings)} replaced after Airflow started?") from None
     except NoAnswer as exc:
-        raise RuntimeError(f"{exc}; see {process(settings, 'api-server').log_file}") from None
+        raise NoAnswer(f"{exc}; see {process(settings, 'api-server').log_file}") from None
 
 
 def airflow_json(settings: StackSettings, *args: str):
@@ -301,4 +302,4 @@ def airflow_json(settings: StackSettings, *args: str):
     for line in reversed(out.splitlines()):
         if line.startswith(("[", "{")):
             return json.loads(line)
-    raise ValueError(f"`airflow {' '.join(args)}` printed no JSON:\n{out[-2000:]}")
+    raise UnexpectedOutput(f"`airflow {' '.join(args)}` printed no JSON:\n{out[-2000:]}")

@@ -8,6 +8,7 @@ import sys
 from catalog import settings as stack_settings
 from catalog.errors import UserError
 from catalog.messages import one_line
+from serving.errors import NoSuchTable
 
 PRIVATE_UMASK = 0o077
 
@@ -46,7 +47,7 @@ def _stack(args) -> int:
         print(airflow_server.admin_password(cfg))
     elif args.action == "wipe-workers":
         if not args.table:
-            raise SystemExit("stack wipe-workers: name the table whose worker state to wipe (--table NAME)")
+            raise UserError("wipe-workers: name the table whose worker state to wipe (--table NAME)")
         stack.wipe_workers(cfg, args.table)
     else:
         lines = stack.status_lines(cfg)
@@ -138,7 +139,7 @@ def _tables(args) -> int:
     if args.table:
         missing = [t for t in args.table if t not in tables and t not in broken]
         if missing:
-            raise LookupError(f"no table {missing[0]!r} in {rt.tables_dir}; tables: {', '.join(sorted(tables))}")
+            raise NoSuchTable(f"no table {missing[0]!r} in {rt.tables_dir}; tables: {', '.join(sorted(tables))}")
     names = args.table or sorted(set(tables) | set(broken))
     rows = []
     for name in names:
@@ -209,7 +210,7 @@ def _produce(args) -> int:
         try:
             source = open(args.file, encoding="utf-8", errors="surrogateescape")
         except OSError as exc:
-            raise SystemExit(f"statetable produce {args.table}: cannot read {args.file}: {exc.strerror}") from None
+            raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
         with source:
             done = topics.produce_lines(args.table, source, progress=progress)
     print(f"produced {done.records} records to {done.topic} ({done.seconds:.2f}s, every delivery confirmed)")
@@ -321,13 +322,13 @@ def api_token(token_file: str | None) -> str:
         try:
             mode = Path(path).stat().st_mode & 0o777
             if mode & 0o077:
-                raise SystemExit(f"statetable serve: the token file {path} is readable by others (mode {mode:o}); "
+                raise UserError(f"the token file {path} is readable by others (mode {mode:o}); "
                                  f"`chmod 600 {path}` and start again")
             token = Path(path).read_text().strip()
         except OSError as exc:
-            raise SystemExit(f"statetable serve: cannot read the token file {path}: {exc.strerror}") from None
+            raise UserError(f"cannot read the token file {path}: {exc.strerror}") from None
     if not token:
-        raise SystemExit("statetable serve: no API token; set STATETABLE_API_TOKEN or pass --token-file FILE "
+        raise UserError("no API token; set STATETABLE_API_TOKEN or pass --token-file FILE "
                          "(e.g. `export STATETABLE_API_TOKEN=$(python -c 'import secrets; "
                          "print(secrets.token_urlsafe(32))')`)")
     return token
@@ -341,11 +342,11 @@ def _serve(args) -> int:
     try:
         auth = TokenAuth(api_token(args.token_file))
     except ValueError as exc:
-        raise SystemExit(f"statetable serve: {exc}") from None
+        raise UserError(str(exc)) from None
     _logging()
     print(f"statetable API on http://{args.host}:{args.port} (OpenAPI at /openapi.json)", flush=True)
     if args.readers == 1 or args.readers < 0:
-        raise SystemExit(f"statetable serve: --readers {args.readers}: use 0 (read in the server process) or 2 "
+        raise UserError(f"--readers {args.readers}: use 0 (read in the server process) or 2 "
                          "or more (reader processes that take turns catching up)")
     if args.readers:
         from functools import partial
@@ -541,12 +542,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Every command's errors end as one line naming the command and table, with a non-zero exit
-    (2: the definition or the request is wrong, 1: anything else); STATETABLE_DEBUG=1 re-raises
+    (2: the user can fix it, a `UserFixable`: the definition, a setting or the request is wrong;
+    1: anything else); STATETABLE_DEBUG=1 re-raises
     for the traceback. A user never has to read Python to learn what to fix."""
     import os
 
-    from catalog.definitions import DefinitionError
-    from state.errors import BadSetting
+    from state.errors import UserFixable
 
     args = build_parser().parse_args(argv)
     os.umask(PRIVATE_UMASK)     # state, snapshots and logs a command writes are its user's alone
@@ -564,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         table = getattr(args, "table", None) or getattr(args, "name", None)
         where = f"statetable {args.command}" + (f" {table}" if isinstance(table, str) else "")
-        usage = isinstance(exc, (DefinitionError, LookupError, UserError, BadSetting))
+        usage = isinstance(exc, UserFixable)
         hint = "" if usage or "statetable " in str(exc) else \
             " (STATETABLE_DEBUG=1 shows the traceback)"
         print(f"{where}: {one_line(exc)}{hint}", file=sys.stderr)

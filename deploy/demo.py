@@ -13,6 +13,7 @@ import time
 
 from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
+from deploy.errors import RunFailed
 
 # The tables in waves: each wave's tables read only what earlier waves committed, so a wave's
 # DAG runs go at once (Airflow's parallelism is four per core; the runs mostly wait on the Spark
@@ -40,7 +41,7 @@ def _finish(api: AirflowApi, dag_id: str, run_id: str, started: float) -> None:
     elif states.get("run_batches") == "success":
         print(f"    stats: {json.dumps(api.xcom(dag_id, run_id, 'run_batches'))}", flush=True)
     if run["state"] != "success":
-        raise SystemExit(f"{dag_id} run {run_id} ended {run['state']}; see {api.base}/dags/{dag_id}")
+        raise RunFailed(f"{dag_id} run {run_id} ended {run['state']}; see {api.base}/dags/{dag_id}")
 
 
 def _wave(api: AirflowApi, dag_ids: list[str], conf: dict | None = None) -> None:

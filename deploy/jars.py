@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from catalog.settings import JARS_DIR, PROJECT_ROOT
+from catalog.errors import NotInstalled
 
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
 JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "s3": "s3-extras.pom.xml",
@@ -96,7 +97,7 @@ def jars(name: str) -> list[Path]:
 def kafka_classpath() -> str:
     found = jars("kafka")
     if not found:
-        raise SystemExit("the Kafka broker jars are missing from .cache/jars/kafka; run `make setup`")
+        raise NotInstalled("the Kafka broker jars are missing from .cache/jars/kafka; run `make setup`")
     return ":".join(str(p) for p in found)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from catalog.settings import StackSettings
 from deploy.processes import write_private
+from deploy.errors import CommandFailed
 
 BROKER_PRINCIPAL = "statetable-broker"      # the certificate's CN; a super user over mutual TLS
 CLIENT_USER = "statetable"
@@ -64,7 +65,7 @@ def ensure_certificates(settings: StackSettings) -> Path:
 def _openssl(*args) -> None:
     done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"openssl {args[0]} failed making the stack's TLS certificates: {done.stderr.strip()}")
+        raise CommandFailed(f"openssl {args[0]} failed making the stack's TLS certificates: {done.stderr.strip()}")
 
 
 def broker_properties(settings: StackSettings) -> list[str]:

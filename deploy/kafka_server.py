@@ -25,6 +25,8 @@ from deploy.processes import ManagedProcess, require_free_ports, wait_ready, wri
 from catalog import scratch
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout, server_jvm_options
 from state.kafka_config import client_config, file_config
+from deploy.errors import CommandFailed
+from catalog.errors import UserError
 
 LOG4J_CONFIG = PROJECT_ROOT / "deploy" / "kafka" / "log4j2.properties"
 JVM_HEAP = os.environ.get("STATETABLE_KAFKA_HEAP", "-Xms256m -Xmx1g").split()
@@ -128,7 +130,7 @@ def _format_storage(settings: StackSettings, broker: int, config: Path) -> None:
         capture_output=True, text=True,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"formatting the broker's storage in {data} failed "
+        raise CommandFailed(f"formatting the broker's storage in {data} failed "
                            f"(exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
@@ -157,12 +159,12 @@ def configure(settings: StackSettings, brokers: int | None = None, secure: bool 
         brokers, secure = kafka_layout(settings)["brokers"], kafka_layout(settings)["secure"]
     brokers = brokers or 1
     if brokers < 1:
-        raise SystemExit(f"stack up --brokers {brokers}: give 1 or more brokers")
+        raise UserError(f"stack up --brokers {brokers}: give 1 or more brokers")
     wanted = {"brokers": brokers, "secure": secure}
     current = kafka_layout(settings)
     formatted = (settings.kafka_dir / "data" / "meta.properties").exists()
     if formatted and current != wanted:
-        raise SystemExit(f"the stack's Kafka was made with {current['brokers']} broker(s)"
+        raise UserError(f"the stack's Kafka was made with {current['brokers']} broker(s)"
                          f"{', secure' if current['secure'] else ''}; `statetable stack down` and delete "
                          f"{settings.kafka_dir} to bring it up with {brokers}{' secure' if secure else ''}")
     settings.kafka_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ from pathlib import Path
 from catalog.listeners import check_ours
 from catalog.settings import StackSettings
 from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready, write_private
+from catalog.errors import NotInstalled
+from deploy.errors import CommandFailed, HostUnsuitable
 
 USER = "statetable"               # Airflow's role: owns its databases, may create them, no superuser
 ADMIN = "statetable_admin"        # initdb's superuser: its password is forgotten once USER exists
@@ -35,7 +37,7 @@ def binary(name: str) -> str:
     found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)),
                                        None)
     if not found:
-        raise SystemExit(f"PostgreSQL's `{name}` is not on PATH nor in /usr/lib/postgresql/*/bin: the local stack "
+        raise NotInstalled(f"PostgreSQL's `{name}` is not on PATH nor in /usr/lib/postgresql/*/bin: the local stack "
                          f"keeps Airflow's metadata in PostgreSQL {MAJOR}; install it with "
                          f"`apt-get install -y postgresql-{MAJOR}` (or put its bin folder on PATH)")
     return found
@@ -51,7 +53,7 @@ def _unprivileged(cmd: list[str]) -> list[str]:
     probe = subprocess.run([unshare, "--user", "--map-user=1000", "--map-group=1000", "true"],
                            capture_output=True, text=True) if unshare else None
     if probe is None or probe.returncode != 0:
-        raise SystemExit("postgres: PostgreSQL refuses to run as root, and this machine allows no user namespace "
+        raise HostUnsuitable("postgres: PostgreSQL refuses to run as root, and this machine allows no user namespace "
                          "(`unshare --user` failed) to run it as an ordinary user; run `statetable stack up` as a "
                          "non-root user")
     return [unshare, "--user", "--map-user=1000", "--map-group=1000", *cmd]
@@ -106,7 +108,7 @@ def _init(settings: StackSettings) -> None:
         capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"},
     )
     if done.returncode != 0:
-        raise SystemExit(f"postgres: initdb into {folder} failed: "
+        raise CommandFailed(f"postgres: initdb into {folder} failed: "
                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 

@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from deploy.errors import ProcessExited
+from deploy.errors import PortTaken, ProcessExited, WaitTimedOut
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def require_free_ports(what: str, host: str, *ports: int) -> None:
     talking to a stranger's server (an orphan from another checkout or run)."""
     taken = [p for p in ports if port_in_use(host, p)]
     if taken:
-        raise RuntimeError(
+        raise PortTaken(
             f"{what}: {host}:{','.join(map(str, taken))} already in use by another process; stop it "
             f"(statetable stack down in its checkout) or choose other ports (see README, Ports)"
         )
@@ -183,7 +183,7 @@ def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condit
         except Exception as exc:  # health probes fail in many ways while a server starts
             last_error = exc
         time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {timeout:.0f}s (last error: {last_error})")
+    raise WaitTimedOut(f"{what} not reached within {timeout:.0f}s (last error: {last_error})")
 
 
 def wait_ready(procs: list[ManagedProcess], ready, timeout: float, what: str, interval: float = 0.5) -> None:

@@ -14,6 +14,8 @@ from confluent_kafka import Producer
 
 from state.kafka_admin import ensure_topic
 from state.kafka_config import client_config
+from ops.errors import ProduceIncomplete
+from catalog.errors import UserError
 
 TITLES = ["Die Hard", "Toy Story", "The Matrix", "Alien", "Up", "Heat", "Fargo", "Vertigo", "Jaws", "Psycho"]
 GENRES = {"Die Hard": "action", "Toy Story": "animation", "The Matrix": "sci-fi", "Alien": "sci-fi", "Up": "animation",
@@ -44,7 +46,7 @@ def send_records(producer: Producer, topic: str, records) -> int:
         if sent % 20000 == 0:
             producer.poll(0)
     if producer.flush(120) != 0:
-        raise RuntimeError(f"could not deliver every sample record to {topic}")
+        raise ProduceIncomplete(f"could not deliver every sample record to {topic}")
     return sent
 
 
@@ -116,5 +118,5 @@ def produce(name: str, bootstrap: str, events: int | None = None, partitions: in
         if scores:
             sent.update(produce_scores(bootstrap, suffix, partitions))
         return sent
-    raise SystemExit(f"no sample for {name!r}; samples exist for movie_tickets_sold, movies, payments_per_customer, "
+    raise UserError(f"no sample for {name!r}; samples exist for movie_tickets_sold, movies, payments_per_customer, "
                      f"leaderboard")

@@ -11,6 +11,8 @@ from deploy.airflow_api import AirflowApi
 from catalog.settings import StackSettings
 from state.kafka_admin import ensure_topic
 from state.kafka_config import client_config
+from ops.errors import ProduceIncomplete
+from deploy.errors import RunFailed
 
 SMOKE_TOPIC = "smoke_events"
 SMOKE_DAG = "statetable_smoke"
@@ -30,7 +32,7 @@ def produce(bootstrap: str, topic: str, count: int, partitions: int = 4, seed: i
         if i % 10000 == 0:
             producer.poll(0)
     if producer.flush(60) != 0:
-        raise RuntimeError(f"could not deliver every smoke event to {topic}")
+        raise ProduceIncomplete(f"could not deliver every smoke event to {topic}")
     return sums
 
 
@@ -46,7 +48,7 @@ def run(settings: StackSettings, events: int = 1000) -> dict:
     run = api.wait_run(SMOKE_DAG, run_id)
     states = api.task_states(SMOKE_DAG, run_id)
     if run["state"] != "success":
-        raise SystemExit(f"{SMOKE_DAG} run {run_id} ended {run['state']}: task states {states}; "
+        raise RunFailed(f"{SMOKE_DAG} run {run_id} ended {run['state']}: task states {states}; "
                          f"see {settings.airflow_url}/dags/{SMOKE_DAG}")
     result = api.xcom(SMOKE_DAG, run_id, "report")
     print(f"smoke result: {json.dumps(result)}")

@@ -14,6 +14,7 @@ from deploy import airflow_server, connect_server, kafka_server, object_store, p
 from catalog.settings import StackSettings, cluster_env_file, kafka_layout
 from state.kafka_config import CONFIG_ENV
 from deploy.processes import write_private
+from catalog.errors import UserError
 
 
 def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, secure: bool = False) -> None:
@@ -21,11 +22,11 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings.state_dir.chmod(0o700)       # the stack's data, logs and secrets: its owner's alone
     if workers < 0:
-        raise SystemExit(f"stack up --workers {workers}: give 0 (no cluster, jobs run local[*]) or more workers")
+        raise UserError(f"stack up --workers {workers}: give 0 (no cluster, jobs run local[*]) or more workers")
     running = spark_cluster.size(settings)
     if running != workers and any(p.is_running() for p in [connect_server.process(settings)]
                                   + spark_cluster.processes(settings)):
-        raise SystemExit(f"the stack runs with {running} Spark workers; `statetable stack down` first to bring "
+        raise UserError(f"the stack runs with {running} Spark workers; `statetable stack down` first to bring "
                          f"it up with {workers}")
     kafka_server.configure(settings, brokers, secure)
     if kafka_layout(settings)["secure"]:
@@ -93,10 +94,10 @@ def restart_broker(settings: StackSettings, broker: int = 1) -> float:
     failure drill `broker_restart` asks for this); seconds it was down."""
     brokers = kafka_layout(settings)["brokers"]
     if not 1 <= broker <= brokers:
-        raise SystemExit(f"stack restart-broker {broker}: the stack runs brokers 1..{brokers}")
+        raise UserError(f"stack restart-broker {broker}: the stack runs brokers 1..{brokers}")
     proc = kafka_server.process(settings, broker)
     if not proc.is_running():
-        raise SystemExit(f"the local stack's broker {broker} is not running (pid file {proc.pid_file}): there is "
+        raise UserError(f"the local stack's broker {broker} is not running (pid file {proc.pid_file}): there is "
                          f"no broker here to restart; start the stack with `statetable stack up`")
     started = time.monotonic()
     proc.stop(timeout=30)
@@ -125,7 +126,7 @@ def kill_engine(settings: StackSettings) -> None:
     drill; `restart-engine` starts it again)."""
     proc = connect_server.process(settings)
     if not proc.kill():
-        raise SystemExit(f"the local stack's Spark Connect server is not running (pid file {proc.pid_file}): "
+        raise UserError(f"the local stack's Spark Connect server is not running (pid file {proc.pid_file}): "
                          f"there is no engine here to kill; start the stack with `statetable stack up`")
     print(f"spark-connect {settings.connect_url} killed", flush=True)
 
@@ -137,7 +138,7 @@ def wipe_workers(settings: StackSettings, table: str) -> list[str]:
 
     workers = spark_cluster.size(settings)
     if not workers:
-        raise SystemExit("the local stack runs no Spark cluster, so no worker has state to wipe; start one with "
+        raise UserError("the local stack runs no Spark cluster, so no worker has state to wipe; start one with "
                          "`statetable stack up --workers 2`")
     wiped = []
     for index in range(1, workers + 1):
@@ -154,7 +155,7 @@ def restart_workers(settings: StackSettings) -> float:
     seconds until all are registered with the master."""
     workers = spark_cluster.size(settings)
     if not workers or not spark_cluster.master(settings).is_running():
-        raise SystemExit("the local stack runs no Spark cluster; start one with `statetable stack up --workers 2`")
+        raise UserError("the local stack runs no Spark cluster; start one with `statetable stack up --workers 2`")
     started = time.monotonic()
     for index in range(1, workers + 1):
         spark_cluster.start_worker(settings, index)

@@ -28,7 +28,7 @@ from state import faults
 from spark_jobs import jobs
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
-from ops.errors import NothingToInject
+from ops.errors import DrillFailed, NothingToInject
 from catalog.errors import UserError
 
 log = logging.getLogger("statetable.failures")
@@ -121,7 +121,7 @@ def _kill_mid_batch(name: str, rt: Runtime, facts: dict) -> str:
     facts["exit_code"] = code
     pending = batch_log.pending_plan()
     if code == 0 or pending is None:
-        raise RuntimeError(f"table {name!r}: the batch was meant to die at {KILL_POINT} but exited "
+        raise DrillFailed(f"table {name!r}: the batch was meant to die at {KILL_POINT} but exited "
                            f"{code} with pending plan {pending}; stderr tail:\n{stderr}")
     facts["killed_batch"] = pending.batch_id
     return f"batch {pending.batch_id} killed at {KILL_POINT} (exit {code})"
@@ -145,7 +145,7 @@ def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
     try:
         if not child.reached():
             code, stderr = child.finish()
-            raise RuntimeError(f"table {name!r}: the batch exited {code} before a merge task reached {KILL_POINT}; "
+            raise DrillFailed(f"table {name!r}: the batch exited {code} before a merge task reached {KILL_POINT}; "
                                f"stderr tail:\n{stderr}")
         killed = _run_deployment_command("kill_engine", ENGINE_KILL_ENV, "kill-engine", "Spark Connect server")
         # The client retries a server that is gone with a growing backoff; its batch is lost
@@ -156,7 +156,7 @@ def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
     facts["exit_code"], facts["engine_was_down"] = code, not answers(url)
     pending = batch_log.pending_plan()
     if code == 0 or pending is None or not facts["engine_was_down"]:
-        raise RuntimeError(f"table {name!r}: after `{killed[1]}` the batch exited {code} with pending plan "
+        raise DrillFailed(f"table {name!r}: after `{killed[1]}` the batch exited {code} with pending plan "
                            f"{pending}, and the server at {address} {'still' if answers(url) else 'no longer'} "
                            f"answers; stderr tail:\n{stderr}")
     facts["killed_batch"] = pending.batch_id
@@ -189,7 +189,7 @@ def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
                               f"{stderr[-1000:]}")
     facts["killed_worker"] = child.fired or "?"
     if code != 0:
-        raise RuntimeError(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit {code}); "
+        raise DrillFailed(f"table {name!r}: the batch failed when {facts['killed_worker']} died (exit {code}); "
                            f"Spark should have rerun its task elsewhere; stderr tail:\n{stderr}")
     restart = _run_deployment_command("kill_worker", WORKER_RESTART_ENV, "restart-workers", "Spark workers")
     facts["worker_restart_seconds"] = restart[0]
@@ -346,11 +346,11 @@ def _run_deployment_command(drill: str, env_name: str, stack_action: str, what: 
     except subprocess.TimeoutExpired as exc:
         said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         said = " ".join(said.split())[-300:]
-        raise RuntimeError(f"{drill}: `{shown}` had not finished after {DEPLOYMENT_COMMAND_SECONDS:.0f}s "
+        raise DrillFailed(f"{drill}: `{shown}` had not finished after {DEPLOYMENT_COMMAND_SECONDS:.0f}s "
                            f"(it said: {said or 'nothing'}); find why this deployment's {what} hangs there, or set "
                            f"{env_name} to the command this deployment uses") from None
     if done.returncode != 0:
-        raise RuntimeError(f"{drill}: `{shown}` failed (exit {done.returncode}): "
+        raise DrillFailed(f"{drill}: `{shown}` failed (exit {done.returncode}): "
                            f"{(done.stderr or done.stdout).strip()[-500:]}; set {env_name} to the "
                            f"command that restarts this deployment's {what}")
     return round(time.monotonic() - started, 3), shown

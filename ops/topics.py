@@ -22,7 +22,8 @@ from catalog.registry import load_table
 from catalog.runtime import Runtime
 from state.kafka_admin import admin, ensure_topic, metadata_consumer, partition_watermarks, topic_metadata
 from state.kafka_config import client_config
-from ops.errors import TopicMissing
+from spark_jobs.errors import TopicMissing
+from ops.errors import ProduceIncomplete
 
 PROGRESS_EVERY = 50_000
 
@@ -125,7 +126,7 @@ def produce_lines(name: str, lines: Iterable[str], rt: Runtime | None = None,
         if left or failures:
             problems.append(f"{left + len(failures)} of {sent} sent records not delivered"
                             + (f" ({failures[0]})" if failures else " within 60 s"))
-        raise RuntimeError(f"table {name!r}: {sent - left - len(failures)} records delivered to {topic!r}; "
+        raise ProduceIncomplete(f"table {name!r}: {sent - left - len(failures)} records delivered to {topic!r}; "
                            + "; ".join(problems))
     return Produced(topic, sent, not_objects, round(time.monotonic() - started, 3))
 

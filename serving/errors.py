@@ -1,18 +1,25 @@
 """Named errors of serving (queries, replicas, change streams); the REST layer maps each to its HTTP status."""
 from __future__ import annotations
 
-__all__ = ["BadQuery", "DefinitionMismatch", "NoSuchTable", "ReplicaUnavailable", "ServingError", "StateUnavailable"]
+from state.errors import StatetableError, UserFixable
+
+__all__ = ["BadQuery", "DefinitionMismatch", "NoSuchTable", "ReaderDied", "ReplicaUnavailable", "ServingError",
+           "StateUnavailable"]
 
 
-class ServingError(Exception):
+class ServingError(StatetableError):
     """Every named error of this layer is one: catch it to handle them all."""
 
 
-class NoSuchTable(ServingError, LookupError):
+class NoSuchTable(ServingError, UserFixable, LookupError):
     """No table of that name is defined (HTTP 404)."""
 
 
-class BadQuery(ServingError, ValueError):
+class ReaderDied(ServingError, RuntimeError):
+    """A query reader process died (the service restarts it)."""
+
+
+class BadQuery(ServingError, UserFixable, ValueError):
     """A malformed key, range, limit or cursor (HTTP 422)."""
 
 

@@ -36,6 +36,8 @@ from state.backends import primary_files
 from serving.query import UNAVAILABLE, BadQuery, NoSuchTable, QueryService, StateUnavailable
 from catalog.definitions import load_all
 from catalog.runtime import Runtime
+from state.errors import BadSetting
+from serving.errors import ReaderDied
 
 log = logging.getLogger("statetable.query")
 
@@ -168,7 +170,7 @@ class ProcessQueryService:
 
     def __init__(self, rt: Runtime | None = None, readers: int = 2, refresh_interval: float | None = None) -> None:
         if readers < 2:
-            raise ValueError(f"ProcessQueryService needs at least 2 readers to take turns, not {readers}")
+            raise BadSetting(f"ProcessQueryService needs at least 2 readers to take turns, not {readers}")
         self.rt = rt or Runtime.from_env()
         self.refresh_interval = refresh_interval if refresh_interval is not None else \
             float(os.environ.get("STATETABLE_QUERY_REFRESH_SECONDS", "0.1"))
@@ -196,7 +198,7 @@ class ProcessQueryService:
             try:
                 reader.batches = reader.receive()   # its first turn still catches up, then records what it saw
             except EOFError:
-                raise RuntimeError(f"query reader {reader.index} died while opening the tables") from None
+                raise ReaderDied(f"query reader {reader.index} died while opening the tables") from None
             except (StateUnavailable, RuntimeError, LookupError, ValueError) as exc:
                 log.warning("query reader %d: opening the tables: %s", reader.index, exc)
 

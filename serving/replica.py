@@ -30,7 +30,7 @@ from catalog.batch_log import BatchLog
 from catalog.definitions import TableDefinition
 from catalog.registry import spec_of
 from catalog.runtime import Runtime
-from state.errors import ChangelogGap
+from state.errors import BadSetting, ChangelogGap
 from state.table import DefinitionChanged, StateTable
 from serving.errors import ReplicaUnavailable
 
@@ -46,7 +46,7 @@ def source(rt: Runtime) -> str:
     deployment with a shared store (a cluster) has its writers elsewhere, so it reads replicas."""
     chosen = os.environ.get(SOURCE_ENV, "").strip().lower() or ("replica" if rt.store_uri else "writer")
     if chosen not in ("replica", "writer"):
-        raise SystemExit(f"{SOURCE_ENV}={chosen!r}: use 'replica' (a copy that follows the changelog) or "
+        raise BadSetting(f"{SOURCE_ENV}={chosen!r}: use 'replica' (a copy that follows the changelog) or "
                          f"'writer' (this host's writer folders)")
     return chosen
 

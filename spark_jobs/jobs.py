@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from state import faults
+from state.errors import UserFixable
 from catalog.registry import (coerce_key, drop_stale_cache, due_snapshots, load_table,  # noqa: F401 (API)
                                  readonly_partitions, spec_of, stage_tables, state_rows, state_table, table_lock)
-from catalog.definitions import DefinitionError
 from catalog.runtime import Runtime
 from spark_jobs.errors import RollbackRefused
 from catalog.errors import UserError
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_result(args.result_file, {**asdict(result), "ok": result.ok,
                                          "finished_batches": [c.batch_id for c in finished]})
         return 0 if result.ok else 1
-    except (DefinitionError, ValueError) as exc:
+    except (UserFixable, ValueError) as exc:
         print(f"statetable: {exc}", file=sys.stderr, flush=True)
         return 2
 

@@ -34,6 +34,7 @@ from spark_jobs import delta_files
 from catalog.mapping import finite_value, key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime
+from spark_jobs.errors import MirrorUnstable
 
 log = logging.getLogger("statetable.mirror")
 
@@ -328,7 +329,7 @@ def committed_rows(rt: Runtime, table: str, attempts: int = 5):
                 raise
             log.info("%s: mirror changed while read (%s); reading again", table, exc)
     else:
-        raise RuntimeError(f"{table}: the mirror folded {attempts} times while its state was read")
+        raise MirrorUnstable(f"{table}: the mirror folded {attempts} times while its state was read")
     live = newest_per_key(both).filter(pc.invert(pc.field("deleted")))
     return batch, live.select(["key", "row"])
 

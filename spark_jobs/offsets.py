@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 from state import kafka_config
-from spark_jobs.errors import OffsetDiscontinuity
+from spark_jobs.errors import OffsetDiscontinuity, TopicMissing
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
     consumer = metadata_consumer(bootstrap)
     topic_meta = topic_metadata(consumer, bootstrap, topic, "read", timeout)
     if topic_meta is None:
-        raise LookupError(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
+        raise TopicMissing(f"topic {topic!r} does not exist on {bootstrap}; create it or produce to it first")
     return {p: partition_watermarks(consumer, bootstrap, TopicPartition(topic, p), timeout)
             for p in sorted(topic_meta.partitions)}
 

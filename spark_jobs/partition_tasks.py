@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from state import faults
+from spark_jobs.errors import TaskReportMismatch
 
 
 def task_faults(spark) -> tuple[str | None, str | None]:
@@ -49,5 +50,5 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
         summary = json.loads(row["summary"])
         summaries[summary.pop("partition")] = summary
     if sorted(summaries) != list(range(partitions)):
-        raise RuntimeError(f"{what} tasks reported partitions {sorted(summaries)}")
+        raise TaskReportMismatch(f"{what} tasks reported partitions {sorted(summaries)}")
     return summaries

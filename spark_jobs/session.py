@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from catalog.priority import batch_niceness, yield_cpu_to_queries
 from catalog.settings import JARS_DIR
 from spark_jobs.errors import EngineUnavailable
-from catalog.errors import UserError
+from catalog.errors import NotInstalled, UserError
 from catalog.listeners import check_ours
 
 log = logging.getLogger("statetable.session")
@@ -37,11 +37,11 @@ def spark_jars() -> list[Path]:
     """Local jar files for Spark's `spark.jars`: Kafka source and Delta Lake."""
     found = sorted((JARS_DIR / "spark").glob("*.jar"))
     if not any(p.name.startswith("spark-sql-kafka") for p in found):
-        raise SystemExit(f"Spark's Kafka source jar is missing from {JARS_DIR / 'spark'}; run `make setup`")
+        raise NotInstalled(f"Spark's Kafka source jar is missing from {JARS_DIR / 'spark'}; run `make setup`")
     if os.environ.get("STATETABLE_STORE_URI"):
         s3 = sorted((JARS_DIR / "s3").glob("*.jar"))
         if not any(p.name.startswith("hadoop-aws") for p in s3):
-            raise SystemExit(f"STATETABLE_STORE_URI is set but Hadoop's s3a jars are missing from {JARS_DIR / 's3'}; "
+            raise NotInstalled(f"STATETABLE_STORE_URI is set but Hadoop's s3a jars are missing from {JARS_DIR / 's3'}; "
                              f"run `make setup`")
         found += s3
     return found

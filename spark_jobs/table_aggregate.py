@@ -31,6 +31,7 @@ from catalog.runtime import Runtime, arrow_filesystem, spark_path
 from state import codec, faults
 from state.table import partition_of
 from spark_jobs.batch_step import BatchStep
+from spark_jobs.errors import GroupTooLarge
 from spark_jobs.table_stages import (DELTA_SCHEMA, StageContext, part_file, batch_folder, input_history,
                                      open_stage, read_input, retractions_path, summary)
 
@@ -147,7 +148,7 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
 
         result = tx.commit(outputs_of(ctx.table, aggregator))
         if result.rejected:
-            raise RuntimeError(
+            raise GroupTooLarge(
                 f"table {ctx.table.name!r} batch {ctx.batch_id}: {len(result.rejected)} groups would outgrow one state "
                 f"value ({sorted({r for _, r in result.rejected})}), e.g. {codec.decode_key(result.rejected[0][0])}: "
                 f"MIN, MAX, COUNT(DISTINCT) and TOPK over a table keep each group's distinct values; group by "

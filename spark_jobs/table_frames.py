@@ -8,6 +8,7 @@ from catalog.batch_log import BatchLog
 from catalog.definitions import EVENT_MS, TableDefinition
 from catalog.runtime import Runtime, spark_path
 from spark_jobs import mirror, parse
+from spark_jobs.errors import MirrorCorrupt
 
 __all__ = ["TableFrames", "column", "where_condition", "spark_expression", "event_order", "state_columns",
            "topk_score", "typed_rows"]
@@ -360,5 +361,5 @@ def typed_rows(table: TableDefinition, rows):
 
     typed, _, bad = parse_values(rows.column("row").cast(pa.binary()), table.schema)
     if bad:
-        raise ValueError(f"{table.name}: {len(bad)} mirror rows do not parse as its schema, e.g. row {bad[0]}")
+        raise MirrorCorrupt(f"{table.name}: {len(bad)} mirror rows do not parse as its schema, e.g. row {bad[0]}")
     return typed

@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from catalog.runtime import Runtime
+from state.errors import BadSetting
+from spark_jobs.errors import WarmupFailed
 
 log = logging.getLogger("statetable.warmup")
 
@@ -44,7 +46,7 @@ def records() -> int:
     """How many records a warm-up batch reads (0 turns the warm-up off)."""
     raw = os.environ.get(RECORDS_ENV, str(DEFAULT_RECORDS)).strip()
     if not raw.isdigit():
-        raise SystemExit(f"{RECORDS_ENV}={raw!r}: give a number of records for the engine's warm-up batch "
+        raise BadSetting(f"{RECORDS_ENV}={raw!r}: give a number of records for the engine's warm-up batch "
                          f"(e.g. {DEFAULT_RECORDS}), or 0 to start the engine without one")
     return int(raw)
 
@@ -89,7 +91,7 @@ def produce(rt: Runtime, topic: str, count: int, seed: int) -> None:
             producer.poll(0)
     left = producer.flush(60)
     if left:
-        raise RuntimeError(f"the warm-up's producer could not deliver {left} records to {topic} in 60 s")
+        raise WarmupFailed(f"the warm-up's producer could not deliver {left} records to {topic} in 60 s")
 
 
 def warm(spark, rt: Runtime, folder: Path, count: int | None = None) -> dict:

@@ -12,6 +12,7 @@ from typing import Iterator, Protocol, runtime_checkable
 
 from state import codec
 from state.digest import from_signed, to_signed
+from state.errors import StateMissing
 
 __all__ = ["Backend", "INFO_LOGS", "INFO_LOG_BYTES", "META_KEY", "MemoryBackend", "PartitionMeta", "RocksBackend",
            "primary_files"]
@@ -122,7 +123,7 @@ def _open_existing(rdict, primary: Path, options, cfs, access):
     primary's folder even for a read-only or secondary open, so a reader racing a restore's
     folder swap would leave a folder behind that blocks the swap; a failed open removes it."""
     if not (primary / "CURRENT").exists():
-        raise FileNotFoundError(f"no RocksDB database at {primary}")
+        raise StateMissing(f"no RocksDB database at {primary}")
     try:
         return rdict(str(primary), options=options, column_families=cfs, access_type=access)
     except Exception:

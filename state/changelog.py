@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from state import codec, faults, kafka_errors
 from state.digest import from_signed, to_signed
-from state.errors import StateFenced
+from state.errors import ChangelogCorrupt, ChangelogStalled, ChangelogUndelivered, StateError, StateFenced
 from state.kafka_admin import ensure_topic, metadata_consumer, partition_watermarks, topic_metadata
 from state.kafka_config import client_config
 
@@ -124,7 +124,7 @@ class Marker:
         if not self.parts:
             return self
         if len(refused) != self.parts:
-            raise ValueError(f"batch {self.batch_id}: its marker names {self.parts} refusal parts, "
+            raise ChangelogCorrupt(f"batch {self.batch_id}: its marker names {self.parts} refusal parts, "
                              f"{len(refused)} were read before it")
         return replace(self, rejected=tuple(tuple(r) for part in refused for r in part) + self.rejected, parts=0)
 
@@ -227,7 +227,7 @@ class ChangelogWriter:
                 raise _Aborted(exc) from None
             raise
         if errors or not marker_offset:
-            raise RuntimeError(f"changelog {self.topic}[{self.partition}] batch {batch_id} not delivered: {errors}")
+            raise ChangelogUndelivered(f"changelog {self.topic}[{self.partition}] batch {batch_id} not delivered: {errors}")
         return marker_offset[0] + 1
 
     def _commit(self, patience: float = 60.0) -> None:
@@ -257,7 +257,7 @@ class ChangelogWriter:
         self.producer.flush(10)
 
 
-class _Aborted(Exception):
+class _Aborted(StateError):
     """A transaction the producer aborted after an abortable error; it may be published again."""
 
     def __init__(self, cause: Exception) -> None:
@@ -332,6 +332,6 @@ def replay(bootstrap: str, topic: str, partition: int, start: int, end: int,
             if at_eof:
                 return
             if not records and time.monotonic() - idle_since > 30:
-                raise TimeoutError(f"changelog {topic}[{partition}] stalled at {position} before {end}")
+                raise ChangelogStalled(f"changelog {topic}[{partition}] stalled at {position} before {end}")
     finally:
         consumer.close()

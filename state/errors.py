@@ -1,7 +1,24 @@
-"""Named errors of the state library: each says what is wrong and what to do."""
+"""Named errors of the state library: each says what is wrong and what to do.
 
-__all__ = ["BadSetting", "ChangelogGap", "CodecError", "DefinitionChanged", "KafkaAccessError", "RestoreMismatch", "SnapshotCorrupt",
-           "StateError", "StateFenced", "TransactionClosed", "meaning_changes"]
+The root of every error statetable raises on purpose lives here, in the lowest layer, so every
+layer can root its own errors in it without importing upward:
+
+    StatetableError                 except StatetableError: everything statetable raises on purpose
+    ├── UserFixable                 a marker: the user can fix it (a setting, a definition, a
+    │                               request); the CLI exits 2, the query API answers 4xx
+    ├── StateError (state)  CatalogError (catalog)  JobError (spark_jobs)  OpsError (ops)
+    └── ServingError (serving)  ProviderError (plugins)  DeployError (deploy)
+
+A layer's error subclasses its layer's root, UserFixable where the user can fix it, and the
+builtin it replaces (ValueError, TimeoutError...) so older `except` clauses still hold; never
+another layer's class (tests/unit/test_errors.py walks them all).
+"""
+from __future__ import annotations
+
+__all__ = ["BadSetting", "ChangelogCorrupt", "ChangelogGap", "ChangelogStalled", "ChangelogUndelivered", "CodecError",
+           "DefinitionChanged", "KafkaAccessError", "NoSuchPartition", "RestoreMismatch", "SnapshotCorrupt", "StateError",
+           "StateFenced", "StateMissing", "StatetableError", "TopicMismatch", "TopicNotReady", "TransactionClosed",
+           "UserFixable", "meaning_changes"]
 
 
 def meaning_changes(old: dict | None, new: dict | None) -> list[str]:
@@ -11,7 +28,16 @@ def meaning_changes(old: dict | None, new: dict | None) -> list[str]:
             if old.get(key) != new.get(key)]
 
 
-class StateError(Exception):
+class StatetableError(Exception):
+    """Every error statetable raises on purpose is one (see the tree above)."""
+
+
+class UserFixable(StatetableError):
+    """The user can fix this: the message names the table, the field and the fix. The CLI exits
+    2 for these and 1 for every other failure."""
+
+
+class StateError(StatetableError):
     """Every named error of the state library is one: catch it to handle them all."""
 
 
@@ -35,7 +61,7 @@ class TransactionClosed(StateError):
     """A write to, or a second commit of, a transaction that is no longer open."""
 
 
-class BadSetting(StateError, ValueError):
+class BadSetting(StateError, UserFixable, ValueError):
     """A setting a user gave (an environment variable, an option) is wrong: the message names it
     and the fix, and the CLI exits 2 with it, as for any mistake of the request."""
 
@@ -67,3 +93,31 @@ class DefinitionChanged(StateError, ValueError):
         super().__init__(f"table {table!r}: the definition changed since {where} was built: "
                          f"{'; '.join(changes)}. {fix}")
         self.changes = changes
+
+
+class NoSuchPartition(StateError, UserFixable, ValueError):
+    """A partition number outside the table's 0..partitions-1."""
+
+
+class TopicMismatch(StateError, UserFixable, ValueError):
+    """A topic exists with another partition count than the table needs."""
+
+
+class TopicNotReady(StateError, TimeoutError):
+    """A topic was created, but its partitions have no leader yet."""
+
+
+class ChangelogCorrupt(StateError, ValueError):
+    """A changelog batch's records do not match its marker."""
+
+
+class ChangelogUndelivered(StateError, RuntimeError):
+    """The broker did not confirm a batch's changelog records."""
+
+
+class ChangelogStalled(StateError, TimeoutError):
+    """A changelog read made no progress before the offset it must reach."""
+
+
+class StateMissing(StateError, FileNotFoundError):
+    """No state database where one must be."""

@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from state import kafka_errors
 from state.kafka_config import REPLICATION_ENV, client_config, min_insync_replicas, replication_factor
+from state.errors import TopicMismatch, TopicNotReady
 
 __all__ = ["WANTED_TTL", "admin", "delete_topic", "ensure_topic", "group_committer", "metadata_consumer",
            "partition_watermarks", "replication_warnings", "topic_metadata", "wanted_replication"]
@@ -114,7 +115,7 @@ def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
         for warning in replication_warnings(client, bootstrap, [name]):
             log.warning("%s", warning)
         if len(existing.partitions) != partitions:
-            raise ValueError(
+            raise TopicMismatch(
                 f"topic {name!r} has {len(existing.partitions)} partitions but {partitions} are required; "
                 f"delete the topic or use {len(existing.partitions)} partitions"
             )
@@ -194,7 +195,7 @@ def _wait_visible(bootstrap: str, name: str, partitions: int, timeout: float = 3
                 and all(p.leader >= 0 for p in topic.partitions.values())):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {name!r} was created but its {partitions} partitions have no leader "
+            raise TopicNotReady(f"topic {name!r} was created but its {partitions} partitions have no leader "
                                f"after {timeout:.0f} s; check the broker at {bootstrap}")
         time.sleep(0.1)
 

@@ -33,8 +33,7 @@ from state.changelog import ChangelogWriter
 from state.partition import StatePartition
 from state.restore import RestoreReport, replay_tail, restore_partition
 from state.snapshots import Manifest, SnapshotStore
-from state.errors import DefinitionChanged, meaning_changes
-from state.errors import BadSetting
+from state.errors import BadSetting, DefinitionChanged, NoSuchPartition, meaning_changes
 
 __all__ = ["DefinitionChanged", "StateTable", "TableSpec", "definition_fingerprint", "freeze_meaning",
            "meaning_changes", "partition_of"]
@@ -168,7 +167,7 @@ class StateTable:
         if partition in self._open:
             return self._open[partition]
         if not 0 <= partition < self.spec.partitions:
-            raise ValueError(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
+            raise NoSuchPartition(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
         writer = ChangelogWriter(self.bootstrap, self.spec.changelog_topic, partition) if self.bootstrap else None
         if self.memory:
             backend = MemoryBackend()

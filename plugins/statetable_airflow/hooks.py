@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from airflow.sdk import BaseHook
+from statetable_airflow.errors import ConnectionMisconfigured
 
 KAFKA_CONN_ID = "kafka_default"
 
@@ -30,13 +31,13 @@ class KafkaConnectionHook(BaseHook):
 
         extra = self.get_connection(self.kafka_config_id).extra_dejson
         if "bootstrap.servers" not in extra:
-            raise ValueError(
+            raise ConnectionMisconfigured(
                 f"Airflow connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its extra; "
                 'set it, e.g. {"bootstrap.servers": "127.0.0.1:19092"}'
             )
         mismatch = connection_mismatch(self.kafka_config_id, extra)
         if mismatch:
-            raise ValueError(mismatch)
+            raise ConnectionMisconfigured(mismatch)
         return {str(k): str(v) for k, v in extra.items()}
 
     def bootstrap_servers(self) -> str:

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from statetable_airflow.hooks import KAFKA_CONN_ID, StateTableHook
+from statetable_airflow.errors import DrillNotExact, JobFailed, JobLeftNoResult
 
 SPARK_CONN_ID = "spark_default"
 SPARK_CONNECT_CONN_ID = "spark_connect_default"
@@ -143,7 +144,7 @@ class SparkConnectJobOperator(_Lineage, BaseOperator):
         code = importlib.import_module(self.entry).main(argv)
         if code:
             what = {1: "found differences", 2: "refused its arguments or the definition"}.get(code, f"exited {code}")
-            raise RuntimeError(f"{argv[0]} {argv[1] if len(argv) > 1 else ''} {what} (exit {code}); "
+            raise JobFailed(f"{argv[0]} {argv[1] if len(argv) > 1 else ''} {what} (exit {code}); "
                                f"its log holds the detail")
 
     @property
@@ -178,7 +179,7 @@ def use_spark_connect(conn_id: str = SPARK_CONNECT_CONN_ID) -> str:
 def read_result(path: str) -> dict:
     target = Path(path)
     if not target.exists():
-        raise FileNotFoundError(f"the job left no result at {target}; see the log of the task before this one")
+        raise JobLeftNoResult(f"the job left no result at {target}; see the log of the task before this one")
     return json.loads(target.read_text())
 
 
@@ -405,7 +406,7 @@ class RecordVerifyOperator(_TableOperator):
             self.log.error("  key %s: state=%r recomputed=%r", example["key"], example["state"],
                            example["recomputed"])
         if not ok:
-            raise RuntimeError(f"{self.table}: restore-verify after {self.failure!r}: "
+            raise DrillNotExact(f"{self.table}: restore-verify after {self.failure!r}: "
                                + (f"drill failed at {record['drill_failed']}" if not verified else
                                   f"{record['differences']} of {record['keys_compared']} keys differ"))
         return record

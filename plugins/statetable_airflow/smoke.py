@@ -15,6 +15,7 @@ from airflow.sdk import DAG, task
 import spark_jobs.smoke
 from statetable_airflow.hooks import KafkaConnectionHook
 from statetable_airflow.operators import spark_task
+from statetable_airflow.errors import SmokeFailed
 
 DAG_ID = "statetable_smoke"
 SMOKE_TOPIC = "smoke_events"
@@ -70,7 +71,7 @@ def build_smoke_dag() -> DAG:
             result = json.loads(Path(result_path).read_text())
             print(f"smoke result: {result}")
             if result["count"] != result["planned"]:
-                raise ValueError(f"read {result['count']} records but planned {result['planned']}")
+                raise SmokeFailed(f"read {result['count']} records but planned {result['planned']}")
             return result
 
         plan >> submit >> report(result_file)

@@ -112,7 +112,7 @@ def test_another_users_listener_receives_no_postgres_or_airflow_password(tmp_pat
         assert postgres_server.is_healthy(mine) is False
         with pytest.raises(ForeignListener):
             postgres_server.connect(mine)
-        with pytest.raises(RuntimeError, match="another user's process"):
+        with pytest.raises(ForeignListener, match="another user's process"):
             airflow_server.api_token(mine, patience=2)
     finally:
         pg_got, af_got = pg.received(), af.received()

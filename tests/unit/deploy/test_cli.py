@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from catalog.errors import UserError
 from deploy import cli
 
 
@@ -13,7 +14,7 @@ def test_a_token_file_others_can_read_is_refused_in_one_line(tmp_path, monkeypat
     token = tmp_path / "token"
     token.write_text("s3cret-token-value\n")
     token.chmod(0o644)
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(UserError) as refused:
         cli.api_token(str(token))
     assert "readable by others (mode 644)" in str(refused.value) and "chmod 600" in str(refused.value)
     assert "s3cret" not in str(refused.value)
