@@ -169,7 +169,7 @@ class TableReplica:
             for attempt in range(2):
                 try:
                     self.state = StateTable(spec, replica_root(self.rt), bootstrap=self.rt.bootstrap,
-                                            snapshot_uri=self.rt.snapshot_uri, create_topics=False)
+                                            snapshot_uri=self.rt.snapshot_uri, create_topics=False).ensure()
                     break
                 except DefinitionChanged:
                     if attempt:

@@ -14,7 +14,7 @@ from state import codec
 from state.digest import from_signed, to_signed
 from state.errors import StateMissing
 
-__all__ = ["Backend", "INFO_LOGS", "INFO_LOG_BYTES", "META_KEY", "MemoryBackend", "PartitionMeta", "RocksBackend",
+__all__ = ["Backend", "INFO_LOGS", "ReadableBackend", "INFO_LOG_BYTES", "META_KEY", "MemoryBackend", "PartitionMeta", "RocksBackend",
            "primary_files"]
 
 META_KEY = b"partition-meta"
@@ -51,11 +51,10 @@ class PartitionMeta:
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """What a state partition needs of its store, written down: point and bulk reads, an ordered
-    scan, and one atomic write of data plus metadata. `RocksBackend` (read-write, read-only or a
-    secondary) and `MemoryBackend` implement it; `StatePartition` is typed with it (Kafka Streams
-    separates read-only from read-write stores the same way: readers use the first five)."""
+class ReadableBackend(Protocol):
+    """What reading a state partition needs of its store: point and bulk reads, an ordered scan
+    and the committed metadata. A query replica's read-only or secondary RocksDB has only these
+    (Kafka Streams' ReadOnlyKeyValueStore); `StatePartition` reads through them."""
 
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -67,11 +66,15 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+
+@runtime_checkable
+class Backend(ReadableBackend, Protocol):
+    """The read-write half (Kafka Streams' KeyValueStore): one atomic write of data plus
+    metadata, and compaction. `RocksBackend` opened for writing and `MemoryBackend` implement it."""
+
     def write(self, changes: dict[bytes, bytes | None], meta: PartitionMeta, sync: bool = True) -> None: ...
 
     def compact(self) -> None: ...
-
-    def corrupt_value(self, key: bytes, value: bytes) -> None: ...
 
 
 class MemoryBackend:
@@ -109,10 +112,6 @@ class MemoryBackend:
 
     def compact(self) -> None:
         pass
-
-    def corrupt_value(self, key: bytes, value: bytes) -> None:
-        """Change a value behind the digest's back (tests of `verify`)."""
-        self.data[key] = value
 
     def close(self) -> None:
         pass
@@ -353,9 +352,6 @@ class RocksBackend:
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         Checkpoint(self.db).create_checkpoint(str(target))
-
-    def corrupt_value(self, key: bytes, value: bytes) -> None:
-        self.db.put(key, value)
 
     def close(self) -> None:
         """Release the database; column-family handles share it, so they go too."""

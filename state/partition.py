@@ -26,6 +26,7 @@ silently miss B.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import Iterable, Iterator
 
 from state import codec, digest as digests, faults
 from state.aggregates import RowAggregator
-from state.backends import Backend, PartitionMeta
+from state.backends import Backend, PartitionMeta, ReadableBackend
 from state.changelog import VALUE_LIMIT, ChangelogRecord, ChangelogWriter, Marker, is_marker, is_refusal
 from state.codec import CodecError
 from state.errors import RestoreMismatch, TransactionClosed
@@ -61,8 +62,10 @@ class CommitResult:
 class StatePartition:
     """A partition of a state table; the only writer of its backend and changelog partition."""
 
-    def __init__(self, table: str, partition: int, backend: Backend, aggregator: RowAggregator | None = None,
-                 changelog: ChangelogWriter | None = None) -> None:
+    def __init__(self, table: str, partition: int, backend: ReadableBackend,
+                 aggregator: RowAggregator | None = None, changelog: ChangelogWriter | None = None) -> None:
+        """`backend`: a read-write `Backend` for a partition that begins transactions, a
+        `ReadableBackend` for one that only serves reads (open_readonly, a query replica)."""
         self.table = table
         self.partition = partition
         self.backend = backend
@@ -201,15 +204,36 @@ class TxStatus(enum.Enum):
 
 
 _STARTED = TxStatus.STARTED
+_READABLE = (TxStatus.STARTED, TxStatus.PREPARED)     # PREPARED: the commit's own outputs may read
+
+
+def _allowed(*statuses: TxStatus):
+    """Declares the statuses a Transaction method runs in (Quix Streams'
+    validate_transaction_status); in any other it raises TransactionClosed naming the status."""
+    def declare(method):
+        @functools.wraps(method)
+        def checked(self, *args, **kwargs):
+            if self.status not in statuses:
+                raise TransactionClosed(
+                    f"{self.partition.table}[{self.partition.partition}] batch {self.batch_id}: the transaction is "
+                    f"{self.status.value}, and {method.__name__} needs it {' or '.join(s.value for s in statuses)}; "
+                    f"a new batch needs a new transaction")
+            return method(self, *args, **kwargs)
+        checked.allowed = statuses
+        return checked
+    return declare
+
+
 REWRITE_MIN_KEYS = 10_000       # smaller batches never compact: their runs are small
 
 
 class Transaction:
     """The changes of one batch to one partition; nothing is visible until commit.
 
-    Every mutator checks the status (as Quix Streams' PartitionTransaction does): a write after
-    the commit used to be dropped silently, and a commit that raised mid-publish looked like a
-    finished one."""
+    Every method declares the statuses it runs in (`_allowed`, as Quix Streams'
+    PartitionTransaction does): a write after the commit used to be dropped silently, a read of a
+    finished transaction answered from a batch already stored, and a commit that raised
+    mid-publish looked like a finished one."""
 
     def __init__(self, partition: StatePartition, batch_id: int) -> None:
         self.partition = partition
@@ -227,15 +251,12 @@ class Transaction:
             else:
                 self.abort()
 
-    def _open(self) -> None:
-        if self.status is not _STARTED:
-            raise TransactionClosed(f"{self.partition.table}[{self.partition.partition}] batch {self.batch_id}: the "
-                                    f"transaction is {self.status.value}; a new batch needs a new transaction")
-
     # -- reads see this transaction's own writes ---------------------------
+    @_allowed(*_READABLE)
     def get(self, key: tuple):
-        return self.get_many([key])[0]
+        return self.get_many.__wrapped__(self, [key])[0]
 
+    @_allowed(*_READABLE)
     def get_many(self, keys: list[tuple]) -> list:
         encoded = [codec.encode_key(k) for k in keys]
         missing = [k for k in encoded if k not in self._ops]
@@ -248,30 +269,30 @@ class Transaction:
         return out
 
     # -- writes --------------------------------------------------------------
+    @_allowed(_STARTED)
     def put(self, key: tuple, value) -> None:
-        self.put_encoded(codec.encode_key(key), value)
+        self._ops[codec.encode_key(key)] = (_PUT, value)
 
+    @_allowed(_STARTED)
     def delete(self, key: tuple) -> None:
-        self.delete_encoded(codec.encode_key(key))
+        self._ops[codec.encode_key(key)] = (_DELETE, None)
 
     # Callers that encoded a whole batch's keys at once (see spark_jobs.arrow_pass.encoded_keys).
+    @_allowed(_STARTED)
     def put_encoded(self, key: bytes, value) -> None:
-        if self.status is not _STARTED:
-            self._open()
         self._ops[key] = (_PUT, value)
 
+    @_allowed(_STARTED)
     def delete_encoded(self, key: bytes) -> None:
-        if self.status is not _STARTED:
-            self._open()
         self._ops[key] = (_DELETE, None)
 
+    @_allowed(_STARTED)
     def merge(self, key: tuple, partial) -> None:
-        self.merge_encoded(codec.encode_key(key), partial)
+        self.merge_encoded.__wrapped__(self, codec.encode_key(key), partial)
 
+    @_allowed(_STARTED)
     def merge_encoded(self, key: bytes, partial) -> None:
         """Fold a partial aggregate into the key's value (see state.aggregates)."""
-        if self.status is not _STARTED:
-            self._open()
         previous = self._ops.get(key)
         agg = self.partition.aggregator
         if previous is None:
@@ -292,6 +313,7 @@ class Transaction:
         return self.partition.aggregator.merge(old_value, value)
 
     # -- outcome -------------------------------------------------------------
+    @_allowed(*TxStatus)
     def abort(self) -> None:
         """Drop the changes; a COMPLETE transaction stays complete (its batch is stored)."""
         if self.status is TxStatus.COMPLETE:
@@ -300,6 +322,7 @@ class Transaction:
         if self.status is _STARTED:
             self.status = TxStatus.ABORTED
 
+    @_allowed(_STARTED)
     def commit(self, outputs=None, recount: bool = False) -> CommitResult:
         """`outputs(changes)`, when given, returns records for other topics ((topic, key, value)),
         built from the commit's changes (encoded key -> new bytes, None: deleted); they are
@@ -309,7 +332,6 @@ class Transaction:
         not from the recorded ones. A batch moves the recorded digest by what it changes, so a
         value damaged outside any batch stays a mismatch after a rebuild wrote the right value
         back; a rebuild recounts, and its marker then carries the digest of what it left."""
-        self._open()
         self.status = TxStatus.PREPARED
         try:
             result = self._commit(outputs, recount)

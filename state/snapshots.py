@@ -18,6 +18,7 @@ leaves every kept snapshot whole (the rest is swept by the next retention).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -121,8 +122,19 @@ def _checkpoint_place(backend) -> dict:
 
 class SnapshotStore:
     def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.fs, self.root = _filesystem(uri)
+        self.uri = uri                  # resolved on first use: building a table does no I/O
+
+    @functools.cached_property
+    def _place(self) -> tuple:
+        return _filesystem(self.uri)
+
+    @property
+    def fs(self):
+        return self._place[0]
+
+    @property
+    def root(self) -> str:
+        return self._place[1]
 
     def _partition_dir(self, table: str, partition: int) -> str:
         return f"{self.root}/{table}/p{partition:04d}"

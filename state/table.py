@@ -9,7 +9,7 @@ Usage (a store builder in the manner of Kafka Streams' Stores):
 
     table = StateTable(TableSpec("tickets", 4, RowAggregator({"n": Count()})),
                        state_dir, bootstrap="127.0.0.1:19092", snapshot_uri="/snapshots")
-    part = table.open(table.partition_of(key))
+    part = table.open(table.partition_of(key))     # ensure(): the changelog topic, the descriptor
     with part.begin(batch_id) as tx:
         tx.merge(key, (1,))
     table.snapshot(part.partition)
@@ -110,10 +110,22 @@ class StateTable:
         self.dir = None if memory else Path(state_dir) / spec.name
         self.snapshots = SnapshotStore(snapshot_uri) if snapshot_uri else None
         self._open: dict[int, StatePartition] = {}
-        if bootstrap and create_topics:
-            changelog.ensure_changelog(bootstrap, spec.changelog_topic, spec.partitions)
+        self._create_topics = create_topics
+        self._ensured = False
+
+    def ensure(self) -> "StateTable":
+        """The table's I/O before its first partition opens, kept out of the constructor (Kafka
+        Streams' store builders touch nothing either): the changelog topic made when missing, and
+        the folder's descriptor checked against this definition (DefinitionChanged names what
+        differs) or written. Idempotent; `open`, `open_readonly`, `follow` and `restore` call it."""
+        if self._ensured:
+            return self
+        if self.bootstrap and self._create_topics:
+            changelog.ensure_changelog(self.bootstrap, self.spec.changelog_topic, self.spec.partitions)
         if self.dir is not None:
             self._check_descriptor()
+        self._ensured = True
+        return self
 
     def _check_descriptor(self) -> None:
         """The state answers for one definition: a table reopened under another (its meaning, P,
@@ -166,6 +178,7 @@ class StateTable:
         """
         if partition in self._open:
             return self._open[partition]
+        self.ensure()
         if not 0 <= partition < self.spec.partitions:
             raise NoSuchPartition(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
         writer = ChangelogWriter(self.bootstrap, self.spec.changelog_topic, partition) if self.bootstrap else None
@@ -186,6 +199,7 @@ class StateTable:
     def open_readonly(self, partition: int) -> StatePartition:
         """The local partition exactly as it is (e.g. after a point-in-time restore):
         read-only, with no changelog writer and no catch-up to the latest batch."""
+        self.ensure()
         self.close(partition)
         return StatePartition(self.spec.name, partition, RocksBackend(self.partition_dir(partition), read_only=True),
                               self.spec.aggregator)
@@ -197,6 +211,7 @@ class StateTable:
         what the changelog still holds raises ChangelogGap; the caller may restore afresh."""
         part = self._open.get(partition)
         if part is None:
+            self.ensure()
             if not self.has_local_state(partition):
                 self.restore(partition)
             part = StatePartition(self.spec.name, partition, RocksBackend(self.partition_dir(partition)),
@@ -241,6 +256,7 @@ class StateTable:
         """Rebuild the local partition from snapshots plus changelog (see state.restore)."""
         if self.memory:
             raise BadSetting("a memory table has nothing to restore from")
+        self.ensure()
         self.close(partition)
         report = restore_partition(
             self.spec.name, partition, self.partition_dir(partition), aggregator=self.spec.aggregator,

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from spark_jobs import batch, jobs
 from state import codec
 from tests.table_env import isolated_runtime, read_topic
+from tests.tamper import corrupt_value
 
 TABLE = "payments_per_customer"
 
@@ -40,7 +41,7 @@ def _flip(rt, key: str, value: tuple) -> None:
     st = jobs.state_table(table, rt)
     try:
         part = st.open(st.partition_of((key,)))
-        part.backend.corrupt_value(codec.encode_key((key,)), codec.encode_value(value))
+        corrupt_value(part.backend, codec.encode_key((key,)), codec.encode_value(value))
     finally:
         st.close()
 

@@ -14,6 +14,7 @@ from spark_jobs import jobs
 from deploy import samples
 from serving.query import lookup
 from tests.table_env import (OUT_OF_ORDER_BATCHES, assert_each_batch_once_and_in_order, fold_change_topic,
+from tests.tamper import corrupt_value
                               hourly_table, isolated_runtime, new_table, produce_minutes, read_topic)
 
 
@@ -53,7 +54,7 @@ def test_an_aggregate_tables_change_topic_folds_to_the_table_and_follows_a_rebui
     st = jobs.state_table(table, rt)
     try:
         part = st.open(st.partition_of((title,)))
-        part.backend.corrupt_value(codec.encode_key((title,)), codec.encode_value((expected[title] + 1000,)))
+        corrupt_value(part.backend, codec.encode_key((title,)), codec.encode_value((expected[title] + 1000,)))
     finally:
         st.close()
     commit = batch.rebuild("movie_tickets_sold", spark=spark, rt=rt)

@@ -24,6 +24,7 @@ from catalog.runtime import Runtime
 from statetable_airflow.timetables import daily_minute, spread
 from tests.browser import screenshots
 from tests.table_env import read_topic
+from tests.tamper import corrupt_value
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dags" / "tables"
 MOVIES = "movie_tickets_sold"
@@ -280,7 +281,7 @@ def test_restore_verify_fails_and_names_the_key_after_a_value_is_flipped_behind_
     p = partition_of(codec.encode_key(victim), 4)
     backend = RocksBackend(stack_rt.state_dir / MOVIES / f"p{p:04d}")
     try:
-        backend.corrupt_value(codec.encode_key(victim), codec.encode_value((123456789,)))
+        corrupt_value(backend, codec.encode_key(victim), codec.encode_value((123456789,)))
     finally:
         backend.close()
     run_id, run, states = _run(api, f"{MOVIES}__restore_verify", {"failure": "none"})

@@ -13,6 +13,7 @@ from deploy import samples
 from catalog.batch_log import BatchLog
 from serving.query import lookup
 from tests.table_env import (OUT_OF_ORDER_BATCHES, hourly_table, isolated_runtime, new_table, produce_minutes,
+from tests.tamper import corrupt_value
                               read_topic)
 
 
@@ -265,7 +266,7 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
     table, _ = jobs.load_table("payments_per_customer", rt)
     st = jobs.state_table(table, rt)
     part = st.open(st.partition_of(victim))
-    part.backend.corrupt_value(codec.encode_key(victim), codec.encode_value((999, 1.0, 1.0)))
+    corrupt_value(part.backend, codec.encode_key(victim), codec.encode_value((999, 1.0, 1.0)))
     st.close()
     result = batch.verify("payments_per_customer", spark=spark, rt=rt)
     assert not result.ok and result.different == 1
@@ -308,7 +309,7 @@ def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, sp
     table, _ = jobs.load_table("hourly_sales", rt)
     st = jobs.state_table(table, rt)
     for key in (("a", hour0), ("a", hour1)):
-        st.open(st.partition_of(key)).backend.corrupt_value(codec.encode_key(key), codec.encode_value((99,)))
+        corrupt_value(st.open(st.partition_of(key)).backend, codec.encode_key(key), codec.encode_value((99,)))
     st.close()
     commit = batch.rebuild("hourly_sales", spark=spark, rt=rt, window_range=(hour1, hour1 + 3_600_000))
     assert commit.counts["keys"] == len([w for _, w in expected if w == hour1])

@@ -13,6 +13,7 @@ from state.partition import StatePartition
 from state.table import StateTable, TableSpec
 from state.views import TableView
 from state.windows import WindowSpec, fetch, purge
+from tests.tamper import corrupt_value
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
@@ -138,7 +139,7 @@ def test_verify_catches_a_value_changed_behind_its_back():
     with part.begin(0) as tx:
         for i in range(10):
             tx.merge((f"k{i}",), (1, i))
-    part.backend.corrupt_value(codec.encode_key(("k3",)), codec.encode_value((1, 999)))
+    corrupt_value(part.backend, codec.encode_key(("k3",)), codec.encode_value((1, 999)))
     ok, recorded, recomputed = part.verify()
     assert not ok and recorded != recomputed
 
@@ -147,7 +148,7 @@ def test_verify_catches_a_value_changed_behind_its_back():
     with part.begin(1) as tx:
         tx.put(("k3",), (1, 3))
     assert not part.verify()[0]
-    part.backend.corrupt_value(codec.encode_key(("k3",)), codec.encode_value((1, 999)))
+    corrupt_value(part.backend, codec.encode_key(("k3",)), codec.encode_value((1, 999)))
     tx = part.begin(2)
     tx.put(("k3",), (1, 3))
     result = tx.commit(recount=True)

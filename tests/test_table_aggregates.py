@@ -17,6 +17,7 @@ from catalog.mapping import row_of
 from spark_jobs import jobs
 from state import faults
 from tests.table_env import (KILL_EVERY_POINT, assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
+from tests.tamper import corrupt_value
                              new_table, read_topic)
 
 ITEMS = ("-- partitions: 2\n"
@@ -172,7 +173,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     try:
         part = st.open(st.partition_of((victim,)))
         value = part.get((victim,))
-        part.backend.corrupt_value(codec.encode_key((victim,)), codec.encode_value((value[0] + 5,) + value[1:]))
+        corrupt_value(part.backend, codec.encode_key((victim,)), codec.encode_value((value[0] + 5,) + value[1:]))
     finally:
         st.close()
     broken = batch.verify("items_by_grp", spark=spark, rt=rt)

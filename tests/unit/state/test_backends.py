@@ -92,3 +92,24 @@ def test_a_deep_level_cut_into_files_is_one_sorted_run_and_each_level_0_file_is_
     files = [{"level": 6, "size": 67_909_963}, {"level": 6, "size": 60_000_000}, {"level": 6, "size": 58_728_000},
              {"level": 0, "size": 1_132}, {"level": 0, "size": 2_000_000}, {"level": 5, "size": 9_000}]
     assert sorted(sorted_runs(files)) == [1_132, 9_000, 2_000_000, 186_637_963]
+
+
+def test_the_backend_interface_has_a_read_only_and_a_read_write_half_and_no_test_hook(tmp_path):
+    """Kafka Streams' ReadOnlyKeyValueStore / KeyValueStore split: a reader's store has no write,
+    and nothing in either half exists only for tests (tests/tamper.py reaches past them)."""
+    from state.backends import Backend, MemoryBackend, ReadableBackend
+
+    def members(protocol) -> set[str]:
+        return {name for name in vars(protocol) if not name.startswith("_")}
+
+    assert members(ReadableBackend) == {"get", "multi_get", "scan", "read_meta", "close"}
+    assert members(Backend) == {"write", "compact"} and issubclass(Backend, ReadableBackend)
+    writer = RocksBackend(tmp_path / "p0")
+    writer.write({b"a": b"1"}, PartitionMeta(applied_batch=0))
+    writer.close()
+    reader = RocksBackend(tmp_path / "p0", read_only=True)
+    try:
+        assert isinstance(reader, ReadableBackend) and isinstance(MemoryBackend(), Backend)
+        assert not any(hasattr(cls, "corrupt_value") for cls in (RocksBackend, MemoryBackend))
+    finally:
+        reader.close()

@@ -75,3 +75,30 @@ def test_a_batch_that_rewrote_half_the_partition_leaves_one_sorted_run_and_a_sma
         assert runs() == 2 and part.get((7,)) == -7 and part.meta.key_count == 24_000
     finally:
         part.close()
+
+
+CALLS = {"get": lambda tx: tx.get(("a",)), "get_many": lambda tx: tx.get_many([("a",)]),
+         "put": lambda tx: tx.put(("a",), 1), "delete": lambda tx: tx.delete(("a",)),
+         "put_encoded": lambda tx: tx.put_encoded(b"\x01a", 1), "delete_encoded": lambda tx: tx.delete_encoded(b"\x01a"),
+         "merge": lambda tx: tx.merge(("a",), 1), "merge_encoded": lambda tx: tx.merge_encoded(b"\x01a", 1),
+         "commit": lambda tx: tx.commit(), "abort": lambda tx: tx.abort()}
+
+
+@pytest.mark.parametrize("status", list(TxStatus))
+def test_every_method_runs_in_the_statuses_it_declares_and_no_other(status):
+    """Reads included: a read of a committed transaction answered from a batch already stored."""
+    from state.partition import Transaction
+
+    declared = {name: getattr(Transaction, name).allowed for name in CALLS}
+    assert declared["put"] == declared["merge_encoded"] == declared["commit"] == (TxStatus.STARTED,)
+    assert declared["get"] == declared["get_many"] == (TxStatus.STARTED, TxStatus.PREPARED)
+    assert set(declared["abort"]) == set(TxStatus)
+    for name, call in CALLS.items():
+        part = StatePartition("t", 0, MemoryBackend())
+        tx = part.begin(0)
+        tx.status = status
+        if status in declared[name]:
+            call(tx)
+        else:
+            with pytest.raises(TransactionClosed, match=f"the transaction is {status.value}, and {name} needs it"):
+                call(tx)
