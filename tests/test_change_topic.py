@@ -14,8 +14,8 @@ from spark_jobs import jobs
 from deploy import samples
 from serving.query import lookup
 from tests.table_env import (OUT_OF_ORDER_BATCHES, assert_each_batch_once_and_in_order, fold_change_topic,
-from tests.tamper import corrupt_value
                               hourly_table, isolated_runtime, new_table, produce_minutes, read_topic)
+from tests.tamper import corrupt_value
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from deploy import samples
 from catalog.batch_log import BatchLog
 from serving.query import lookup
 from tests.table_env import (OUT_OF_ORDER_BATCHES, hourly_table, isolated_runtime, new_table, produce_minutes,
-from tests.tamper import corrupt_value
                               read_topic)
+from tests.tamper import corrupt_value
 
 
 @pytest.fixture

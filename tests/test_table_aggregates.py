@@ -17,8 +17,8 @@ from catalog.mapping import row_of
 from spark_jobs import jobs
 from state import faults
 from tests.table_env import (KILL_EVERY_POINT, assert_each_batch_once_and_in_order, current_rows, fold_change_topic, isolated_runtime,
-from tests.tamper import corrupt_value
                              new_table, read_topic)
+from tests.tamper import corrupt_value
 
 ITEMS = ("-- partitions: 2\n"
          "CREATE TABLE items (id BIGINT PRIMARY KEY, grp STRING, v BIGINT, score DOUBLE) WITH (topic='{topic}');")
