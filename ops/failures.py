@@ -198,7 +198,7 @@ def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
 
 
 def _require_input(name: str, rt: Runtime, why: str) -> BatchLog:
-    from spark_jobs.offsets import lag
+    from spark_jobs.planning import lag
 
     batch_log = BatchLog(rt.batch_dir(name))
     if batch_log.pending_plan() is None and lag(name, rt) == 0:

@@ -12,6 +12,7 @@ from catalog.batch_log import BatchCommit
 from catalog.runtime import task_state_dir
 from spark_jobs import delta_maintenance, mirror
 from spark_jobs.partition_tasks import task_faults
+from spark_jobs.passes import pass_for
 from spark_jobs.table_run import TableRun
 from state import faults
 
@@ -24,10 +25,7 @@ def finish(run: TableRun, commit: BatchCommit, snapshots: bool = True) -> None:
     """`snapshots=False` leaves snapshots to the caller (the Airflow DAG has a task of its own for them)."""
     mirror.commit_changes(run.rt, run.table.name, commit.batch_id)
     faults.point("mirror.after_changes")
-    if run.table.over_table:
-        from spark_jobs.table_aggregate import drop_retractions
-
-        drop_retractions(run.rt, run.table.name, commit.batch_id)
+    pass_for(run.table).after_commit(run.rt, commit.batch_id)
     mirror.fold_if_due(run.spark, run.rt, run.table, commit.batch_id)
     if snapshots:
         snapshot_if_due(run, commit)
@@ -53,7 +51,7 @@ def snapshot_if_due(run: TableRun, commit: BatchCommit) -> None:
     # One task per partition from spark.range, not a Python list: the same empty job took
     # 0.36-0.50 s warm (4.5 s cold) from createDataFrame + repartition, and 0.21-0.27 s from range.
     specs = [ctx]
-    if table.input_table:           # the rows stage is snapshotted with its groups, at the same batches
+    if pass_for(table).rows_stage:  # the rows stage is snapshotted with its groups, at the same batches
         from catalog.mapping import rows_spec
 
         specs.append((rows_spec(table, rt.namespace),) + ctx[1:])

@@ -104,9 +104,8 @@ def pass_fields(table: TableDefinition) -> dict[str, str]:
 
 
 def check_supported(table: TableDefinition) -> None:
-    """Raise ArrowUnsupported for what the Arrow pass cannot run yet; checked before the first batch."""
-    if table.kind != "aggregate":
-        raise ArrowUnsupported("source tables")
+    """Raise ArrowUnsupported for what the Arrow pass cannot run yet of an aggregate over a stream
+    (passes.aggregate asks, before the first batch)."""
     if table.joins:
         raise ArrowUnsupported("joins")
     fields = pass_fields(table)
@@ -898,8 +897,9 @@ FOLD_ROWS = 1 << 19     # partial rows a pass task holds before it folds them (a
 
 
 def foldable(table: TableDefinition) -> bool:
-    """Whether partials of one key fold into one in Arrow: an aggregate table of plain aggregates."""
-    return table.kind == "aggregate" and all(a.function in FOLDABLE for a in table.aggregates)
+    """Whether partials of one key fold into one in Arrow: a table of plain aggregates (a table
+    of rows has none)."""
+    return bool(table.aggregates) and all(a.function in FOLDABLE for a in table.aggregates)
 
 
 def combine_partials(partials: pa.Table, table: TableDefinition) -> pa.Table:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
 from catalog.definitions import TableDefinition
 from spark_jobs.partition_tasks import per_state_partition
+from spark_jobs.passes import pass_for
 from spark_jobs.table_frames import TableFrames
-from spark_jobs.offsets import OffsetRange, spark_reader
 from catalog.runtime import Runtime, task_state_dir
-from spark_jobs import mirror, parse
+from spark_jobs import mirror
 from catalog import registry
 from catalog.mapping import state_spec
 from state import faults
@@ -85,87 +85,8 @@ def recomputed(spark, table: TableDefinition, tables: dict, rt: Runtime):
     partials with their state partitions (see TableFrames.partitioned), or None without
     history; and the watermark of the last purge, whose expired windows the state no longer
     holds. It applies what the batches applied: WHERE and the refused keys (see Transaction.commit)."""
-    frames = TableFrames(spark, table, tables, rt)
     last = BatchLog(rt.batch_dir(table.name)).last_commit()
-    if table.over_table:
-        from spark_jobs.table_aggregate import recomputed_groups
-
-        return (None if last is None else recomputed_groups(frames, last)), None
-    if table.table_join:
-        from spark_jobs.table_join import recomputed_rows
-
-        return (None if last is None else recomputed_rows(frames, last)), None
-    if table.kind == "source":
-        if last is None:
-            return None, None
-        full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-        classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns)
-        return frames.partitioned(frames.source_partials(classified)), None
-    if not table.bronze:
-        raise UserError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
-                        f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
-    from spark_jobs import delta_files
-
-    path = rt.delta_path(table.name, "bronze")
-    if not delta_files.exists(path):
-        return None, None
-    from spark_jobs.verify_chain import bronze_from_batch
-
-    trimmed = bronze_from_batch(rt, table.name)
-    if trimmed:
-        from spark_jobs.errors import HistoryTrimmed
-
-        raise HistoryTrimmed(f"table {table.name!r}: bronze holds batches from {trimmed} on (`-- bronze_retention` in "
-                             f"{table.path} deleted the older ones), and a full verify or a rebuild recomputes the "
-                             f"table from all of its history; set `-- bronze_retention: forever` to keep history "
-                             f"from now on")
-    bronze = spark.read.format("delta").load(path)
-    commits = BatchLog(rt.batch_dir(table.name)).commits()
-    refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
-    selected = frames.selected(frames.joined(bronze))
-    if table.ttl_ms is not None:
-        selected = _last_lives(spark, table, selected, commits)
-    partials = frames.partials(selected, exclude=refused)
-    return frames.partitioned(partials), last_purge_watermark(table, commits)
-
-
-def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit]):
-    """A TTL table's events that its state still holds: each key's events after the last batch
-    that expired it (see state.windows.expire_idle), as the batches decided.
-
-    A batch P expires a key when the key's newest event time up to P is at or before P's
-    watermark minus the TTL. Between two batches with events for the key its newest time stands
-    still and the watermark only grows, so the last batch before the key's next events decides
-    for the whole stretch. And the newest time over all of a key's events may stand for its
-    current life's: an earlier life's newest was at or below an earlier watermark minus the TTL,
-    so it is below every later one and never decides. No loop over batches is needed."""
-    from pyspark.sql import Window, functions as F
-
-    from catalog.definitions import EVENT_MS
-    from spark_jobs.table_frames import column
-
-    if not commits:
-        return events
-    marks, high = [], None
-    for commit in commits:           # the watermark after each batch (it never goes back)
-        if commit.watermark_ms is not None:
-            high = commit.watermark_ms if high is None else max(high, commit.watermark_ms)
-        if high is not None:
-            marks.append((commit.batch_id, high))
-    if not marks:
-        return events
-    keys = [column(table, k) for k in table.key_columns]
-    by_batch = events.groupBy(*keys, "batch_id").agg(F.max(column(table, EVENT_MS)).alias("_newest_in"))
-    order = Window.partitionBy(*keys).orderBy("batch_id")
-    by_batch = (by_batch
-                .withColumn("_newest", F.max("_newest_in").over(order.rowsBetween(Window.unboundedPreceding, 0)))
-                .withColumn("_until", F.coalesce(F.lead("batch_id").over(order) - 1, F.lit(commits[-1].batch_id))))
-    watermarks = spark.createDataFrame(marks, "_until BIGINT, _watermark BIGINT")
-    cuts = (by_batch.join(F.broadcast(watermarks), "_until")
-            .where(F.col("_newest") <= F.col("_watermark") - F.lit(table.ttl_ms))
-            .groupBy(*keys).agg(F.max("_until").alias("_cut")))
-    return (events.join(cuts, keys, "left").where(F.col("_cut").isNull() | (F.col("batch_id") > F.col("_cut")))
-            .drop("_cut"))
+    return pass_for(table).recompute(TableFrames(spark, table, tables, rt), last, spark, rt)
 
 
 def _compare_group(ctx, group):
@@ -321,21 +242,6 @@ def _bring_to(st, partition: int, batch_id: int | None) -> None:
     st.restore(partition, target_batch=batch_id)
 
 
-def last_purge_watermark(table: TableDefinition, commits: list[BatchCommit]) -> int | None:
-    """The watermark of the newest purge of expired windows: the state no longer holds them,
-    so a recomputation from bronze must not either."""
-    if table.window is None:
-        return None
-    for commit in reversed(commits):
-        mark = commit.counts.get("purge_watermark_ms")
-        if mark is None and commit.watermark_ms is not None and commit.counts.get("purged_windows") \
-                and commit.batch_id % table.snapshot_every == 0:
-            mark = commit.watermark_ms        # a batch logged before purge_watermark_ms was recorded
-        if mark is not None:
-            return mark
-    return None
-
-
 def _same(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
@@ -376,7 +282,7 @@ def _verify(name: str, spark, rt: Runtime, examples: int, full: bool = False) ->
     result = VerifyResult(table.name, last.batch_id if last else None)
     spec = registry.spec_of(table, rt)
     # The chain first: a verify that trimmed history refuses answers before a Spark driver starts.
-    chain = verify_chain.plan(rt, table, spec.fingerprint, result.batch_id, full)
+    chain = verify_chain.plan(rt, table, spec.fingerprint, result.batch_id, full, pass_for(table).chains_verify())
     spark = spark or session.get_or_create(f"statetable-verify-{name}")
     # Partition by partition, in Spark tasks beside the state: the driver holds only the summaries.
     compare = (spec, str(rt.state_dir), examples, rt.bootstrap, rt.snapshot_uri, result.batch_id)
@@ -549,10 +455,7 @@ def _rebuild(name: str, spark, rt: Runtime, window_range: tuple[int, int] | None
     batch_log.write_plan(BatchPlan(batch_id, topic, no_input, last.watermark_ms, topic_id=incarnation,
                                    definition=definition))
     registry.drop_stale_cache(spec, rt)
-    if table.input_table:               # an aggregate over a table: its rows stage first, as a batch does
-        from spark_jobs.table_stages import rebuild_rows
-
-        rebuild_rows(TableFrames(spark, table, tables, rt), last, batch_id)
+    pass_for(table).rebuild_stages(spark, tables, rt, last, batch_id)    # a table of tables: its rows stage
     # Partition by partition, in Spark tasks beside the state (as verify compares): the driver
     # holds the commit summaries, never the table.
     ctx = _RebuildContext(table, spec, str(rt.state_dir), rt, last.batch_id, batch_id, purged_at, window_range)

@@ -119,7 +119,7 @@ def partial_values(table: TableDefinition, partials) -> list:
     """The values of `partial_rows`, without the keys."""
     if not partials.num_rows:
         return []
-    if table.kind == "source":
+    if "_del" in partials.column_names:      # a table's rows (TableFrames.source_partials), not partials
         columns = [partials.column(f"_v{i}").to_pylist() for i in range(len(table.value_columns))]
         rows = list(zip(*columns))
         return [None if deleted else row for row, deleted in zip(rows, partials.column("_del").to_pylist())]
@@ -223,7 +223,7 @@ def merge_arrow(ctx: MergeContext, mirror_dir: str | None, group):
         keys, values = encoded_keys(partials), partial_values(ctx.table, partials)
         tx = part.begin(ctx.batch_id)
         sessions = None
-        if ctx.table.kind == "source":
+        if spec.aggregator is None:            # a table of rows: each key replaced or deleted
             for key, value in zip(keys, values):
                 if value is None:
                     tx.delete_encoded(key)

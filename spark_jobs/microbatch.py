@@ -15,7 +15,9 @@ Steps of batch b, the module that does each, and the fault point after it (state
   snapshot     when due                                 after_commit    batch.after_snapshot
   offsets      consumer-group offsets for lag tools     after_commit    batch.after_offsets
 
-A table of tables runs its own stages in place of read..merge (table_aggregate, table_join).
+Which module runs read..merge is the table kind's Pass (spark_jobs.passes: a source table and
+an aggregate over a stream use arrow_step or sql_step; a table of tables runs its own stages,
+table_aggregate or table_join); `pass_for` is the one place that asks a table's kind.
 The Spark-SQL relational algebra of a table is table_frames.TableFrames, shared with the batch
 path (verify, rebuild); what the steps share is a table_run.TableRun.
 
@@ -29,7 +31,6 @@ at start-up.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from catalog.batch_log import BatchCommit, BatchPlan
@@ -37,7 +38,7 @@ from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime
 from spark_jobs import after_commit, merge_step, planning
 from spark_jobs.batch_step import BatchStep
-from spark_jobs.errors import ArrowUnsupported
+from spark_jobs.passes import pass_for
 from spark_jobs.table_run import TableRun
 from state import faults
 
@@ -58,7 +59,8 @@ class MicroBatchRunner:
         `snapshots=False` leaves snapshots to the caller (the Airflow DAG has a task of its own)."""
         self.table_run = TableRun(spark, table, tables, runtime)
         self.table, self.rt, self.snapshots = table, runtime, snapshots
-        self.engine = engine_of(table)
+        self.table_pass = pass_for(table)
+        self.engine = self.table_pass.engine
         self.prepared = False
 
     def prepare(self) -> None:
@@ -67,9 +69,7 @@ class MicroBatchRunner:
             self.prepared = True
 
     def lag(self) -> int:
-        from spark_jobs.offsets import lag
-
-        return lag(self.table.name, self.rt, self.table.topic, self.table)
+        return planning.lag(self.table.name, self.rt, self.table.topic, self.table)
 
     def run(self, max_batches: int | None = None, until_caught_up: bool = False) -> list[BatchCommit]:
         self.prepare()
@@ -114,16 +114,8 @@ class MicroBatchRunner:
         return self._commit(plan, started, self._pass(plan, started, begun_at))
 
     def _pass(self, plan: BatchPlan, started: float, begun_at: float) -> BatchStep:
-        """Read, dead letters, bronze and merge, by the pass that computes this table."""
-        if self.table.over_table:
-            from spark_jobs import table_aggregate as stages
-        elif self.table.table_join:
-            from spark_jobs import table_join as stages
-        elif self.engine == "arrow":
-            from spark_jobs import arrow_step as stages
-        else:
-            from spark_jobs import sql_step as stages
-        return stages.run(self.table_run, plan, started, begun_at)
+        """Read, dead letters, bronze and merge, by the pass of the table's kind (spark_jobs.passes)."""
+        return self.table_pass.run(self.table_run, plan, started, begun_at)
 
     def _commit(self, plan: BatchPlan, started: float, step: BatchStep) -> BatchCommit:
         """The batch's commit entry (the commit point: before it the batch is re-run from its
@@ -137,7 +129,7 @@ class MicroBatchRunner:
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.table_run.definition,
             refused=[[list(k), reason] for k, reason in sorted(step.refused.items(), key=repr)] or None,
             changelog=self.table_run.spec.changelog,
-            joins=plan.joins if self.table.table_join else None,
+            joins=plan.joins if self.table_pass.pins_since else None,
         )
         self.table_run.log.write_commit(commit, self.table.name)
         faults.point("batch.after_commit")
@@ -177,18 +169,5 @@ class MicroBatchRunner:
 
 
 def engine_of(table: TableDefinition) -> str:
-    """"arrow" (one Arrow pass) where it covers the definition, else "spark"; STATETABLE_ENGINE
-    forces one (the benchmark's before-and-after profile)."""
-    from spark_jobs import arrow_pass
-
-    forced = os.environ.get("STATETABLE_ENGINE")
-    if forced == "spark":
-        return "spark"
-    try:
-        arrow_pass.check_supported(table)
-    except ArrowUnsupported as exc:
-        if forced == "arrow":
-            raise
-        log.debug("%s: the Spark-SQL pass runs it (the Arrow pass does not cover %s)", table.name, exc)
-        return "spark"
-    return "arrow"
+    """"arrow", "spark" or "tables": the pass that computes the table's batches (Pass.engine)."""
+    return pass_for(table).engine

@@ -150,10 +150,10 @@ def _joined(opening: str, parts: list, closing: str):
 
 def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[list[str], list[list]]:
     """The row's value columns as the API shows them, column by column (None for a deleted row)."""
-    if table.kind == "source":
+    aggregator = aggregator or state_spec(table).aggregator
+    if aggregator is None:                  # a table of rows (catalog.mapping.state_spec)
         names = list(table.value_columns)
         return names, [[None if v is None else v[i] for v in values] for i in range(len(names))]
-    aggregator = aggregator or state_spec(table).aggregator
     names, columns = [], []
     aggs = list(aggregator.columns.values())
     skip = len(aggs) - len(table.aggregates)        # a RetractingAggregator's row count comes first
@@ -352,9 +352,8 @@ def frame(spark, rt: Runtime, table: str):
 
 def joined_tables_moved(rt: Runtime, table: TableDefinition, last) -> bool:
     """Whether a join of tables has work without new records of its own: a joined table committed
-    a batch since the one `last` (its last commit) pinned, and those changes must reach its rows."""
-    if not table.table_join:
-        return False
+    a batch since the one `last` (its last commit) pinned, and those changes must reach its rows
+    (asked by passes.table_join)."""
     pinned = (last.joins or {}) if last is not None else {}
     return any(delta_files.committed_version(changes_path(rt, j.table), f"{j.table}.mirror_changes")
                != (pinned.get(j.table) or {}).get("batch") for j in table.joins)

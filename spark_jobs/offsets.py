@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from catalog.batch_log import BatchLog
 from catalog.runtime import Runtime
 from state import kafka_config
 from spark_jobs.errors import OffsetDiscontinuity, TopicMissing
@@ -135,31 +134,3 @@ def next_starts(table: str, topic: str, marks: dict[int, tuple[int, int]], curre
             f"earliest offsets the topic holds now, adding its records to the current state, run "
             f"`statetable accept-offsets {table}`; the batch log records the acceptance.")
     return {p: read_ends.get(p, 0) for p in marks}
-
-
-def lag(name: str, rt: Runtime, topic: str | None = None, table=None) -> int:
-    """Records in the table's topic after its last committed batch (the pending plan's too).
-
-    Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
-    a reset is never shown as "nothing to read"."""
-    from catalog import registry
-
-    table = table or registry.load_table(name, rt)[0]     # callers holding the definition pass it
-    topic = topic or table.topic
-    batch_log = BatchLog(rt.batch_dir(name))
-    position = batch_log.read_position()
-    moved = 0
-    if table.table_join:             # a joined table's new batch is work too (counted as one record)
-        from spark_jobs.mirror import joined_tables_moved
-
-        moved = int(joined_tables_moved(rt, table, batch_log.last_commit()))
-    try:
-        marks = watermarks(rt.bootstrap, topic)
-    except LookupError:
-        if position is None:
-            return moved    # not produced to yet
-        raise
-    read_topic, read_id, read_ends, _ = position or (None, None, None, None)
-    starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
-                         read_id, read_ends)
-    return sum(high - starts[p] for p, (_, high) in marks.items()) + moved

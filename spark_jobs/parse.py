@@ -88,10 +88,12 @@ def _date(text):
 
 
 def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES,
-             now_ms: int | None = None):
+             now_ms: int | None = None, rows: bool = False):
     """`raw` is Spark's Kafka source frame; returns a frame with the parsed
     fields, the source coordinates and a `reason` column (null for good rows).
-    `now_ms` is the batch's clock for future event times (None: no such check)."""
+    `now_ms` is the batch's clock for future event times (None: no such check).
+    `rows`: the records are a table's rows (Pass.rows): the Kafka key must name the row's key,
+    and a null value deletes it (a tombstone)."""
     from pyspark.sql import functions as F
 
     text = F.col("value").cast("string")
@@ -161,7 +163,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         if now_ms is not None:
             reason = reason.when(F.unix_millis(event_time) > F.lit(now_ms + table.event_time_skew_ms),
                                  F.lit("future_event_time"))
-    if table.kind == "source":
+    if rows:
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
         kafka_key = kafka_key_text(table)
         reason = reason.when(kafka_key.isNotNull() & ~F.coalesce(

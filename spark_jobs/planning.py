@@ -9,15 +9,17 @@ from dataclasses import replace
 
 from catalog.batch_log import BatchLog, BatchLogLost, BatchPlan
 from catalog.registry import ensure_output_topic
+from catalog.runtime import Runtime
 from spark_jobs import delta_files, mirror
 from spark_jobs.offsets import next_starts, topic_id, watermarks
+from spark_jobs.passes import pass_for
 from spark_jobs.table_frames import typed_rows
 from spark_jobs.table_run import TableRun
 from state.changelog import ensure_changelog
 from state.kafka_admin import ensure_topic
 from state.table import DefinitionChanged
 
-__all__ = ["prepare", "check_definition", "next_plan", "pin_joins"]
+__all__ = ["prepare", "check_definition", "lag", "next_plan", "pin_joins"]
 
 log = logging.getLogger("statetable.microbatch")
 
@@ -33,7 +35,7 @@ def prepare(run: TableRun) -> None:
     check_definition(run.log, table.name, run.definition, run.rt)
     ensure_topic(rt.bootstrap, run.dead_letter_topic, 1, {"cleanup.policy": "compact"})
     ensure_changelog(rt.bootstrap, run.spec.changelog_topic, table.partitions)
-    if table.input_table:
+    if pass_for(table).rows_stage:
         from catalog.mapping import rows_spec
 
         ensure_changelog(rt.bootstrap, rows_spec(table, rt.namespace).changelog_topic, table.partitions)
@@ -81,7 +83,7 @@ def next_plan(run: TableRun) -> BatchPlan | None:
     read_topic, read_id, read_ends, accepted = batch_log.read_position() or (None, None, None, None)
     starts = next_starts(table.name, table.topic, marks, incarnation, read_topic, read_id, read_ends)
     available = {p: high - starts[p] for p, (_, high) in marks.items()}
-    if sum(available.values()) == 0 and not mirror.joined_tables_moved(rt, table, last):
+    if sum(available.values()) == 0 and not pass_for(table).moved_without_records(rt, last):
         return None
     budget = table.max_records_per_batch
     ranges, total = {}, sum(available.values())
@@ -116,7 +118,8 @@ def pin_joins(run: TableRun, last) -> dict | None:
     folder = f"{run.log.location}/joins"
     fs, root = arrow_filesystem(folder)
     pins = {}
-    before = (last.joins or {}) if last is not None and table.table_join else {}
+    since = pass_for(table).pins_since       # a join of tables diffs against its last pins
+    before = (last.joins or {}) if last is not None and since else {}
     for name in sorted({join.table for join in table.joins}):
         def file_of(batch: int | None) -> str:
             return f"{name}.b{-1 if batch is None else batch}.parquet"
@@ -132,10 +135,35 @@ def pin_joins(run: TableRun, last) -> dict | None:
                 if old.base_name.startswith(f"{name}.b") and old.base_name not in keep:
                     fs.delete_file(old.path)
         pins[name] = {"batch": batch, "file": file}
-        if table.table_join:
+        if since:
             pins[name].update(since=(before.get(name) or {}).get("batch"),
                               since_file=(before.get(name) or {}).get("file"))
         if batch is None:
             log.warning("%s joins %s, which has no committed batch yet: its events find no match (run %s "
                         "first)", table.name, name, name)
     return pins
+
+
+def lag(name: str, rt: Runtime, topic: str | None = None, table=None) -> int:
+    """Records in the table's topic after its last committed batch (the pending plan's too).
+
+    Raises OffsetDiscontinuity when the topic does not continue where the table stopped:
+    a reset is never shown as "nothing to read"."""
+    from catalog import registry
+
+    table = table or registry.load_table(name, rt)[0]     # callers holding the definition pass it
+    topic = topic or table.topic
+    batch_log = BatchLog(rt.batch_dir(name))
+    position = batch_log.read_position()
+    # A joined table's new batch is work too for a join of tables (counted as one record).
+    moved = int(pass_for(table).moved_without_records(rt, batch_log.last_commit()))
+    try:
+        marks = watermarks(rt.bootstrap, topic)
+    except LookupError:
+        if position is None:
+            return moved    # not produced to yet
+        raise
+    read_topic, read_id, read_ends, _ = position or (None, None, None, None)
+    starts = next_starts(name, topic, marks, topic_id(rt.bootstrap, topic) if read_id else None, read_topic,
+                         read_id, read_ends)
+    return sum(high - starts[p] for p, (_, high) in marks.items()) + moved

@@ -18,7 +18,8 @@ __all__ = ["run"]
 log = logging.getLogger("statetable.microbatch")
 
 
-def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -> BatchStep:
+def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float, table_pass) -> BatchStep:
+    """`table_pass`: the table's Pass (spark_jobs.passes): whether its records are rows or events."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -26,9 +27,9 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
     table_run.describe(plan.batch_id, "read")
     raw = spark_reader(table_run.spark, table_run.rt.bootstrap, OffsetRange(plan.topic, plan.ranges),
                        table_run.reader_group)
-    key_fields = table.stream_key_fields if table.kind == "aggregate" else table.key_columns
+    key_fields = table.key_columns if table_pass.rows else table.stream_key_fields
     # The plan's creation time is the batch's clock: a re-run judges future event times alike.
-    classified = parse.classify(raw, table, key_fields, now_ms=int(plan.created_at * 1000)) \
+    classified = parse.classify(raw, table, key_fields, now_ms=int(plan.created_at * 1000), rows=table_pass.rows) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     events = parse.good_events(classified, table)
     late, late_count, batch_max = None, 0, None
@@ -53,9 +54,9 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
     dead = parse.dead_letters(classified, plan.topic)
     if table.window is not None and late_count:
         dead = dead.unionByName(frames.late_dead_letters(late, plan.topic))
-    if table.kind == "source":
+    if table_pass.rows:
         dead = dead.where(F.col("reason") != "null_value")   # tombstones delete, they are not errors
-    tombstones = reasons.get("null_value", 0) if table.kind == "source" else 0
+    tombstones = reasons.get("null_value", 0) if table_pass.rows else 0
     dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id,
                                           sum(n for r, n in reasons.items() if r) - tombstones + late_count)
     steps["dead_letters"] = time.monotonic() - started - sum(steps.values())
@@ -74,13 +75,13 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
     table_run.describe(plan.batch_id, "aggregate_merge")
     join_counts: dict = {}
     events = events.withColumn("batch_id", F.lit(plan.batch_id).cast("bigint"))    # as bronze has it
-    partials = frames.batch_partials(events, classified, join_counts)
+    partials = frames.batch_partials(events, classified, join_counts, rows=table_pass.rows)
     summaries = merge_step.merge(table_run, partials.withColumn("_kind", F.lit("partial")), plan.batch_id,
                                  watermark, plan.watermark_ms, begun_at)
     steps["aggregate_merge"] = time.monotonic() - started - sum(steps.values())
     refused = {tuple(k): reason for s in summaries.values() for k, reason in s.get("rejected", [])}
     refused_counts = sinks.dead_letter_refused(table_run, events, classified, refused, plan) \
-        if refused and table.kind == "aggregate" else {}
+        if refused and not table_pass.rows else {}
     faults.point("batch.after_merge")
     return BatchStep(reasons=reasons, read=read_count, late=late_count, dead=dead_count, refused=refused,
                      refused_counts=refused_counts, summaries=summaries,

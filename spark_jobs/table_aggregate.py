@@ -166,10 +166,10 @@ def merge_groups(ctx: StageContext, mirror_dir: str | None, group) -> pa.Table:
         table.close()
 
 
-def run(table_run, plan, started: float, begun_at: float) -> BatchStep:
-    """One batch of an aggregate over a table (MicroBatchRunner._pass): read the input table's
+def run(table_run, plan, started: float) -> BatchStep:
+    """One batch of an aggregate over a table (passes.table_aggregate): read the input table's
     records in the plan's ranges with Spark's Kafka source, dead-letter what its schema refuses,
-    then the two stages. `begun_at` is unused: its tasks report no cold start."""
+    then the two stages."""
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots

@@ -141,9 +141,10 @@ class TableFrames:
             frame = frame.where(F.col("_matched")).drop("_matched")
         return frame
 
-    def batch_partials(self, events, classified, counts: dict):
-        """This batch's partials with their state partitions (see `partials`, `source_partials`)."""
-        if self.table.kind == "source":
+    def batch_partials(self, events, classified, counts: dict, rows: bool = False):
+        """This batch's partials with their state partitions (see `partials`), or with `rows` (a
+        table of rows, Pass.rows) its rows (`source_partials`)."""
+        if rows:
             return self.partitioned(self.source_partials(classified))
         return self.partitioned(self.partials(self.selected(self.joined(events, counts), counts)))
 

@@ -164,10 +164,10 @@ def changed_keys(old: dict, new: dict) -> list:
     return sorted((k for k in set(old) | set(new) if old.get(k) != new.get(k)), key=lambda k: codec.encode_key((k,)))
 
 
-def run(table_run, plan, started: float, begun_at: float) -> BatchStep:
-    """One batch of a join of tables (MicroBatchRunner._pass): a's records in the plan's ranges
+def run(table_run, plan, started: float) -> BatchStep:
+    """One batch of a join of tables (passes.table_join): a's records in the plan's ranges
     (its source-table pass, dead letters as a source table's), b's changes between its pins, and
-    one merge task per partition. `begun_at` is unused: its tasks report no cold start."""
+    one merge task per partition."""
     from pyspark.sql import functions as F
 
     from catalog.runtime import local_replica_roots

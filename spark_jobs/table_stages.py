@@ -99,7 +99,7 @@ def read_input(table_run, plan, started: float, source: TableDefinition) -> Inpu
     table, rt = table_run.table, table_run.rt
     table_run.describe(plan.batch_id, "read")
     raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
-    classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000)) \
+    classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000), rows=True) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
     read_count = sum(reasons.values())
@@ -124,15 +124,17 @@ def input_history(frames, last, source: TableDefinition):
     from spark_jobs.offsets import OffsetRange, spark_reader
 
     full = OffsetRange(frames.table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(frames.spark, frames.rt.bootstrap, full), source, source.key_columns)
+    classified = parse.classify(spark_reader(frames.spark, frames.rt.bootstrap, full), source, source.key_columns,
+                                rows=True)
     return frames.source_partials(classified, source)
 
 
-def rebuild_rows(frames, last, batch_id: int) -> int:
+def rebuild_rows(frames, last, batch_id: int, join_index: bool = False) -> int:
     """A rebuild's rows stage (spark_jobs.batch._rebuild): every partition replaced by the input's
     last row per key over its whole history, committed as the rebuild's batch. Each task leaves an
     empty retraction file first, so a rebuild that dies here and is finished from its plan (an
-    empty batch) merges nothing into the groups. Returns the rows written."""
+    empty batch) merges nothing into the groups. `join_index`: a join of tables also indexes
+    b's keys to a's rows. Returns the rows written."""
     from pyspark.sql import functions as F
 
     from spark_jobs.partition_tasks import per_state_partition
@@ -142,12 +144,12 @@ def rebuild_rows(frames, last, batch_id: int) -> int:
     rows = frames.partitioned(input_history(frames, last, source)).withColumn("_kind", F.lit("partial"))
     ctx = StageContext(table, source, batch_id, str(rt.state_dir), rt.bootstrap, rt.snapshot_uri, rt.namespace,
                        batch_folder(retractions_path(rt, table.name), batch_id))
-    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group),
+    summaries = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group, join_index),
                                     f"rebuild {table.name}: rows")
     return sum(s["key_count"] for s in summaries.values())
 
 
-def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
+def _rebuild_rows(ctx: StageContext, group, join_index: bool) -> pa.Table:
     import pyarrow.compute as pc
 
     from spark_jobs.arrow_pass import encoded_keys, write_parquet_atomically
@@ -159,7 +161,7 @@ def _rebuild_rows(ctx: StageContext, group) -> pa.Table:
     table, part, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
-        if ctx.table.table_join:             # and the index from b's keys to a's rows
+        if join_index:                       # and the index from b's keys to a's rows
             wanted.update(index_entries(ctx.table, ctx.source, wanted))
         tx = part.begin(ctx.batch_id)
         for key, _ in part.raw_items():

@@ -58,22 +58,19 @@ class Chain:
     write_to: str
 
 
-def chainable(table: TableDefinition) -> bool:
-    return (table.kind == "aggregate" and table.bronze and table.window is None and table.ttl_ms is None
-            and not table.input_table and not table.table_join)
-
-
 def _folder(rt: Runtime, table: str, batch_id: int) -> str:
     return f"{rt.verified_dir(table)}/b{batch_id:012d}"
 
 
-def latest(rt: Runtime, table: TableDefinition, definition: str, any_age: bool = False) -> dict | None:
+def latest(rt: Runtime, table: TableDefinition, definition: str, any_age: bool = False,
+           chainable: bool = True) -> dict | None:
     """The newest checkpoint's manifest a verify may start from: of this definition, with a root
     (the full verify that began the chain) younger than FULL_EVERY_DAYS unless `any_age` (bronze
-    was trimmed: no full verify is possible any more). None: verify in full."""
+    was trimmed: no full verify is possible any more). None: verify in full. `chainable`: whether
+    the table's kind keeps checkpoints (Pass.chains_verify)."""
     import pyarrow.fs as pafs
 
-    if not chainable(table):
+    if not chainable:
         return None
     fs, root = arrow_filesystem(rt.verified_dir(table.name))
     found = sorted((f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -94,11 +91,13 @@ def latest(rt: Runtime, table: TableDefinition, definition: str, any_age: bool =
     return None
 
 
-def plan(rt: Runtime, table: TableDefinition, definition: str, batch_id: int | None, full: bool) -> Chain | None:
-    """The chain a verify at `batch_id` follows (None: no checkpoint is kept for this table)."""
+def plan(rt: Runtime, table: TableDefinition, definition: str, batch_id: int | None, full: bool,
+         chainable: bool) -> Chain | None:
+    """The chain a verify at `batch_id` follows (None: no checkpoint is kept for this table, whose
+    kind keeps none: Pass.chains_verify)."""
     from spark_jobs.errors import HistoryTrimmed
 
-    if not chainable(table) or batch_id is None:
+    if not chainable or batch_id is None:
         return None
     trimmed = bronze_from_batch(rt, table.name)
     start = None if full else latest(rt, table, definition, any_age=trimmed is not None)

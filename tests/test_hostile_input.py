@@ -175,7 +175,7 @@ def _recreate(rt, topic: str, partitions: int) -> None:
 def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accepts_it(env, spark):
     from confluent_kafka import TopicPartition
 
-    from spark_jobs import offsets
+    from spark_jobs import offsets, planning
     from spark_jobs.offsets import OffsetDiscontinuity
     from state.kafka_admin import admin
 
@@ -197,7 +197,7 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
     assert f"table '{name}', topic '{topic}'" in message and "accept-offsets" in message
     assert "deleted and recreated" in message or "before offset" in message
     with pytest.raises(OffsetDiscontinuity):
-        offsets.lag(name, rt)                    # a reset is never "nothing to read"
+        planning.lag(name, rt)                    # a reset is never "nothing to read"
     assert counts() == before
 
     entry = jobs.accept_offsets(name, rt=rt, note="topic recreated by the test")
@@ -206,7 +206,7 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
     assert commit.counts["read"] == 300 and commit.accepted["note"] == "topic recreated by the test"
     history += [json.loads(m.value()) for m in read_topic(rt.bootstrap, topic)]
     assert counts() == pd.DataFrame(history).groupby("title")["ticket_total_value"].count().to_dict()
-    assert offsets.lag(name, rt) == 0
+    assert planning.lag(name, rt) == 0
 
     # Recreated again and grown past the old end: only the topic id can tell.
     _recreate(rt, topic, 4)

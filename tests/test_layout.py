@@ -17,7 +17,7 @@ NO_SPARK = {"state", "catalog", "ops", "serving"}
 def _imports(layer: str) -> dict[str, set[str]]:
     """module -> every module it imports (at the top or inside a function), as dotted names."""
     found = {}
-    for path in sorted((FOLDERS.get(layer) or ROOT / layer).glob("*.py")):
+    for path in _files(layer):
         names = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -25,8 +25,20 @@ def _imports(layer: str) -> dict[str, set[str]]:
                 names.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
                 names.update(a.name for a in node.names)
-        found[f"{layer}.{path.stem}"] = names
+        found[_module(layer, path)] = names
     return found
+
+
+def _files(layer: str) -> list[Path]:
+    """A layer's modules, its wings' (sub-packages, e.g. spark_jobs/passes/) included."""
+    return sorted((FOLDERS.get(layer) or ROOT / layer).rglob("*.py"))
+
+
+def _module(layer: str, path: Path) -> str:
+    """The dotted name of a layer's file: spark_jobs/passes/base.py -> spark_jobs.passes.base; a
+    package's __init__ is the package."""
+    parts = path.relative_to(FOLDERS.get(layer) or ROOT / layer).with_suffix("").parts
+    return ".".join((layer, *parts[:-1]) if parts[-1] == "__init__" else (layer, *parts))
 
 
 MODULES = {m: names for layer in LAYERS for m, names in _imports(layer).items()}
@@ -79,8 +91,7 @@ def test_the_walk_sees_the_real_imports():
 
 
 def _sources() -> dict[str, ast.Module]:
-    return {f"{layer}.{path.stem}": ast.parse(path.read_text(), str(path))
-            for layer in LAYERS for path in sorted((FOLDERS.get(layer) or ROOT / layer).glob("*.py"))}
+    return {_module(layer, path): ast.parse(path.read_text(), str(path)) for layer in LAYERS for path in _files(layer)}
 
 
 SOURCES = _sources()
@@ -147,4 +158,26 @@ def test_the_batch_path_reads_as_small_steps():
     init = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
               for c in ast.walk(init) if isinstance(c, ast.Call)}
-    assert called <= {"TableRun", "engine_of"}, f"the runner's constructor calls {sorted(called)}: no I/O there"
+    assert called <= {"TableRun", "pass_for"}, f"the runner's constructor calls {sorted(called)}: no I/O there"
+
+
+KIND_FACTS = {"kind", "over_table", "table_join", "input_table"}
+
+
+def test_only_pass_for_asks_a_tables_kind():
+    """#67: a table kind is a Pass (spark_jobs/passes/); the modules around the passes ask it, or
+    are handed what it says, and never read the kind off the definition themselves: a new kind is
+    one module in passes/, not an edit in a dozen rooms. (`join.kind`, inner or left, is a join's.)"""
+    asked = [f"{module}:{node.lineno} .{node.attr}" for module, tree in SOURCES.items()
+             if module.startswith("spark_jobs.") and not module.startswith("spark_jobs.passes")
+             for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in KIND_FACTS
+             and not (isinstance(node.value, ast.Name) and node.value.id == "join")]
+    assert asked == []
+    init = SOURCES["spark_jobs.passes"]
+    branching = [f.name for f in init.body if isinstance(f, ast.FunctionDef)
+                 and any(isinstance(n, ast.Attribute) and n.attr in KIND_FACTS for n in ast.walk(f))]
+    assert branching == ["pass_for"]
+    inside = [f"{module}:{node.lineno}" for module, tree in SOURCES.items()
+              if module.startswith("spark_jobs.passes.") for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and node.attr in {"kind", "over_table", "table_join"}]
+    assert inside == [], "the passes themselves know their kind by being it"
