@@ -228,7 +228,7 @@ def drop_retractions(rt: Runtime, table: str, through_batch: int) -> None:
             fs.delete_dir(entry.path)
 
 
-def recomputed_groups(frames, last):
+def recomputed(frames, last):
     """Every group's state from the input topic's whole history up to the last commit (verify,
     rebuild): each input key's last row, each row's contribution folded into its group. Rows with
     `_sp`, `_k*` and `_state` (the encoded state), as TableFrames.partitioned gives them."""

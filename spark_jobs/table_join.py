@@ -209,7 +209,7 @@ def run(table_run, plan, started: float) -> BatchStep:
                      extra={"joined_keys_changed": len(changed_b)})
 
 
-def recomputed_rows(frames, last):
+def recomputed(frames, last):
     """Every joined row from a's whole history up to the last commit and b as that batch pinned it
     (verify, rebuild): rows with `_sp`, `_k0` and `_state` (the encoded row)."""
     from spark_jobs.merge_task import partial_rows

@@ -2,25 +2,15 @@
 new one (spark_jobs/table_aggregate.py has the stages)."""
 from __future__ import annotations
 
-from spark_jobs import table_aggregate, table_stages
-from spark_jobs.passes.base import Pass
-from spark_jobs.table_frames import TableFrames
+from spark_jobs import table_aggregate
+from spark_jobs.passes.tables import TablesPass
 
 __all__ = ["TableAggregatePass"]
 
 
-class TableAggregatePass(Pass):
+class TableAggregatePass(TablesPass):
     name = "aggregate over a table"
-    rows_stage = True
-
-    def run(self, table_run, plan, started: float, begun_at: float):
-        return table_aggregate.run(table_run, plan, started)
-
-    def recompute(self, frames, last, spark, rt) -> tuple:
-        return (None if last is None else table_aggregate.recomputed_groups(frames, last)), None
-
-    def rebuild_stages(self, spark, tables: dict, rt, last, batch_id: int) -> None:
-        table_stages.rebuild_rows(TableFrames(spark, self.table, tables, rt), last, batch_id)
+    stages = table_aggregate
 
     def after_commit(self, rt, batch_id: int) -> None:
         table_aggregate.drop_retractions(rt, self.table.name, batch_id)
