@@ -8,7 +8,7 @@ import pytest
 
 from catalog.definitions import DefinitionError, load_all, parse
 
-TABLES = Path(__file__).resolve().parent.parent / "dags" / "tables"
+TABLES = Path(__file__).resolve().parents[3] / "dags" / "tables"
 
 
 def test_shipped_tables_parse():
@@ -122,7 +122,7 @@ print(first, os.getpriority(os.PRIO_PROCESS, tids[0]), late[0], again)
 stop.set()
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0, done.stderr
     # main thread, an existing thread, a thread started afterwards; a lower setting later changes nothing
     assert done.stdout.split() == ["7", "7", "7", "7"]

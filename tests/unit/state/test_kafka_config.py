@@ -9,7 +9,7 @@ import pytest
 
 from state import kafka_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _write(tmp_path, text: str, mode: int = 0o600) -> Path:
