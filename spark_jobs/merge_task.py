@@ -20,7 +20,8 @@ from state import codec, faults
 from state.aggregates import ranked
 from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
-from spark_jobs.arrow_pass import combine_partials, encoded_keys, key_columns
+from spark_jobs.arrow_keys import encoded_keys, key_columns
+from spark_jobs.arrow_pass import combine_partials
 from catalog.mapping import state_spec
 from catalog.runtime import task_replica_roots, task_state_dir
 from catalog.definitions import TableDefinition

@@ -87,7 +87,7 @@ def change_rows(table: TableDefinition, keys: list[tuple], values: list, aggrega
 def write_change_rows(folder: str, batch_id: int, partition: int, built: pa.Table) -> None:
     """A partition's change file of a batch from change_columns' rows (the merge task builds them
     once, for its change topic and for this file)."""
-    from spark_jobs.arrow_pass import write_parquet_atomically
+    from spark_jobs.arrow_keys import write_parquet_atomically
 
     rows = pa.table({"key": built.column("key"), "row": built.column("row"),
                      "batch_id": pa.array([batch_id] * built.num_rows, pa.int64()),

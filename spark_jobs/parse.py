@@ -66,7 +66,7 @@ def kafka_key_text(table: TableDefinition):
 
 def _timestamp(text):
     """A TIMESTAMP field's JSON text as a timestamp (see the module docstring), null if it is neither
-    form or falls outside years 1-9999 (arrow_pass.MIN_EPOCH_MS..MAX_EPOCH_MS, both engines' rule)."""
+    form or falls outside years 1-9999 (MIN_EPOCH_MS..MAX_EPOCH_MS, both engines' rule)."""
     from pyspark.sql import functions as F
 
     millis = text.try_cast("bigint")

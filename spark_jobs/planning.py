@@ -113,7 +113,7 @@ def pin_joins(run: TableRun, last) -> dict | None:
     import pyarrow.fs as pafs
 
     from catalog.runtime import arrow_filesystem
-    from spark_jobs.arrow_pass import write_parquet_atomically
+    from spark_jobs.arrow_keys import write_parquet_atomically
 
     folder = f"{run.log.location}/joins"
     fs, root = arrow_filesystem(folder)

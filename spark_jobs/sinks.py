@@ -80,6 +80,7 @@ def write_bronze(run: TableRun, events, batch_id: int) -> None:
     from pyspark.sql import functions as F
 
     from spark_jobs import arrow_pass
+    from spark_jobs.arrow_keys import write_parquet_atomically
 
     try:
         schema = None if run.table.joins else arrow_pass.bronze_schema(run.table)
@@ -106,7 +107,7 @@ def write_bronze(run: TableRun, events, batch_id: int) -> None:
             return
         rows = rows.append_column("batch_id", pa.array([batch_id] * rows.num_rows, pa.int64()))
         file = name.format(TaskContext.get().partitionId())     # a retried task replaces its file
-        size = arrow_pass.write_parquet_atomically(rows.select(schema.names).cast(schema), folder, file)
+        size = write_parquet_atomically(rows.select(schema.names).cast(schema), folder, file)
         yield pa.RecordBatch.from_pydict({"file": [file], "bytes": [size], "rows": [rows.num_rows]})
 
     written = events.mapInArrow(write, "file STRING, bytes BIGINT, rows BIGINT").collect()

@@ -73,7 +73,7 @@ def merge_rows(ctx: StageContext, group) -> pa.Table:
     """Stage 1, one task per partition of the input's keys: see the module's docstring."""
     import pyarrow.compute as pc
 
-    from spark_jobs.arrow_pass import encoded_keys, write_parquet_atomically
+    from spark_jobs.arrow_keys import encoded_keys, write_parquet_atomically
     from spark_jobs.merge_task import partial_values
 
     started = time.monotonic()

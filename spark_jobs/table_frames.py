@@ -311,7 +311,7 @@ class TableFrames:
         """Partials with their state partition `_sp` (the state library's rule, in Python: mapInArrow)."""
         from pyspark.sql.types import IntegerType, StructField, StructType
 
-        from spark_jobs.arrow_pass import with_state_partition
+        from spark_jobs.arrow_keys import with_state_partition
 
         parts, width = self.table.partitions, self.table.routing_width
         schema = StructType(partials.schema.fields + [StructField("_sp", IntegerType())])
@@ -358,7 +358,7 @@ def typed_rows(table: TableDefinition, rows):
     """A table's mirror rows (JSON, see mirror.committed_rows) as typed columns of its schema."""
     import pyarrow as pa
 
-    from spark_jobs.arrow_pass import parse_values
+    from spark_jobs.arrow_values import parse_values
 
     typed, _, bad = parse_values(rows.column("row").cast(pa.binary()), table.schema)
     if bad:

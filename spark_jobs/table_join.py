@@ -91,7 +91,7 @@ def merge_join(ctx: StageContext, pins: dict, changed_b: list, mirror_dir: str |
     """One partition of a's keys: the rows stage, then the affected rows (see the module's docstring)."""
     import pyarrow.compute as pc
 
-    from spark_jobs.arrow_pass import encoded_keys
+    from spark_jobs.arrow_keys import encoded_keys
     from spark_jobs.merge_task import unbatched_rows, outputs_of, partial_values
     from spark_jobs.mirror import write_change_rows
 

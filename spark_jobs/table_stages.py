@@ -152,7 +152,7 @@ def rebuild_rows(frames, last, batch_id: int, join_index: bool = False) -> int:
 def _rebuild_rows(ctx: StageContext, group, join_index: bool) -> pa.Table:
     import pyarrow.compute as pc
 
-    from spark_jobs.arrow_pass import encoded_keys, write_parquet_atomically
+    from spark_jobs.arrow_keys import encoded_keys, write_parquet_atomically
     from spark_jobs.merge_task import partial_values
 
     started = time.monotonic()

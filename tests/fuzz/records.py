@@ -12,7 +12,7 @@ SCHEMA = [("k", "STRING"), ("v", "BIGINT"), ("x", "DOUBLE"), ("t", "TIMESTAMP"),
 DATES = ["0000-01-01", "0001-01-01", "9999-12-31", "10000-01-01", "+10000-01-01", "-0001-01-01", "20240101",
          "2024-W01-1", " 2024-01-01", "2024-01-01 ", "2024-02-30", "2024-1-1", "2024", "2024-01-01T00:00:00",
          "\u0662024-01-01", 19723, "", "1970-01-01"]
-# Nesting around the limit (999 with the record's own object: arrow_pass.MAX_JSON_DEPTH) and far past it.
+# Nesting around the limit (999 with the record's own object: arrow_values.MAX_JSON_DEPTH) and far past it.
 DEPTHS = [300, 998, 999, 1000, 1001, 5000, 100_000]
 KEYS = ["a", "b", "c", "caf\u00e9", "\U0001F600", "with \"quotes\"", "nul\u0000byte", "  spaced  ", "", "1"]
 

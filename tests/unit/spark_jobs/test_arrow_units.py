@@ -14,7 +14,7 @@ import pytest
 from state import codec
 from spark_jobs import mirror
 from catalog import definitions
-from spark_jobs.arrow_pass import encoded_keys
+from spark_jobs.arrow_keys import encoded_keys
 from catalog.mapping import row_of, state_spec
 
 
