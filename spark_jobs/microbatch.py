@@ -21,6 +21,20 @@ table_aggregate or table_join); `pass_for` is the one place that asks a table's 
 The Spark-SQL relational algebra of a table is table_frames.TableFrames, shared with the batch
 path (verify, rebuild); what the steps share is a table_run.TableRun.
 
+A newcomer's map of the rest of spark_jobs/, by role:
+
+  the batch     microbatch (this runner), planning, offsets (Kafka ranges, Spark's reader), arrow_step,
+                sql_step, after_commit, batch_step (what a pass hands the commit), table_run, errors
+  the kinds     passes/ (pass_for; source, aggregate, table_aggregate, table_join over base, tables)
+  a pass's work arrow_pass (the Arrow pass: classify, window, pre-aggregate), arrow_values (records'
+                JSON to typed columns), arrow_keys (key bytes, state partitions, Parquet files),
+                parse (the Spark-SQL pass's reading), table_frames, table_stages
+  the state     merge_step (driver), merge_task (the task beside a partition), partition_tasks
+  the outputs   sinks (dead letters, bronze), mirror (the Delta mirror), delta_files, delta_maintenance
+  the history   batch (verify and rebuild from history), verify_chain (verified checkpoints)
+  the engine    session, arrow_batches, warmup, worker_daemon, jvm_archive, submit
+  entry points  jobs (the CLI's and the tasks' main), smoke
+
 Everything before the commit entry is idempotent (state commits skip an
 applied batch id, Delta writes carry txnAppId/txnVersion, the mirror is an
 upsert of final values, DLQ records are keyed by source coordinates), so a
