@@ -181,3 +181,13 @@ def test_only_pass_for_asks_a_tables_kind():
               if module.startswith("spark_jobs.passes.") for node in ast.walk(tree)
               if isinstance(node, ast.Attribute) and node.attr in {"kind", "over_table", "table_join"}]
     assert inside == [], "the passes themselves know their kind by being it"
+
+
+def test_every_package_of_the_product_is_in_the_wheel():
+    """The wheel lists its packages (pyproject.toml): a new wing left out installs, then fails to
+    import in a team's Airflow (spark_jobs.passes did, caught only by the install test)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module(layer, init) for layer in LAYERS for init in _files(layer) if init.name == "__init__.py"}
+    assert found == listed
