@@ -148,9 +148,14 @@ def test_the_compose_engine_takes_its_token_from_the_secret_file(tmp_path, monke
     from catalog import settings as stack_settings
     from deploy import connect_server
 
+    from dataclasses import replace
+
     secret = tmp_path / "spark_connect_token"
     secret.write_text("tok-from-secret\n")
     monkeypatch.setenv("STATETABLE_DATA_DIR", str(tmp_path / "data"))
+    # A stack folder of its own: foreground empties its server's scratch folder, which must not
+    # be that of the suite's running engine (its shuffle files went, and two tests with them).
+    settings = replace(stack_settings.load(), state_dir=tmp_path / "stack")
     monkeypatch.setenv(connect_server.TOKEN_FILE_ENV, str(secret))
     monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
     started, warmed = [], []
@@ -172,8 +177,9 @@ def test_the_compose_engine_takes_its_token_from_the_secret_file(tmp_path, monke
     monkeypatch.setattr("spark_jobs.session.answers", lambda *_a, **_k: True)
     monkeypatch.setattr(connect_server, "warm", lambda _settings, token=None: warmed.append(token) or "warm")
     with pytest.raises(SystemExit):
-        connect_server.foreground(stack_settings.load(), "127.0.0.1")
+        connect_server.foreground(settings, "127.0.0.1")
     (cmd, env), = started
+    assert (tmp_path / "stack").exists()
     assert env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] == "tok-from-secret"
     assert not any("tok-from-secret" in part for part in cmd)
     assert warmed == ["tok-from-secret"]
