@@ -112,6 +112,16 @@ def start(settings: StackSettings) -> None:
     process(settings).start(command(settings), env=environment(settings), cwd=settings.connect_dir)
 
 
+def foreground_environment(settings: StackSettings) -> dict[str, str]:
+    """The container's server environment: its token from the file STATETABLE_SPARK_CONNECT_TOKEN_FILE
+    names (a compose secret: a file, never a command line), else SPARK_CONNECT_AUTHENTICATE_TOKEN
+    when the environment has one."""
+    env = environment(settings, with_token=False)
+    if token_file := os.environ.get(TOKEN_FILE_ENV):
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = Path(token_file).read_text().strip()
+    return env
+
+
 def foreground(settings: StackSettings, host: str) -> None:
     """Run the server (a container's command): against STATETABLE_SPARK_MASTER, bound to `host`,
     with the token read from the file STATETABLE_SPARK_CONNECT_TOKEN_FILE names, or in
@@ -121,9 +131,7 @@ def foreground(settings: StackSettings, host: str) -> None:
     import signal
     import subprocess
 
-    env = environment(settings, with_token=False)
-    if token_file := os.environ.get(TOKEN_FILE_ENV):       # a compose secret: a file, not the environment
-        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = Path(token_file).read_text().strip()
+    env = foreground_environment(settings)
     (scratch.for_server(settings.state_dir, scratch_dir(settings).name) / "executors").mkdir()
     cmd = command(settings, host)[3:]        # no `nice`: the container's scheduler decides
     server = subprocess.Popen(cmd, env=env)

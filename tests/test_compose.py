@@ -141,48 +141,23 @@ def test_only_the_scheduler_reaches_the_connect_server_and_with_a_token():
 
 
 def test_the_compose_engine_takes_its_token_from_the_secret_file(tmp_path, monkeypatch):
-    """`statetable engine` hands the secret file's token to the server in its environment (never
-    its command line) and warms the server with it."""
-    import subprocess
+    """`statetable engine` hands the secret file's token to the server in its environment, never
+    on its command line (which every process of the host may read)."""
+    from dataclasses import replace
 
     from catalog import settings as stack_settings
     from deploy import connect_server
 
-    from dataclasses import replace
-
     secret = tmp_path / "spark_connect_token"
     secret.write_text("tok-from-secret\n")
-    monkeypatch.setenv("STATETABLE_DATA_DIR", str(tmp_path / "data"))
-    # A stack folder of its own: foreground empties its server's scratch folder, which must not
-    # be that of the suite's running engine (its shuffle files went, and two tests with them).
-    settings = replace(stack_settings.load(), state_dir=tmp_path / "stack")
     monkeypatch.setenv(connect_server.TOKEN_FILE_ENV, str(secret))
     monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
-    started, warmed = [], []
-
-    class Exited:
-        def __init__(self, cmd, env):
-            started.append((cmd, env))
-
-        def poll(self):
-            return None
-
-        def wait(self):
-            return 0
-
-        def send_signal(self, _signum):
-            pass
-
-    monkeypatch.setattr(subprocess, "Popen", Exited)
-    monkeypatch.setattr("spark_jobs.session.answers", lambda *_a, **_k: True)
-    monkeypatch.setattr(connect_server, "warm", lambda _settings, token=None: warmed.append(token) or "warm")
-    with pytest.raises(SystemExit):
-        connect_server.foreground(settings, "127.0.0.1")
-    (cmd, env), = started
-    assert (tmp_path / "stack").exists()
+    settings = replace(stack_settings.load(), state_dir=tmp_path / "stack")     # not the suite's engine's
+    env = connect_server.foreground_environment(settings)
     assert env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] == "tok-from-secret"
-    assert not any("tok-from-secret" in part for part in cmd)
-    assert warmed == ["tok-from-secret"]
+    assert not any("tok-from-secret" in part for part in connect_server.command(settings, "127.0.0.1"))
+    monkeypatch.delenv(connect_server.TOKEN_FILE_ENV)
+    assert "SPARK_CONNECT_AUTHENTICATE_TOKEN" not in connect_server.foreground_environment(settings)
 
 
 def test_the_spark_daemons_and_the_driver_share_a_secret():
