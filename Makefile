@@ -31,13 +31,13 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 	$(VENV)/bin/python -m deploy.jars fetch
 	touch $@
 
-# A class-data archive of the jobs' driver JVMs (spark_jobs/jvm_archive.py): a job whose driver
+# A class-data archive of the jobs' driver JVMs (spark_jobs/engine/jvm_archive.py): a job whose driver
 # runs here (a local session, spark-submit) starts from it with ~5 CPU s less. Building it costs
 # ~80 s and ~110 CPU s on 2 cores, so `make test` (hundreds of local jobs) builds it and `make run`
 # does not: on the stack every job runs on the Spark Connect server, and a newcomer's first run
 # waited 80 s for an archive nothing of it used. `make jvm-archive` builds it on its own.
-.cache/jvm/.built: .cache/jars/.fetched spark_jobs/jvm_archive.py
-	$(VENV)/bin/python -m spark_jobs.jvm_archive
+.cache/jvm/.built: .cache/jars/.fetched spark_jobs/engine/jvm_archive.py
+	$(VENV)/bin/python -m spark_jobs.engine.jvm_archive
 	touch $@
 
 jvm-archive: setup .cache/jvm/.built

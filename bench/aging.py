@@ -155,7 +155,9 @@ def main() -> None:
 
     from bench.broker import private_broker
     from catalog.registry import load_table
-    from spark_jobs import batch, jobs, session
+    from spark_jobs.recompute.verify import verify
+    from spark_jobs import jobs
+    from spark_jobs.engine import session
     from state.kafka_admin import ensure_topic
     from tests.table_env import isolated_runtime
 
@@ -225,10 +227,10 @@ def main() -> None:
                 st.close()
 
         if want("verify"):
-            first = batch.verify("aging", spark=spark, rt=rt, full=True)
+            first = verify("aging", spark=spark, rt=rt, full=True)
             _produce(rt.bootstrap, tables["aging"], random.Random(4).sample(range(args.keys), args.keys // 100), 4)
             run(until_caught_up=True)
-            chained = batch.verify("aging", spark=spark, rt=rt)
+            chained = verify("aging", spark=spark, rt=rt)
             result["verify"] = {"full_seconds": first.seconds, "full_ok": first.ok, "chained_seconds": chained.seconds,
                                 "chained_ok": chained.ok, "chained_from": chained.chained_from,
                                 "chained_over_full": round(chained.seconds / max(first.seconds, 1e-6), 3)}

@@ -77,7 +77,8 @@ def run_mode(mode: str, cfg, root: Path, topic: str, args, expected: dict) -> di
     from catalog.runtime import Runtime
     from deploy import connect_server, object_store, spark_cluster
     from deploy.stack import _start_cluster
-    from spark_jobs import jobs, session
+    from spark_jobs import jobs
+    from spark_jobs.engine import session
 
     settings = replace(cfg, state_dir=root / "stack")
     table = "bench_scale"

@@ -40,7 +40,7 @@ def _table_run(spark, work: Path, table: str, topic: str, bootstrap: str, batch:
 
 
 def child(mode: str, bootstrap: str, work: Path, events: int) -> dict:
-    from spark_jobs import session
+    from spark_jobs.engine import session
 
     out: dict = {"mode": mode}
     started = time.perf_counter()
@@ -51,8 +51,8 @@ def child(mode: str, bootstrap: str, work: Path, events: int) -> dict:
             yield from batches
 
         def imports(batches):
-            import spark_jobs.arrow_pass  # noqa: F401
-            import spark_jobs.merge_task  # noqa: F401
+            import spark_jobs.frames.arrow_pass  # noqa: F401
+            import spark_jobs.steps.merge_task  # noqa: F401
             yield from batches
 
         raw = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", "cold")

@@ -1,4 +1,4 @@
-"""What a table's Delta maintenance costs, by Spark SQL (spark_jobs.delta_maintenance.in_spark,
+"""What a table's Delta maintenance costs, by Spark SQL (spark_jobs.delta.delta_maintenance.in_spark,
 over its driver bound: the bronze trim's DELETE, OPTIMIZE, VACUUM) and by delta-rs on the driver
 (delta_maintenance.on_driver, under the bound), side by side in one run on copies of one bronze
 of many small files.
@@ -25,7 +25,7 @@ import time
 import pyarrow as pa
 
 from bench.suite_cpu import _processes, cpu_by_kind
-from spark_jobs import delta_maintenance
+from spark_jobs.delta import delta_maintenance
 
 
 def _bronze(path: str, files: int, rows: int) -> None:
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from spark_jobs import session
+    from spark_jobs.engine import session
 
     # Spark's VACUUM prints to the JVM's stdout: keep stdout for the JSON alone.
     stdout = os.dup(1)

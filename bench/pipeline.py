@@ -27,7 +27,7 @@ from confluent_kafka import Producer  # noqa: E402
 
 from bench.broker import private_broker  # noqa: E402
 from spark_jobs import submit  # noqa: E402
-from spark_jobs.offsets import full_range, spark_reader  # noqa: E402
+from spark_jobs.steps.offsets import full_range, spark_reader  # noqa: E402
 from catalog.runtime import Runtime  # noqa: E402
 from state.kafka_admin import ensure_topic  # noqa: E402
 
@@ -83,7 +83,9 @@ def main() -> None:
         expected = produce(rt.bootstrap, topic, args.events, args.keys)
         produce_s = time.perf_counter() - started
 
-        from spark_jobs import jobs, session
+        from spark_jobs import jobs
+
+        from spark_jobs.engine import session
 
         started = time.perf_counter()
         spark = session.get_or_create("statetable-bench")

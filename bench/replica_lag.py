@@ -64,7 +64,8 @@ def main() -> None:
     from catalog.batch_log import BatchLog
     from deploy import samples
     from deploy.processes import wait_until
-    from spark_jobs import jobs, session
+    from spark_jobs import jobs
+    from spark_jobs.engine import session
     from tests.table_env import isolated_runtime
 
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-replica-"))

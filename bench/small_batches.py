@@ -53,7 +53,9 @@ def main() -> None:
     cfg, broker = _broker(29792)
     try:
         from deploy import samples
-        from spark_jobs import jobs, mirror, session
+        from spark_jobs import jobs
+        from spark_jobs.delta import mirror
+        from spark_jobs.engine import session
         from tests.table_env import isolated_runtime
 
         spark = session.get_or_create("bench-small-batches")

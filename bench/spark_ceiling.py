@@ -16,7 +16,7 @@ import uuid
 
 from bench.broker import private_broker
 from bench.pipeline import produce
-from spark_jobs.offsets import full_range, spark_reader
+from spark_jobs.steps.offsets import full_range, spark_reader
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
 
         from pyspark.sql import functions as F
 
-        from spark_jobs import session
+        from spark_jobs.engine import session
 
         spark = session.get_or_create("statetable-spark-ceiling", local=True)
         offsets = full_range(cfg.kafka_bootstrap, topic)

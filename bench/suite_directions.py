@@ -60,7 +60,7 @@ def cases(args) -> dict:
         os.environ["STATETABLE_JOB_JVM_OPTIONS"] = args.jvm_options
     cfg, broker = _broker(29592)
     try:
-        from spark_jobs import session
+        from spark_jobs.engine import session
         from tests import test_ksqldb_conformance as conformance
         from tests.table_env import isolated_runtime
 

@@ -42,7 +42,8 @@ def _connect(settings, records: int) -> tuple[str, dict, dict]:
     """Start (or restart) the bench's own Connect server, warmed with `records`: the warm-up's line,
     a client's environment, and how long the server took to answer and to be up."""
     from deploy import connect_server
-    from spark_jobs import session, warmup
+    from spark_jobs.engine import session
+    from spark_jobs import warmup
 
     connect_server.stop(settings)
     os.environ[warmup.RECORDS_ENV] = str(records)

@@ -104,7 +104,7 @@ class TableDefinition:
     delta_retention_ms: int = 7 * 86_400_000   # VACUUM deletes files the tables dropped longer ago than this
     bronze_retention_ms: int | None = None     # bronze rows of batches committed longer ago are deleted (None:
                                                # kept forever, which verify and rebuild need; see _bronze_retention)
-    output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/merge_task.py)
+    output_topic: str | None = None            # committed changes as JSON upserts (see spark_jobs/steps/merge_task.py)
     having: str | None = None                  # which rows are shown (catalog/expressions.py); the state keeps all
     derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
     computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
@@ -117,7 +117,7 @@ class TableDefinition:
                                                # (alias.column, output name), in order
     input_table: str | None = None             # an aggregate over this source table's rows (FROM a table):
                                                # a changed row retracts its old contribution (see
-                                               # spark_jobs/table_aggregate.py)
+                                               # spark_jobs/steps/table_aggregate.py)
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -150,12 +150,12 @@ class TableDefinition:
 
     @property
     def over_table(self) -> bool:
-        """An aggregate over a table's rows (spark_jobs/table_aggregate.py)."""
+        """An aggregate over a table's rows (spark_jobs/steps/table_aggregate.py)."""
         return self.kind == "aggregate" and self.input_table is not None
 
     @property
     def table_join(self) -> bool:
-        """A join of two tables, keyed by the left one's key (spark_jobs/table_join.py)."""
+        """A join of two tables, keyed by the left one's key (spark_jobs/steps/table_join.py)."""
         return self.kind == "source" and self.input_table is not None
 
     @property
@@ -392,7 +392,7 @@ def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
 def _bronze_retention(path: Path, header: _Header, table: "TableDefinition") -> None:
     """`-- bronze_retention: 90d` (default `forever`): bronze keeps the events of batches committed
     within that long, and every batch after the last verified checkpoint. A verify then goes on
-    from checkpoint to checkpoint (spark_jobs.verify_chain), but a full verify and a rebuild,
+    from checkpoint to checkpoint (spark_jobs.delta.verify_chain), but a full verify and a rebuild,
     which recompute from all of bronze, refuse (spark_jobs.errors.HistoryTrimmed): the option
     trades the weekly proof from the beginning for disk."""
     raw = header.get("bronze_retention")

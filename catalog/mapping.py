@@ -23,7 +23,7 @@ def retracting_of(column: AggregateColumn):
 
 
 ROWS_STAGE = ".rows"     # an aggregate over a table keeps its input's rows under `<table>.rows` (no table
-                         # name has a dot): its first state stage, see spark_jobs/table_aggregate.py
+                         # name has a dot): its first state stage, see spark_jobs/steps/table_aggregate.py
 
 
 def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:

@@ -79,7 +79,7 @@ class Runtime:
         return f"{self.store_uri}/batches/{table}" if self.store_uri else self.data_dir / "batches" / table
 
     def verified_dir(self, table: str) -> str:
-        """Where verify keeps the expected state it proved exact (spark_jobs.verify_chain)."""
+        """Where verify keeps the expected state it proved exact (spark_jobs.delta.verify_chain)."""
         return f"{self.store_uri}/verified/{table}" if self.store_uri else str(self.data_dir / "verified" / table)
 
     def delta_path(self, table: str, kind: str) -> str:

@@ -383,10 +383,10 @@ def _verify(args) -> int:
 
     from catalog.runtime import Runtime
     from ops import status
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     _logging()
-    result = batch.verify(args.table, full=args.full)
+    result = verify(args.table, full=args.full)
     print(result.summary())
     status.record_verify(Runtime.from_env(), args.table, {
         "run_id": "cli", "failure": "none", "ok": result.ok,
@@ -395,10 +395,10 @@ def _verify(args) -> int:
 
 
 def _rebuild(args) -> int:
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild
 
     _logging()
-    commit = batch.rebuild(args.table)
+    commit = rebuild(args.table)
     print(json.dumps({"batch": commit.batch_id, **commit.counts, "seconds": commit.seconds}))
     return 0
 

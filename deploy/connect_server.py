@@ -19,7 +19,7 @@ from pathlib import Path
 from catalog import scratch
 from catalog.priority import batch_niceness
 from catalog.settings import StackSettings, adopt_cluster_env, connect_jvm_options, connect_token
-from spark_jobs.session import java_properties
+from spark_jobs.engine.session import java_properties
 from deploy import spark_cluster
 from deploy.processes import (ManagedProcess, made_secret, require_free_ports, wait_port_free, wait_ready, wait_until,
                               write_private)
@@ -39,8 +39,8 @@ def token(settings: StackSettings) -> str:
 
 
 def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, str]:
-    from spark_jobs import jvm_archive
-    from spark_jobs.session import spark_conf
+    from spark_jobs.engine import jvm_archive
+    from spark_jobs.engine.session import spark_conf
 
     workers = spark_cluster.size(settings)
     if workers:
@@ -74,7 +74,7 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
         "spark.connect.session.manager.defaultSessionTimeout": "7d",     # one shared session (see session_id)
         # Python workers stay up between batches. The server keys its worker daemons by client
         # session (artifact isolation or not), so every job attaches to one shared session
-        # (spark_jobs.session.session_id). Clients add no artifacts; their code is the
+        # (spark_jobs.engine.session.session_id). Clients add no artifacts; their code is the
         # project's, which every worker imports from PYTHONPATH.
         "spark.python.worker.reuse": "true",
     })
@@ -137,7 +137,7 @@ def foreground(settings: StackSettings, host: str) -> None:
     server = subprocess.Popen(cmd, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: server.send_signal(signum))
-    from spark_jobs.session import answers
+    from spark_jobs.engine.session import answers
 
     wait_until(lambda: server.poll() is not None or answers(settings.connect_url, timeout=1.0), 180.0,
                what=f"Spark Connect at {settings.connect_url}")
@@ -156,7 +156,8 @@ def warm(settings: StackSettings, token: str | None = None) -> str:
     import time
 
     from catalog.runtime import Runtime
-    from spark_jobs import session, warmup
+    from spark_jobs.engine import session
+    from spark_jobs import warmup
 
     count = warmup.records()
     folder = settings.connect_dir / "warmup"
@@ -205,13 +206,13 @@ def warmup_line(settings: StackSettings) -> str | None:
 
 def is_healthy(settings: StackSettings) -> bool:
     """The gRPC port answers (the server opens it once its SparkContext is up)."""
-    from spark_jobs.session import answers
+    from spark_jobs.engine.session import answers
 
     return process(settings).is_running() and answers(settings.connect_url, timeout=1.0)
 
 
 def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
-    from spark_jobs.session import answers
+    from spark_jobs.engine.session import answers
 
     wait_ready([process(settings)], lambda: answers(settings.connect_url, timeout=1.0), timeout,
                what=f"Spark Connect at {settings.connect_url}")

@@ -40,7 +40,7 @@ def credentials(settings: StackSettings) -> dict[str, str]:
 
 def client_env(settings: StackSettings) -> dict[str, str]:
     """What every S3 client of the stack needs: boto3, pyarrow and delta-rs read these names,
-    and the Spark side maps them onto s3a (spark_jobs.session.spark_conf)."""
+    and the Spark side maps them onto s3a (spark_jobs.engine.session.spark_conf)."""
     return {**credentials(settings), "AWS_ENDPOINT_URL": settings.s3_url, "AWS_REGION": "us-east-1",
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
             "AWS_CONDITIONAL_PUT": "etag",   # delta-rs commits with If-None-Match, as the batch log does

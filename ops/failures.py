@@ -1,7 +1,7 @@
 """Failures injected for real, and the recovery path that must undo them.
 
 restore-and-verify runs one of these against a live table, runs `recover`,
-then compares the table with a batch recomputation (spark_jobs.batch.verify).
+then compares the table with a batch recomputation (spark_jobs.recompute.verify).
 Each failure is what happens in production, not a simulation of it: a job
 SIGKILLed with its whole process tree mid-merge, a lost disk, a snapshot
 with a flipped byte, a snapshot store emptied, the broker restarted.
@@ -133,7 +133,7 @@ def _kill_engine(name: str, rt: Runtime, facts: dict) -> str:
     (STATETABLE_ENGINE_KILL, by default the local stack's `statetable stack kill-engine`), then
     starts it again (STATETABLE_ENGINE_RESTART, `statetable stack restart-engine`). The kill comes
     from outside: on a cluster the task runs on a worker, far from the server's processes."""
-    from spark_jobs.session import answers, engine
+    from spark_jobs.engine.session import answers, engine
 
     url, why = engine()
     if url is None:
@@ -172,7 +172,7 @@ def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
     commit: Spark reruns the lost tasks on the workers left, which restore the partition from
     the store and find the batch in the changelog. Then the deployment restarts the worker
     (STATETABLE_WORKER_RESTART, by default the local stack's `statetable stack restart-workers`)."""
-    from spark_jobs.session import engine
+    from spark_jobs.engine.session import engine
 
     url, why = engine()
     if url is None:
@@ -198,7 +198,7 @@ def _kill_worker(name: str, rt: Runtime, facts: dict) -> str:
 
 
 def _require_input(name: str, rt: Runtime, why: str) -> BatchLog:
-    from spark_jobs.planning import lag
+    from spark_jobs.batches.planning import lag
 
     batch_log = BatchLog(rt.batch_dir(name))
     if batch_log.pending_plan() is None and lag(name, rt) == 0:

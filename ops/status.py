@@ -21,8 +21,8 @@ from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.registry import spec_of
 from catalog.runtime import Runtime
-from spark_jobs.offsets import OffsetDiscontinuity
-from spark_jobs.planning import lag
+from spark_jobs.steps.offsets import OffsetDiscontinuity
+from spark_jobs.batches.planning import lag
 
 
 #: Batch durations, seconds: a warm batch takes well under a second, a cold or large one minutes.

@@ -29,8 +29,8 @@ def run(name: str, max_batches: int | None = None, until_caught_up: bool = False
         rt: Runtime | None = None, max_records_per_batch: int | None = None, snapshots: bool = True,
         finish_pending_only: bool = False):
     """Run micro-batches; `finish_pending_only` completes an interrupted batch and starts none."""
-    from spark_jobs import session
-    from spark_jobs.microbatch import MicroBatchRunner
+    from spark_jobs.engine import session
+    from spark_jobs.batches.microbatch import MicroBatchRunner
 
     faults.validate(os.environ.get(faults.ENV))
     rt = rt or Runtime.from_env()
@@ -63,8 +63,8 @@ def follow(name: str, poll_seconds: float = 0.5, spark=None, rt: Runtime | None 
     the table lock for as long as it runs: the DAG's batches wait (or time out)
     rather than interleave with it. Returns the number of batches committed.
     """
-    from spark_jobs import session
-    from spark_jobs.microbatch import MicroBatchRunner
+    from spark_jobs.engine import session
+    from spark_jobs.batches.microbatch import MicroBatchRunner
 
     rt = rt or Runtime.from_env()
     table, tables = load_table(name, rt)
@@ -123,7 +123,7 @@ def accept_offsets(name: str, rt: Runtime | None = None, note: str = "") -> dict
     import getpass
 
     from catalog.batch_log import BatchLog
-    from spark_jobs.offsets import OffsetDiscontinuity, next_starts, topic_id, watermarks
+    from spark_jobs.steps.offsets import OffsetDiscontinuity, next_starts, topic_id, watermarks
 
     rt = rt or Runtime.from_env()
     table, _ = load_table(name, rt)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 "read": sum(c.counts["read"] for c in commits), "seconds": round(time.monotonic() - started, 3)})
             return 0
         if args.action == "rebuild":
-            from spark_jobs import batch
+            from spark_jobs.recompute.rebuild import rebuild
 
             window = None
             once = args.window == "once"      # a backfill day of a table without windows
@@ -243,15 +243,16 @@ def main(argv: list[str] | None = None) -> int:
                     assert len(window) == 2
                 except (ValueError, AssertionError):
                     raise UserError(f"table {args.table!r}: --window {args.window!r} must be FROM_MS:TO_MS") from None
-            commit = batch.rebuild(args.table, rt=rt, window_range=window, unless_repeated=once)
+            commit = rebuild(args.table, rt=rt, window_range=window, unless_repeated=once)
             _write_result(args.result_file, commit_summary(commit))
             return 0
-        from spark_jobs import batch, session
+        from spark_jobs.recompute.verify import verify
+        from spark_jobs.engine import session
 
         spark = session.get_or_create(f"statetable-verify-{args.table}")
         finished = run(args.table, rt=rt, spark=spark, snapshots=False, finish_pending_only=True) \
             if args.finish_pending else []
-        result = batch.verify(args.table, spark=spark, rt=rt, full=args.full)
+        result = verify(args.table, spark=spark, rt=rt, full=args.full)
         print(result.summary(), flush=True)
         from dataclasses import asdict
 

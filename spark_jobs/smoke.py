@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.offsets import OffsetRange, spark_reader
+from spark_jobs.steps.offsets import OffsetRange, spark_reader
 
 
 def read_range(spark, bootstrap: str, offsets: OffsetRange):
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-key", default="adhoc", help="the Delta partition this run owns")
     args = parser.parse_args(argv)
 
-    from spark_jobs import session
+    from spark_jobs.engine import session
 
     spark = session.get_or_create("statetable-smoke")
     result = run(spark, args.bootstrap, OffsetRange.from_json(args.offsets), args.delta_path, args.run_key)

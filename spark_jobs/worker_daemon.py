@@ -4,7 +4,7 @@ and the state library imported before it forks any worker.
 The server keeps a daemon per client session (a table's), and Spark stops idle workers after a
 minute, so a table scheduled every minute would fork cold workers each run and pay ~1 s of
 imports (pyarrow, pandas, the pass) in each. Forked from a daemon that holds them, a worker
-starts warm. Set as `spark.python.daemon.module` for every session (spark_jobs/session.py).
+starts warm. Set as `spark.python.daemon.module` for every session (spark_jobs/engine/session.py).
 
 A reused worker runs a full `gc.collect()` after every task (pyspark.daemon). Over the ~100,000
 objects of these imports each took 65-85 ms, and a small batch runs 8-10 Python tasks: 0.7 of its
@@ -39,13 +39,13 @@ import pyarrow.compute  # noqa: E402,F401
 import pyarrow.json  # noqa: E402,F401
 import pyarrow.parquet  # noqa: E402,F401
 import pyspark.worker  # noqa: E402,F401
-import spark_jobs.arrow_pass  # noqa: E402,F401
-import spark_jobs.merge_task  # noqa: E402,F401
-import spark_jobs.mirror  # noqa: E402,F401
+import spark_jobs.frames.arrow_pass  # noqa: E402,F401
+import spark_jobs.steps.merge_task  # noqa: E402,F401
+import spark_jobs.delta.mirror  # noqa: E402,F401
 
 if __name__ == "__main__":
     # Every worker forked from here inherits it: a merge task tells its batch whether its worker
     # came warm (a daemon that was up, imports done, before the batch began) or cold.
-    os.environ[spark_jobs.merge_task.PRELOADED_ENV] = repr(time.time())
+    os.environ[spark_jobs.steps.merge_task.PRELOADED_ENV] = repr(time.time())
     gc.freeze()
     pyspark.daemon.manager()

@@ -134,7 +134,7 @@ def kafka(stack_settings_):
 @pytest.fixture(scope="session")
 def engine(stack_settings_):
     """The stack's Spark Connect server; yields its address with the token (a client URL)."""
-    from spark_jobs.session import client_url
+    from spark_jobs.engine.session import client_url
 
     connect_server.start(stack_settings_)
     try:
@@ -174,7 +174,7 @@ SESSION_JIT = os.environ.get("STATETABLE_TEST_SESSION_JVM_OPTIONS", "-XX:Tier4In
 
 @pytest.fixture(scope="session")
 def spark():
-    from spark_jobs import session
+    from spark_jobs.engine import session
 
     # One session for each worker's whole run: C2 pays off on what is hot. (C1 alone only saved CPU
     # in its first minutes and lost it over a whole run: the joins of tables 180 -> 263 s.) But

@@ -42,7 +42,7 @@ def read_topic(bootstrap: str, topic: str) -> list:
     """Every record of a topic, read with confluent-kafka (independent of Spark)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from spark_jobs.offsets import watermarks
+    from spark_jobs.steps.offsets import watermarks
     from state.kafka_config import client_config
 
     ends = watermarks(bootstrap, topic)

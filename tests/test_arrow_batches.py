@@ -1,5 +1,5 @@
 """The read's Arrow batches: sized by record count from the records' size, Spark's per-row byte
-check off (spark_jobs.arrow_batches). A wrong size would let a batch of large records grow
+check off (spark_jobs.engine.arrow_batches). A wrong size would let a batch of large records grow
 past what a Python worker can hold, so the real test counts the Arrow batches the pass saw
 (bronze writes one Parquet file per Arrow batch) against a cap computed here from the bytes
 produced."""
@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_jobs import arrow_batches, jobs
+from spark_jobs.engine import arrow_batches
+
+from spark_jobs import jobs
 from tests.table_env import isolated_runtime, new_table, read_topic
 
 SQL = """-- topic: {topic}
@@ -109,7 +111,7 @@ def test_large_records_get_small_arrow_batches_from_a_sample_then_from_the_last_
 def test_kafka_batch_reads_take_spark_s_v2_scan(kafka, spark, capsys):
     """The V1 Kafka relation turns every record into an external Row and back; the session makes
     Spark read Kafka batches through KafkaScan (session.V1_SOURCES)."""
-    from spark_jobs.offsets import OffsetRange, spark_reader
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
     from state.kafka_admin import ensure_topic
 
     ensure_topic(kafka, "v2-scan-check", 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from catalog.batch_log import BatchLog
-from spark_jobs import arrow_batches
+from spark_jobs.engine import arrow_batches
 from tests.table_env import isolated_runtime, new_table
 
 STATETABLE = str(Path(sys.executable).parent / "statetable")
@@ -62,7 +62,7 @@ def test_overlapping_batches_each_run_with_their_own_tables_arrow_cap(kafka, eng
     # the tests' later local sessions into Connect ones).
     probe = ("import json, sys, uuid\n"
              "from spark_jobs import arrow_batches as a\n"
-             "from spark_jobs.session import remote_session\n"
+             "from spark_jobs.engine.session import remote_session\n"
              "keys = (a.MAX_RECORDS_CONF, a.MAX_BYTES_CONF)\n"
              "shared, fresh = remote_session(sys.argv[1]), remote_session(sys.argv[1], 'probe-' + uuid.uuid4().hex)\n"
              "print(json.dumps([[s.conf.get(k, None) for k in keys] for s in (shared, fresh)]))\n")

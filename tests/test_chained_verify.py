@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
-from spark_jobs import batch, jobs
+from spark_jobs.recompute.verify import verify
+
+from spark_jobs import jobs
 from state import codec
 from tests.table_env import isolated_runtime, read_topic
 from tests.tamper import corrupt_value
@@ -55,7 +57,7 @@ def test_a_chained_verify_finds_what_a_full_one_finds_and_refuses_a_damaged_chec
     everyone = [f"c{i:03d}" for i in range(200)]
     _produce(rt, suffix, everyone, 20, 0)
     jobs.run(TABLE, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=1500)
-    first = batch.verify(TABLE, spark=spark, rt=rt)
+    first = verify(TABLE, spark=spark, rt=rt)
     assert first.ok and first.chained_from is None and first.keys_compared == 200, first.summary()
     assert "in full" in first.summary()
 
@@ -67,7 +69,7 @@ def test_a_chained_verify_finds_what_a_full_one_finds_and_refuses_a_damaged_chec
     expected = _expected(rt, suffix)
     assert set(state) == set(expected)
     assert all(state[c][0] == expected[c][0] and abs(state[c][1] - expected[c][1]) < 1e-6 for c in expected)
-    second = batch.verify(TABLE, spark=spark, rt=rt)
+    second = verify(TABLE, spark=spark, rt=rt)
     assert second.ok and second.chained_from == first.batch_id and second.keys_compared == 200, second.summary()
     assert f"from the checkpoint verified at batch {first.batch_id}" in second.summary()
 
@@ -81,7 +83,7 @@ def test_a_chained_verify_finds_what_a_full_one_finds_and_refuses_a_damaged_chec
     victim.write_bytes(bytes(data))
     _produce(rt, suffix, [everyone[4]], 1, 3000)
     jobs.run(TABLE, until_caught_up=True, spark=spark, rt=rt)
-    fallback = batch.verify(TABLE, spark=spark, rt=rt)
+    fallback = verify(TABLE, spark=spark, rt=rt)
     assert fallback.ok and fallback.chained_from is None, fallback.summary()
     assert "refused" in fallback.note and victim.name in fallback.note and "SHA-256" in fallback.note
     assert "recomputed from the beginning" in fallback.summary()
@@ -92,9 +94,9 @@ def test_a_chained_verify_finds_what_a_full_one_finds_and_refuses_a_damaged_chec
     _flip(rt, touched, (7, 7.0, 7.0))
     _produce(rt, suffix, [everyone[3], touched], 1, 2000)   # `touched` changes again after the checkpoint
     jobs.run(TABLE, until_caught_up=True, spark=spark, rt=rt)
-    third = batch.verify(TABLE, spark=spark, rt=rt)
+    third = verify(TABLE, spark=spark, rt=rt)
     assert third.chained_from == fallback.batch_id, third.summary()
     assert not third.ok and third.different == 2, third.summary()
     assert {e["key"][0] for e in third.examples} == {untouched, touched}
-    full = batch.verify(TABLE, spark=spark, rt=rt, full=True)
+    full = verify(TABLE, spark=spark, rt=rt, full=True)
     assert full.chained_from is None and full.different == 2       # the full recompute agrees

@@ -24,7 +24,7 @@ def env(kafka, tmp_path):
 
 
 def test_an_aggregate_tables_change_topic_folds_to_the_table_and_follows_a_rebuild(env, spark):
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild
 
     rt, suffix = env
     out = "movie_tickets_sold_changes" + suffix         # the shipped table's output_topic
@@ -57,7 +57,7 @@ def test_an_aggregate_tables_change_topic_folds_to_the_table_and_follows_a_rebui
         corrupt_value(part.backend, codec.encode_key((title,)), codec.encode_value((expected[title] + 1000,)))
     finally:
         st.close()
-    commit = batch.rebuild("movie_tickets_sold", spark=spark, rt=rt)
+    commit = rebuild("movie_tickets_sold", spark=spark, rt=rt)
     folded, seen = fold_change_topic(rt.bootstrap, out)
     assert [key for key, b in seen if b == commit.batch_id] == [json.dumps({"title": title})]
     assert folded == {json.dumps({"title": t}): {"title": t, "tickets_sold": n} for t, n in expected.items()}
@@ -108,7 +108,7 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     """movie_ticket_totals reads movie_tickets_sold's change topic (the shipped chain). After its
     local store is wiped it is restored, and verify recomputes the chain upstream first."""
     from ops import failures
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     samples.produce("movie_tickets_sold", rt.bootstrap, 5000, suffix=suffix)
@@ -128,7 +128,7 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
     failures.inject("movie_ticket_totals", "wipe_local_store", rt)
     jobs.restore("movie_ticket_totals", rt=rt)
     assert totals() == expected
-    result = batch.verify("movie_ticket_totals", spark=spark, rt=rt)
+    result = verify("movie_ticket_totals", spark=spark, rt=rt)
     assert result.ok, result.summary()
     assert [u.table for u in result.upstream] == ["movie_tickets_sold"] and result.upstream[0].ok
     assert result.keys_compared == result.upstream[0].keys_compared == len(expected)
@@ -173,7 +173,7 @@ def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks
         failures.inject(table, "wipe_local_store", rt)
         jobs.restore(table, rt=rt)
     assert per_genre() == want
-    result = batch.verify("tickets_per_genre", spark=spark, rt=rt)
+    result = verify("tickets_per_genre", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(want), result.summary()
     assert [u.table for u in result.upstream] == ["movie_ticket_genres"] and result.upstream[0].ok
     assert result.upstream[0].keys_compared == len(expected)

@@ -56,7 +56,7 @@ def _environ_kept():
 @pytest.fixture(scope="module")
 def cluster(kafka, stack_settings_, tmp_path_factory):
     from deploy import connect_server, object_store, spark_cluster, stack
-    from spark_jobs.session import client_url
+    from spark_jobs.engine.session import client_url
 
     settings = replace(stack_settings_, state_dir=tmp_path_factory.mktemp("cluster-stack"),
                        connect_port=stack_settings_.connect_port + 1, s3_port=stack_settings_.s3_port + 1)

@@ -173,6 +173,6 @@ def test_the_spark_daemons_and_the_driver_share_a_secret():
     assert conf == {"spark.driver.host": "spark-connect", "spark.driver.bindAddress": "0.0.0.0",
                     "spark.authenticate": "true", "spark.authenticate.secret": "${SPARK_AUTH_SECRET}",   # required (:?) by the daemons
                     "spark.ui.killEnabled": "false"}
-    from spark_jobs.session import FIXED_CONFS
+    from spark_jobs.engine.session import FIXED_CONFS
 
     assert not set(conf) & FIXED_CONFS            # a deployment may set every one of them

@@ -106,20 +106,20 @@ def _edges(dag) -> set[tuple[str, str]]:
 
 
 def test_rebuild_params_fail_before_any_work_naming_table_and_param():
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild_window
 
     tables = load_all(TABLES_DIR)
     movies = tables[MOVIES]
     with pytest.raises(ValueError, match=r"movie_tickets_sold.*window_from='yesterday'"):
-        batch.rebuild_window(movies, "yesterday", "2026-03-02", False, None)
+        rebuild_window(movies, "yesterday", "2026-03-02", False, None)
     with pytest.raises(ValueError, match="both params window_from and window_to"):
-        batch.rebuild_window(movies, "2026-03-01", None, False, None)
+        rebuild_window(movies, "2026-03-01", None, False, None)
     with pytest.raises(ValueError, match="exclude each other"):
-        batch.rebuild_window(movies, "2026-03-01", "2026-03-02", True, None)
+        rebuild_window(movies, "2026-03-01", "2026-03-02", True, None)
     with pytest.raises(ValueError, match="has no windows"):
-        batch.rebuild_window(movies, "2026-03-01", "2026-03-02", False, None)
+        rebuild_window(movies, "2026-03-01", "2026-03-02", False, None)
     day = (datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 3, 2, tzinfo=timezone.utc))
-    assert batch.rebuild_window(movies, None, None, False, day) is None      # no windows: full rebuild
+    assert rebuild_window(movies, None, None, False, day) is None      # no windows: full rebuild
 
 
 # ------------------------------------------------------------------ on the stack
@@ -182,7 +182,7 @@ def test_backfill_of_three_dates_of_a_table_without_windows_rebuilds_once_and_st
     """A table without windows rebuilds in full for any day: one day of the backfill rebuilds,
     the other two (run side by side by Airflow) find the rebuild done under the table's lock and
     say why they did not repeat it (three identical full rebuilds were run before)."""
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     from catalog.batch_log import BatchLog
 
@@ -208,7 +208,7 @@ def test_backfill_of_three_dates_of_a_table_without_windows_rebuilds_once_and_st
     assert sum("another full rebuild would compute the same state" in text for text in logs) == 2, logs
     rebuilt = [c for c in BatchLog(stack_rt.batch_dir(MOVIES)).commits_after(last_before) if c.counts.get("rebuild")]
     assert len(rebuilt) == 1, rebuilt
-    result = batch.verify(MOVIES, spark=spark, rt=stack_rt)
+    result = verify(MOVIES, spark=spark, rt=stack_rt)
     assert result.ok, result.summary()
     assert result.keys_compared == len(_expected_movies(stack_rt.bootstrap))
 

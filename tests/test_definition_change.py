@@ -53,7 +53,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_a_changed_definition_stops_writers_and_readers_until_a_rebuild_adopts_it(kafka, tmp_path, spark):
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
     topic = "movie_ticket_sales" + suffix
@@ -91,7 +91,7 @@ def test_a_changed_definition_stops_writers_and_readers_until_a_rebuild_adopts_i
 
     # The next writer drops the stale local store, restores the new state and goes on. Before any
     # new input, the Delta mirror (what joins read) holds the new definition's rows, no old ones.
-    from spark_jobs import mirror
+    from spark_jobs.delta import mirror
 
     assert jobs.run(NAME, until_caught_up=True, spark=spark, rt=rt) == []
     rows = [json.loads(r) for r in mirror.committed_rows(rt, NAME)[1].column("row").to_pylist()]
@@ -109,7 +109,7 @@ def test_a_changed_definition_stops_writers_and_readers_until_a_rebuild_adopts_i
     finally:
         st.close()
     assert _same(state, expected), (state, expected)
-    result = batch.verify(NAME, spark=spark, rt=rt)
+    result = verify(NAME, spark=spark, rt=rt)
     assert result.ok, result.summary()
 
     # The reader that served the old state adopts the new definition once the state answers for it.

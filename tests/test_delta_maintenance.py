@@ -15,7 +15,11 @@ import pandas as pd
 import pytest
 
 from deploy import samples
-from spark_jobs import batch, delta_files, delta_maintenance, jobs, verify_chain
+from spark_jobs.delta import verify_chain
+from spark_jobs.recompute.rebuild import rebuild
+from spark_jobs.recompute.verify import verify
+from spark_jobs.delta import delta_files, delta_maintenance
+from spark_jobs import jobs
 from tests.table_env import isolated_runtime, read_topic
 
 TABLE = "movie_tickets_sold"
@@ -47,7 +51,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert _files_on_disk(bronze) > 1                # dropped files stay for delta_retention (1 h)
     frame = spark.read.format("delta").load(bronze)
     assert frame.count() == produced == frame.select("source_partition", "source_offset").distinct().count()
-    result = batch.verify(TABLE, spark=spark, rt=rt)
+    result = verify(TABLE, spark=spark, rt=rt)
     assert result.ok, result.summary()
 
     # VACUUM with no retention, by Spark (over the driver's bound): only the live file is left on
@@ -67,7 +71,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
         samples.produce(TABLE, rt.bootstrap, 500, suffix=suffix)
         produced += 500
         (commit,) = jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
-    verified = batch.verify(TABLE, spark=spark, rt=rt)
+    verified = verify(TABLE, spark=spark, rt=rt)
     assert verified.ok and verified.batch_id == 5, verified.summary()
     from catalog.batch_log import BatchLog
 
@@ -91,7 +95,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert len(message) == 1 and "a full verify recomputes from batch 0" in message[0], cli.stderr[-2000:]
     assert "Error" not in cli.stderr and "Traceback" not in cli.stderr, cli.stderr[-2000:]
     with pytest.raises(Exception, match="bronze_retention"):
-        batch.rebuild(TABLE, spark=spark, rt=rt)
+        rebuild(TABLE, spark=spark, rt=rt)
 
     # The table goes on: the next batch commits into the trimmed bronze, and the state equals
     # pandas over every record the topic holds.
@@ -103,7 +107,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
     assert len(records) == produced
     expected = records.groupby("title")["ticket_total_value"].count().to_dict()
     assert {k[0]: v[0] for k, v in jobs.state_rows(TABLE, rt).items()} == expected
-    chained = batch.verify(TABLE, spark=spark, rt=rt)
+    chained = verify(TABLE, spark=spark, rt=rt)
     assert chained.ok and chained.chained_from == 5, chained.summary()
 
     # A changed definition cannot be adopted from trimmed history: the batch stops naming the way
@@ -120,7 +124,7 @@ def test_bronze_is_compacted_vacuumed_and_trimmed_and_verify_names_the_option(ka
         jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
     assert "put the old definition back" in str(stopped.value) and "rebuild" not in str(stopped.value)
     with pytest.raises(HistoryTrimmed, match="history starts at batch 4.*put the old definition back"):
-        batch.rebuild(TABLE, spark=spark, rt=rt)
+        rebuild(TABLE, spark=spark, rt=rt)
     sql.write_text(original)
     (commit,) = jobs.run(TABLE, spark=spark, rt=rt, max_batches=1)
     assert commit.batch_id == 7 and commit.counts["read"] == 500

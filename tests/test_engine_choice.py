@@ -1,11 +1,11 @@
-"""Which engine a job runs on (spark_jobs.session.engine): pure logic, no server started."""
+"""Which engine a job runs on (spark_jobs.engine.session.engine): pure logic, no server started."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from spark_jobs import session
+from spark_jobs.engine import session
 
 
 def _closed_port() -> int:

@@ -84,7 +84,7 @@ def test_a_restarted_engine_is_warm_before_the_first_batch(kafka, engine, tmp_pa
         rows.produce(rows_topic, json.dumps({"id": i, "name": f"n{i}"}).encode(), str(i).encode(), partition=i % 2)
     assert rows.flush(30) == 0
     from catalog.registry import load_table
-    from spark_jobs.microbatch import engine_of
+    from spark_jobs.batches.microbatch import engine_of
 
     assert engine_of(load_table(ROWS, rt)[0]) == "spark"
     (commit,) = [json.loads(line) for line in _cli(env, "run", ROWS, "--until-caught-up").stdout.splitlines()

@@ -184,7 +184,7 @@ def test_exactly_once_under_kills(kafka, tmp_path, spark, engine, stack_settings
 
     # The Delta mirror (the folded table overlaid with newer changes), after kills between its
     # change commits and folds, equals it too.
-    from spark_jobs import mirror as delta_mirror
+    from spark_jobs.delta import mirror as delta_mirror
 
     mirror = {json.loads(r["key"])[0]: json.loads(r["row"]) for r in delta_mirror.frame(spark, rt, TABLE).collect()}
     assert set(mirror) == set(expected.index)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from catalog.errors import UnsupportedSql
 from catalog.expressions import compile_value
-from spark_jobs.arrow_values import parse_values
+from spark_jobs.frames.arrow_values import parse_values
 from tests.fuzz import expressions as fuzz_expressions, records as fuzz_records
 
 SEED = int(os.environ.get("STATETABLE_FUZZ_SEED", "4511"))

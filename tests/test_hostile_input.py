@@ -48,7 +48,7 @@ def _dead_letters(rt, table: str) -> dict[int, str]:
 
 
 def test_where_filters_in_the_batch_path_and_the_recomputation(env, spark):
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "movie_ticket_sales" + suffix
@@ -67,7 +67,7 @@ def test_where_filters_in_the_batch_path_and_the_recomputation(env, spark):
     assert {k[0]: v[0] for k, v in state.items()} == expected["count"].to_dict()
     assert all(math.isclose(state[(t,)][1], total) for t, total in expected["sum"].items())
     assert sum(c.counts["filtered"] for c in commits) == len(frame) - len(kept)
-    assert batch.verify("big_sales", spark=spark, rt=rt).ok
+    assert verify("big_sales", spark=spark, rt=rt).ok
 
 
 def test_nan_infinity_and_overflowing_doubles_are_wrong_type_and_never_reach_max(env, spark):
@@ -175,8 +175,10 @@ def _recreate(rt, topic: str, partitions: int) -> None:
 def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accepts_it(env, spark):
     from confluent_kafka import TopicPartition
 
-    from spark_jobs import offsets, planning
-    from spark_jobs.offsets import OffsetDiscontinuity
+    from spark_jobs.batches import planning
+
+    from spark_jobs.steps import offsets
+    from spark_jobs.steps.offsets import OffsetDiscontinuity
     from state.kafka_admin import admin
 
     rt, suffix = env
@@ -232,7 +234,7 @@ def test_a_recreated_or_truncated_topic_stops_the_table_until_an_operator_accept
 
 
 def test_a_sum_past_64_bits_dead_letters_its_events_and_the_rest_of_the_batch_commits(env, spark):
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "ledger" + suffix
@@ -260,7 +262,7 @@ def test_a_sum_past_64_bits_dead_letters_its_events_and_the_rest_of_the_batch_co
     finally:
         st.close()
     assert state == expected
-    result = batch.verify("ledger", spark=spark, rt=rt)
+    result = verify("ledger", spark=spark, rt=rt)
     assert result.ok, result.summary()
 
 
@@ -273,7 +275,7 @@ def test_a_lost_batch_log_stops_the_writer_instead_of_applying_batches_again(env
 
     from catalog import registry
     from catalog.batch_log import BatchLogLost
-    from spark_jobs.offsets import watermarks
+    from spark_jobs.steps.offsets import watermarks
 
     rt, suffix = env
     name = "movie_tickets_sold"

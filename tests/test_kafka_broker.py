@@ -6,7 +6,7 @@ import time
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from state.kafka_admin import ensure_topic
-from spark_jobs.offsets import watermarks
+from spark_jobs.steps.offsets import watermarks
 
 
 def _read_all(bootstrap: str, topic: str, partitions: int, isolation: str = "read_committed") -> list:

@@ -87,7 +87,7 @@ def test_the_walk_sees_the_real_imports():
     """The checks above can fail only if the walk finds imports: known edges must be there."""
     assert any(n.startswith("catalog.") for n in MODULES["spark_jobs.jobs"])
     assert any(n.startswith("ops.") for n in MODULES["serving.query"])
-    assert "pyspark.sql" in MODULES["spark_jobs.sql_step"]
+    assert "pyspark.sql" in MODULES["spark_jobs.steps.sql_step"]
 
 
 def _sources() -> dict[str, ast.Module]:
@@ -146,14 +146,17 @@ def test_no_module_reaches_into_another_modules_underscore_names():
 
 
 def test_the_batch_path_reads_as_small_steps():
-    """#44: the runner only orders the steps (plan, pass, merge, commit, after-commit); no class of
-    the Spark layer holds more than one job's worth of code."""
-    assert len((ROOT / "spark_jobs" / "microbatch.py").read_text().splitlines()) < 350
+    """#44, #67: the runner only orders the steps (plan, pass, merge, commit, after-commit); no
+    module of the Spark layer is over 600 lines, no class over 250."""
+    assert len((ROOT / "spark_jobs" / "batches" / "microbatch.py").read_text().splitlines()) < 350
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in _files("spark_jobs")
+            if (n := len(path.read_text().splitlines())) > 600]
+    assert long == []
     big = [f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines" for module, tree in SOURCES.items()
            if module.startswith("spark_jobs.") for node in ast.walk(tree)
-           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300]
+           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250]
     assert big == []
-    runner = next(n for n in SOURCES["spark_jobs.microbatch"].body
+    runner = next(n for n in SOURCES["spark_jobs.batches.microbatch"].body
                   if isinstance(n, ast.ClassDef) and n.name == "MicroBatchRunner")
     init = next(n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
@@ -183,6 +186,49 @@ def test_only_pass_for_asks_a_tables_kind():
     assert inside == [], "the passes themselves know their kind by being it"
 
 
+# spark_jobs/'s wings by floor, top first (#67): a module imports its own wing and the floors
+# below it, never one above; batches/ and recompute/ stand side by side over passes/. The entry
+# points (jobs, submit, smoke, warmup, worker_daemon) stand over every wing, errors under all of them.
+WING_FLOORS = {"batches": 6, "recompute": 6, "passes": 5, "steps": 4, "delta": 3, "frames": 2, "engine": 1}
+ENTRY_POINTS = {"spark_jobs.jobs", "spark_jobs.submit", "spark_jobs.smoke", "spark_jobs.worker_daemon",
+                "spark_jobs.warmup"}
+
+
+def _floor(module: str) -> int:
+    if module in ENTRY_POINTS or module == "spark_jobs":
+        return 7
+    if module == "spark_jobs.errors":
+        return 0
+    return WING_FLOORS[module.split(".")[1]]
+
+
+def test_spark_jobs_wings_import_down_their_floors():
+    """A wing's module imports its own wing or the floors below (the map: spark_jobs/__init__.py)."""
+    assert {path.parent.name for path in _files("spark_jobs") if path.parent.name != "spark_jobs"} == set(WING_FLOORS)
+    top = {_module("spark_jobs", path) for path in _files("spark_jobs") if path.parent.name == "spark_jobs"}
+    assert top - ENTRY_POINTS == {"spark_jobs", "spark_jobs.errors"}, "a new module belongs in a wing"
+    wing = lambda m: "entry points" if m in ENTRY_POINTS else m.split(".")[1]
+    up = [f"{module} imports {name}" for module, names in MODULES.items() if module.startswith("spark_jobs.")
+          for name in names if name in MODULES and name.startswith("spark_jobs.") and name != "spark_jobs"
+          and wing(name) != wing(module) and _floor(name) >= _floor(module)]
+    assert up == []
+
+
+# What frames/ may not import: a store of the product or a client that reads one. A frame is
+# handed what it reads (TableFrames' `inputs`, the Arrow pass's `write_file`), so it can be
+# built and tested over in-memory data.
+STORAGE = ("catalog.batch_log", "catalog.registry", "catalog.runtime", "state.table.StateTable", "state.changelog",
+           "state.snapshots", "state.backends", "state.partition", "state.restore", "state.kafka_admin",
+           "confluent_kafka", "deltalake", "delta", "pyarrow.fs", "pyarrow.parquet", "rocksdict", "spark_jobs.delta",
+           "spark_jobs.steps", "spark_jobs.engine.session")
+
+
+def test_frames_read_no_storage():
+    found = [f"{module} imports {name}" for module, names in MODULES.items() if module.startswith("spark_jobs.frames")
+             for name in names if any(name == s or name.startswith(s + ".") for s in STORAGE)]
+    assert found == []
+
+
 def test_every_package_of_the_product_is_in_the_wheel():
     """The wheel lists its packages (pyproject.toml): a new wing left out installs, then fails to
     import in a team's Airflow (spark_jobs.passes did, caught only by the install test)."""
@@ -197,7 +243,7 @@ BUILTINS = {"ValueError", "RuntimeError", "TypeError", "KeyError", "LookupError"
             "PermissionError", "FileNotFoundError", "TimeoutError", "SystemExit", "IndexError"}
 # Raised and caught inside one evaluator as control flow ("this text is no number"), never out
 # of it: the evaluators are total (tests/test_fuzz.py).
-CONTROL_FLOW = {"catalog.expressions", "spark_jobs.arrow_values"}
+CONTROL_FLOW = {"catalog.expressions", "spark_jobs.frames.arrow_values"}
 
 
 def test_no_product_code_raises_a_bare_builtin():

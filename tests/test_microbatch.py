@@ -49,7 +49,8 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
 
 
 def test_a_table_without_bronze_keeps_no_input_copy_and_says_verify_needs_it(env, spark):
-    from spark_jobs import batch, delta_files
+    from spark_jobs.recompute.verify import verify
+    from spark_jobs.delta import delta_files
 
     rt, suffix = env
     sql = rt.tables_dir / "movie_tickets_sold.sql"
@@ -62,7 +63,7 @@ def test_a_table_without_bronze_keeps_no_input_copy_and_says_verify_needs_it(env
     expected = frame.groupby("title")["ticket_total_value"].count().to_dict()
     assert {k[0]: v[0] for k, v in _state_rows(rt, "movie_tickets_sold").items()} == expected
     with pytest.raises(ValueError, match=r"movie_tickets_sold.*bronze: off.*bronze: on"):
-        batch.verify("movie_tickets_sold", spark=spark, rt=rt)
+        verify("movie_tickets_sold", spark=spark, rt=rt)
 
 
 def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_every_batch(env, spark, monkeypatch):
@@ -73,7 +74,7 @@ def test_the_mirror_folds_every_n_batches_and_its_view_equals_the_state_after_ev
     Spark's MERGE on the same mirror."""
     from delta.tables import DeltaTable
 
-    from spark_jobs import mirror
+    from spark_jobs.delta import mirror
 
     rt, suffix = env
     sql = rt.tables_dir / "movie_tickets_sold.sql"
@@ -152,12 +153,12 @@ def test_leaderboard_sample_gives_the_seed_output(env, spark):
     assert present("leaderboard", lookup("leaderboard", ("1",), rt=rt)) == board
 
     # Each batch joined the players of its time; a rename later must not make verify disagree.
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     producer.produce("players" + suffix, json.dumps({"id": 2, "name": "Mitchell"}).encode(), key=b"2")
     assert producer.flush(10) == 0
     jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
-    result = batch.verify("leaderboard", spark=spark, rt=rt)
+    result = verify("leaderboard", spark=spark, rt=rt)
     assert result.ok, result.summary()
     assert [e["playerName"] for e in present("leaderboard", lookup("leaderboard", ("1",), rt=rt))] == \
         ["Isabelle", "Mitch", "Elyse"]
@@ -237,7 +238,9 @@ def test_bad_records_are_dead_lettered_with_reasons_and_good_ones_counted(env, s
 
 
 def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, monkeypatch):
-    from spark_jobs import batch
+    from spark_jobs.recompute import history, rebuild as rebuild_module
+    from spark_jobs.recompute.rebuild import rebuild
+    from spark_jobs.recompute.verify import verify
     from catalog import registry
     from state import codec
 
@@ -251,16 +254,17 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
         def no_driver_copy(*args, **kwargs):
             raise AssertionError("a whole table was gathered on the driver")
 
-        patched.setattr(batch, "recompute", no_driver_copy)
+        patched.setattr(history, "recompute", no_driver_copy)
+        patched.setattr(rebuild_module, "recompute", no_driver_copy)
         patched.setattr(registry, "readonly_partitions", no_driver_copy)
-        first = batch.verify("payments_per_customer", spark=spark, rt=rt)
+        first = verify("payments_per_customer", spark=spark, rt=rt)
         assert first.ok and first.keys_compared == len(incremental), first.summary()
-        commit = batch.rebuild("payments_per_customer", spark=spark, rt=rt)
+        commit = rebuild("payments_per_customer", spark=spark, rt=rt)
     assert commit.counts["keys"] == len(incremental)
     rebuilt = _state_rows(rt, "payments_per_customer")
     assert rebuilt.keys() == incremental.keys()
     assert all(rebuilt[k][0] == incremental[k][0] and abs(rebuilt[k][1] - incremental[k][1]) < 1e-6 for k in rebuilt)
-    assert batch.verify("payments_per_customer", spark=spark, rt=rt).ok
+    assert verify("payments_per_customer", spark=spark, rt=rt).ok
 
     victim = sorted(rebuilt)[3]
     table, _ = jobs.load_table("payments_per_customer", rt)
@@ -268,13 +272,13 @@ def test_rebuild_equals_incremental_and_verify_names_a_flipped_key(env, spark, m
     part = st.open(st.partition_of(victim))
     corrupt_value(part.backend, codec.encode_key(victim), codec.encode_value((999, 1.0, 1.0)))
     st.close()
-    result = batch.verify("payments_per_customer", spark=spark, rt=rt)
+    result = verify("payments_per_customer", spark=spark, rt=rt)
     assert not result.ok and result.different == 1
     assert result.examples[0]["key"] == list(victim) and result.examples[0]["state"] == [999, 1.0, 1.0]
     assert str(list(victim)) in result.summary()
     # A rebuild repairs it: the right value back and a digest of what the partition holds.
-    batch.rebuild("payments_per_customer", spark=spark, rt=rt)
-    repaired = batch.verify("payments_per_customer", spark=spark, rt=rt)
+    rebuild("payments_per_customer", spark=spark, rt=rt)
+    repaired = verify("payments_per_customer", spark=spark, rt=rt)
     assert repaired.ok, repaired.summary()
     assert _state_rows(rt, "payments_per_customer")[victim][0] == rebuilt[victim][0]
 
@@ -302,7 +306,7 @@ def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, sp
     assert sorted(dict(m.headers())["reason"].decode() for m in dlq) == ["late"] * late == ["late"] * 4
 
     # A backfill of one hour rebuilds the keys of that hour's windows, and only those.
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild
     from state import codec
 
     hour0, hour1 = 1_793_491_200_000, 1_793_491_200_000 + 3_600_000
@@ -311,7 +315,7 @@ def test_windowed_count_with_out_of_order_and_late_events_matches_pandas(env, sp
     for key in (("a", hour0), ("a", hour1)):
         corrupt_value(st.open(st.partition_of(key)).backend, codec.encode_key(key), codec.encode_value((99,)))
     st.close()
-    commit = batch.rebuild("hourly_sales", spark=spark, rt=rt, window_range=(hour1, hour1 + 3_600_000))
+    commit = rebuild("hourly_sales", spark=spark, rt=rt, window_range=(hour1, hour1 + 3_600_000))
     assert commit.counts["keys"] == len([w for _, w in expected if w == hour1])
     rows = {k: v[0] for k, v in _state_rows(rt, "hourly_sales").items()}
     assert rows == {**expected, ("a", hour0): 99}
@@ -348,7 +352,7 @@ def test_follow_commits_new_input_in_a_warm_session_until_stopped(env, spark):
 
 def test_verify_agrees_after_retention_purged_windows(env, spark):
     """The state purges windows past retention; the recomputation from bronze must drop them too."""
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "purged_sales" + suffix
@@ -368,7 +372,7 @@ def test_verify_agrees_after_retention_purged_windows(env, spark):
     expected = {("a", int(s)): int(n) for s, n in kept.groupby("start").size().items()}
     assert {k: v[0] for k, v in _state_rows(rt, "minute_sales").items()} == expected
     assert BatchLog(rt.batch_dir("minute_sales")).last_commit().counts["purged_windows"] == 2
-    result = batch.verify("minute_sales", spark=spark, rt=rt)
+    result = verify("minute_sales", spark=spark, rt=rt)
     assert result.ok, result.summary()
 
 
@@ -410,7 +414,7 @@ def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
     """SUM(amount * 2), COUNT(CASE ...), MAX(LENGTH(...)), AVG(COALESCE(...)), COUNT(DISTINCT FLOOR(...)),
     TOPK(2, amount * -1, UPPER(title)): computed per event
     before the aggregates fold them, in two batches; verify's recomputation from bronze agrees."""
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "derived_sales" + suffix
@@ -436,14 +440,14 @@ def test_expressions_in_aggregate_arguments_match_pandas_and_verify(env, spark):
         assert (row["title"], row["big"], row["len"]) == (want["title"], want["big"], want["len"]), row
         assert (row["floors"], [list(e) for e in row["cheapest"]]) == (want["floors"], want["cheapest"]), row
         assert abs(row["doubled"] - want["doubled"]) < 1e-9 and abs(row["mean"] - want["mean"]) < 1e-9, row
-    assert batch.verify("derived_sales", spark=spark, rt=rt).ok
+    assert verify("derived_sales", spark=spark, rt=rt).ok
 
 
 def test_computed_group_by_keys_group_as_pandas_groups_and_verify_agrees(env, spark):
     """GROUP BY UPPER(country) and a SELECT alias of CAST(FLOOR(amount) AS BIGINT): computed per
     event before grouping; rows show the keys under their SELECT names, typed for URL keys."""
     from catalog.registry import coerce_key, load_table
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "by_country" + suffix
@@ -460,4 +464,4 @@ def test_computed_group_by_keys_group_as_pandas_groups_and_verify_agrees(env, sp
     assert {k: lookup("by_country", k, rt=rt) for k in expected} == expected
     table = load_table("by_country", rt)[0]
     assert table.key_types == {"c": "STRING", "bucket": "BIGINT"} and coerce_key(table, ("DE", "7")) == ("DE", 7)
-    assert batch.verify("by_country", spark=spark, rt=rt).ok
+    assert verify("by_country", spark=spark, rt=rt).ok

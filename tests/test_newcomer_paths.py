@@ -13,7 +13,8 @@ from confluent_kafka import Producer
 from catalog.batch_log import BatchLog
 from ops import failures
 from serving.query import lookup
-from spark_jobs import batch, jobs
+from spark_jobs.recompute.verify import verify
+from spark_jobs import jobs
 from state.kafka_admin import ensure_topic
 from tests.table_env import isolated_runtime
 
@@ -149,7 +150,7 @@ def test_the_leaderboard_equals_the_as_of_batch_join_in_every_order_a_user_runs_
         and "statetable restore leaderboard" in done.stderr, done.stderr[-2000:]
     jobs.restore("leaderboard", rt=rt)
     assert board() == expected
-    result = batch.verify("leaderboard", spark=spark, rt=rt)
+    result = verify("leaderboard", spark=spark, rt=rt)
     assert result.ok, result.summary()
 
 

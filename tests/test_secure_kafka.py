@@ -65,7 +65,7 @@ def _cli(env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedPro
 
 def _job_env(settings, env: dict, rt) -> dict:
     from deploy import connect_server
-    from spark_jobs.session import client_url
+    from spark_jobs.engine.session import client_url
 
     return {**env, **rt.as_env(), CONFIG_ENV: str(settings.kafka_client_properties),
             "STATETABLE_SPARK_REMOTE": client_url(settings.connect_url, connect_server.token(settings))}

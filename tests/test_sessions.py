@@ -51,7 +51,7 @@ def _row(s) -> dict:
 def test_sessions_merge_across_batches_and_match_pandas_through_restore_verify_and_emit_final(env, spark):
     from ops import failures
     from serving.query import lookup
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic = "clicks" + suffix
@@ -64,7 +64,7 @@ def test_sessions_merge_across_batches_and_match_pandas_through_restore_verify_a
               f"CREATE TABLE visits_final AS " + select.replace("SUM(v)", "SUM(v * 1)"), topic)
     names = ("visits", "visits_final")
     from catalog.registry import load_table
-    from spark_jobs.microbatch import engine_of
+    from spark_jobs.batches.microbatch import engine_of
 
     assert [engine_of(load_table(n, rt)[0]) for n in names] == ["arrow", "spark"]     # both passes sessionise
     for batch_id, events in enumerate(BATCHES):
@@ -110,7 +110,7 @@ def test_sessions_merge_across_batches_and_match_pandas_through_restore_verify_a
     assert sorted(b for b, _ in closed.values()) == [1, 4, 4]      # b [2]; a [0-30], b [40] (c [45] at 75 + 1)
 
     for name in names:
-        result = batch.verify(name, spark=spark, rt=rt)
+        result = verify(name, spark=spark, rt=rt)
         assert result.ok and result.keys_compared == len(expected), result.summary()
     before = jobs.state_rows("visits", rt)
     failures.inject("visits", "wipe_local_store", rt)

@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from deploy import kafka_server
 from spark_jobs import smoke
-from spark_jobs.offsets import OffsetRange, full_range
+from spark_jobs.steps.offsets import OffsetRange, full_range
 from state.kafka_admin import ensure_topic
 
 RECORDS = 100_000

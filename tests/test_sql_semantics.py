@@ -13,7 +13,7 @@ import pytest
 
 from serving.query import QueryService
 from spark_jobs import jobs
-from spark_jobs.microbatch import engine_of
+from spark_jobs.batches.microbatch import engine_of
 from catalog.registry import load_table
 from tests.table_env import isolated_runtime, new_table
 
@@ -194,7 +194,7 @@ def test_decimal_with_precision_and_scale_is_declared_and_aggregated_exactly(env
 def test_a_hop_event_skips_only_its_closed_windows_and_emit_final_publishes_each_once(env, spark):
     """Kafka Streams' and ksqlDB's rule: an event whose oldest window closed (end + grace at or
     before the batch's starting watermark) but whose newest is open joins the open ones only."""
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
     from tests.table_env import fold_change_topic, read_topic
 
     rt, suffix = env
@@ -225,5 +225,5 @@ def test_a_hop_event_skips_only_its_closed_windows_and_emit_final_publishes_each
     assert sorted((e["window_start"], e["n"]) for e in emitted) == sorted(closed.items())
     folded, _ = fold_change_topic(rt.bootstrap, out)
     assert len(folded) == len(emitted)                    # each closed window published once
-    result = batch.verify("hops", spark=spark, rt=rt)
+    result = verify("hops", spark=spark, rt=rt)
     assert result.ok, result.summary()

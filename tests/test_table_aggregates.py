@@ -80,7 +80,8 @@ def env(kafka, tmp_path):
 
 def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every_batch(env, spark):
     from ops import failures
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic, out = "items" + suffix, "items-by-grp" + suffix
@@ -152,7 +153,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     reports = jobs.restore("items_by_grp", rt=rt)
     assert len(reports) == 2 * 3          # the groups and the rows stage, 3 partitions each
     assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
-    result = batch.verify("items_by_grp", spark=spark, rt=rt)
+    result = verify("items_by_grp", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(final), result.summary()
 
     # After the restore the retractions still find the rows they take out.
@@ -176,20 +177,20 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
         corrupt_value(part.backend, codec.encode_key((victim,)), codec.encode_value((value[0] + 5,) + value[1:]))
     finally:
         st.close()
-    broken = batch.verify("items_by_grp", spark=spark, rt=rt)
+    broken = verify("items_by_grp", spark=spark, rt=rt)
     assert broken.different == 1 and broken.examples[0]["key"] == [victim], broken.summary()
     failures.inject("items_by_grp", "wipe_local_store", rt)
     jobs.restore("items_by_grp", rt=rt)
-    assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
-    commit = batch.rebuild("items_by_grp", spark=spark, rt=rt)
+    assert verify("items_by_grp", spark=spark, rt=rt).ok
+    commit = rebuild("items_by_grp", spark=spark, rt=rt)
     assert commit.counts["keys"] == len(shown(rt, "items_by_grp")) and commit.counts["keys_changed"] == 0
-    assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
+    assert verify("items_by_grp", spark=spark, rt=rt).ok
     for item in sorted(live)[:10]:
         put({**live[item], "grp": "b", "v": 3})
     producer.flush()
     jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
     assert same(shown(rt, "items_by_grp"), expected_groups(items_now(rt.bootstrap, topic)))
-    assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
+    assert verify("items_by_grp", spark=spark, rt=rt).ok
 
     # A changed definition (one more column): the batch refuses it, a rebuild adopts it from the
     # input's history, and the rows stage (the input's rows, whatever the aggregate) carries on.
@@ -200,7 +201,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     producer.flush()
     with pytest.raises(ValueError, match="the definition changed"):
         jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
-    batch.rebuild("items_by_grp", spark=spark, rt=rt)
+    rebuild("items_by_grp", spark=spark, rt=rt)
     delete(sorted(live)[10])
     producer.flush()
     jobs.run("items_by_grp", until_caught_up=True, spark=spark, rt=rt)
@@ -209,7 +210,7 @@ def test_an_aggregate_over_a_table_retracts_changed_and_deleted_rows_after_every
     assert same(have, expected_groups(frame))
     assert {g: row["worst"] for g, row in have.items()} == \
         {g: (None if pd.isna(v) else v) for g, v in frame.groupby("grp")["score"].min().items()}
-    assert batch.verify("items_by_grp", spark=spark, rt=rt).ok
+    assert verify("items_by_grp", spark=spark, rt=rt).ok
 
 
 def test_retracting_aggregates_fold_in_any_grouping_and_delete_an_emptied_group():
@@ -347,7 +348,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     killed at the points of its own steps (JOIN_POINTS). Each table and
     its folded change topic equal pandas over the inputs' current rows, no (key, batch) reaches the
     topic twice, and verify agrees. The join's other table changes and commits before every kill."""
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
     topic, out = "items" + suffix, "items-by-grp" + suffix
@@ -373,7 +374,7 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     folded, seen = fold_change_topic(rt.bootstrap, out)
     assert_each_batch_once_and_in_order(seen)
     assert same({json.loads(k)["grp"]: {**v, "top": [list(e) for e in v["top"]]} for k, v in folded.items()}, want)
-    result = batch.verify("items_by_grp", spark=spark, rt=rt)
+    result = verify("items_by_grp", spark=spark, rt=rt)
     assert result.ok, result.summary()
 
     # The foreign-key join: orders by customer's tier.
@@ -409,16 +410,16 @@ def test_tables_of_tables_are_exact_after_a_kill_at_every_fault_point(kafka, eng
     folded, seen = fold_change_topic(rt.bootstrap, joined)
     assert_each_batch_once_and_in_order(seen)
     assert {json.loads(k)["id"]: v for k, v in folded.items()} == want
-    result = batch.verify("orders_tier", spark=spark, rt=rt)
+    result = verify("orders_tier", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(want), result.summary()
 
 
 def test_a_rows_contribution_applies_where_computed_keys_and_expressions_as_sql_does(tmp_path):
-    """Pure logic (spark_jobs.table_aggregate.RowStage): WHERE, a computed GROUP BY key and an
+    """Pure logic (spark_jobs.steps.table_aggregate.RowStage): WHERE, a computed GROUP BY key and an
     expression argument are evaluated per row, NULLs as SQL has them; a row WHERE drops
     contributes nothing, so a row that stops passing leaves its group."""
     from catalog.definitions import load_all
-    from spark_jobs.table_aggregate import RowStage
+    from spark_jobs.steps.table_aggregate import RowStage
 
     (tmp_path / "items.sql").write_text(ITEMS.format(topic="items"))
     (tmp_path / "t.sql").write_text(

@@ -61,7 +61,8 @@ def env(kafka, tmp_path):
 
 def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_either_side(env, spark):
     from ops import failures
-    from spark_jobs import batch
+    from spark_jobs.recompute.rebuild import rebuild
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topics = {name: name + suffix for name in SOURCES}
@@ -139,10 +140,10 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
         failures.inject(name, "wipe_local_store", rt)
         jobs.restore(name, rt=rt)
         assert shown(rt, name) == before
-        result = batch.verify(name, spark=spark, rt=rt)
+        result = verify(name, spark=spark, rt=rt)
         assert result.ok and result.keys_compared == len(before), result.summary()
     # A rebuild rewrites both stages; later changes still find their rows through the index.
-    commit = batch.rebuild("orders_tier", spark=spark, rt=rt)
+    commit = rebuild("orders_tier", spark=spark, rt=rt)
     assert commit.counts["keys_changed"] == 0
     change("customers", 20)
     check(99)
@@ -174,11 +175,11 @@ def test_a_join_of_tables_that_cannot_mean_anything_fails_in_one_line(tmp_path, 
 
 
 def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
-    """Pure logic (spark_jobs.table_join): the joined row of an a-row for inner and left joins, a
+    """Pure logic (spark_jobs.steps.table_join): the joined row of an a-row for inner and left joins, a
     NULL foreign key matching nothing, and b's changed keys between two pins (added, changed and
     deleted, not the unchanged)."""
     from catalog.definitions import load_all
-    from spark_jobs.table_join import JoinShape, changed_keys
+    from spark_jobs.steps.table_join import JoinShape, changed_keys
 
     for name, text in SOURCES.items():
         (tmp_path / f"{name}.sql").write_text(text.format(topic=name))

@@ -9,7 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from spark_jobs import jobs, mirror
+from spark_jobs import jobs
+
+from spark_jobs.delta import mirror
 from tests.table_env import assert_each_batch_once_and_in_order, fold_change_topic, isolated_runtime, new_table
 
 TTL_MINUTES = 60
@@ -52,7 +54,7 @@ def _rows(live: dict) -> dict:
 def test_keys_expire_at_the_ttl_in_event_time_and_restore_and_verify_agree(env, spark, total):
     from ops import failures
     from serving.query import lookup
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
     topic, out = "ttl_events" + suffix, "ttl-out" + suffix
@@ -61,7 +63,7 @@ def test_keys_expire_at_the_ttl_in_event_time_and_restore_and_verify_agree(env, 
                          f"CREATE TABLE idle AS SELECT k, COUNT(*) AS n, {total} AS total FROM events GROUP BY k;\n",
                          topic)
     from catalog.registry import load_table
-    from spark_jobs.microbatch import engine_of
+    from spark_jobs.batches.microbatch import engine_of
 
     assert engine_of(load_table("idle", rt)[0]) == ("arrow" if total == "SUM(v)" else "spark")
     expected_after = _replay(BATCHES)
@@ -91,10 +93,10 @@ def test_keys_expire_at_the_ttl_in_event_time_and_restore_and_verify_agree(env, 
     _, mirrored = mirror.committed_rows(rt, "idle")
     assert {json.loads(r)["k"]: json.loads(r) for r in mirrored.column("row").to_pylist()} == final
 
-    result = batch.verify("idle", spark=spark, rt=rt)
+    result = verify("idle", spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(final), result.summary()
     before = jobs.state_rows("idle", rt)
     failures.inject("idle", "wipe_local_store", rt)
     jobs.restore("idle", rt=rt)
     assert jobs.state_rows("idle", rt) == before
-    assert batch.verify("idle", spark=spark, rt=rt).ok
+    assert verify("idle", spark=spark, rt=rt).ok

@@ -205,9 +205,9 @@ def test_events_exactly_a_session_gap_apart_share_one_session(env, spark, monkey
     # a: 10 s and 40 s, exactly the gap apart: one session (Kafka Streams' and ksqlDB's rule);
     # b: 31 s apart: two.
     assert rows == [("a", 2), ("b", 1), ("b", 1)]
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
-    assert batch.verify("visits", spark=spark, rt=rt).ok
+    assert verify("visits", spark=spark, rt=rt).ok
 
 
 @ENGINES
@@ -222,9 +222,9 @@ def test_latest_by_offset_with_false_keeps_a_null_that_came_last(env, spark, mon
     jobs.run("latest", until_caught_up=True, spark=spark, rt=rt)
     rows = {k[0]: (r["skipped"], r["kept"], r["also_skipped"]) for k, r in _rows("latest", rt).items()}
     assert rows == {"a": (1, None, 1), "b": (2, 2, 2), "c": (None, None, None)}
-    from spark_jobs import batch
+    from spark_jobs.recompute.verify import verify
 
-    assert batch.verify("latest", spark=spark, rt=rt).ok
+    assert verify("latest", spark=spark, rt=rt).ok
 
 
 # ----------------------------------------------------------------------- 8: refused keys

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyspark
 
-from spark_jobs import session
+from spark_jobs.engine import session
 
 STATE_CONF = {
     "spark.sql.streaming.stateStore.providerClass":

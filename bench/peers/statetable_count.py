@@ -68,7 +68,7 @@ def main() -> None:
         result["processing_seconds"] = round(time.perf_counter() - started, 3)
         result["restored"] = [getattr(r, "__dict__", str(r)) for r in restored]
     else:
-        from spark_jobs import session
+        from spark_jobs.engine import session
 
         started = time.perf_counter()
         events_log = {"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false",

@@ -51,8 +51,10 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from bench.peers import statetable_count
-    from spark_jobs import arrow_batches, jobs, session
-    from spark_jobs.offsets import full_range, spark_reader
+    from spark_jobs.engine import arrow_batches
+    from spark_jobs import jobs
+    from spark_jobs.engine import session
+    from spark_jobs.steps.offsets import full_range, spark_reader
 
     work = Path(tempfile.mkdtemp(prefix="bench-warm-"))
     started = time.perf_counter()
@@ -69,7 +71,7 @@ def main() -> None:
     result["first_job_seconds"] = round(time.perf_counter() - started, 2)
 
     def minimal() -> dict:
-        # Arrow batches as statetable's read makes them (spark_jobs.arrow_batches): the floor stays a floor.
+        # Arrow batches as statetable's read makes them (spark_jobs.engine.arrow_batches): the floor stays a floor.
         with arrow_batches.sized(spark, arrow_batches.max_records()):
             rows = read().select("value").mapInArrow(parse_aggregate, "k STRING, n BIGINT, s BIGINT") \
                 .groupBy("k").agg(F.sum("n").alias("n"), F.sum("s").alias("s")).collect()

@@ -149,10 +149,10 @@ def rebuild_dag(table: TableDefinition) -> DAG:
         @task(retries=0)
         def plan_rebuild(params=None, data_interval_start=None, data_interval_end=None, dag_run=None) -> str:
             """Validate the params and pick the window range before any Spark work."""
-            from spark_jobs import batch
+            from spark_jobs.recompute.rebuild import rebuild_window
 
-            window = batch.rebuild_window(table, params["window_from"], params["window_to"], params["full"],
-                                          (data_interval_start, data_interval_end))
+            window = rebuild_window(table, params["window_from"], params["window_to"], params["full"],
+                                    (data_interval_start, data_interval_end))
             run_type = getattr(dag_run, "run_type", None)
             if window is None and str(getattr(run_type, "value", run_type)) == "backfill":
                 # Every day of a backfill means the same full rebuild for a table without windows;

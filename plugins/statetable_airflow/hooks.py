@@ -73,7 +73,7 @@ class StateTableHook(BaseHook):
         return jobs.load_table(name, self.runtime())[0]
 
     def lag(self, name: str) -> int:
-        from spark_jobs.planning import lag
+        from spark_jobs.batches.planning import lag
 
         return lag(name, self.runtime())
 

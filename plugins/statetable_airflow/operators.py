@@ -81,7 +81,7 @@ def spark_task(task_id: str, entry: str, application: str, app_name: str, applic
     process), or spark-submitted as the file `application` (see `spark_mode`)."""
     if spark_mode() == "connect":
         return SparkConnectJobOperator(task_id=task_id, entry=entry, application_args=application_args, **kwargs)
-    from spark_jobs import session
+    from spark_jobs.engine import session
 
     return PrivateConfSparkSubmitOperator(task_id=task_id, application=application, conn_id=SPARK_CONN_ID,
                                           **session.submit_options(app_name), application_args=application_args,
@@ -96,7 +96,7 @@ class PrivateConfSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context):
         import tempfile
 
-        from spark_jobs.session import java_properties
+        from spark_jobs.engine.session import java_properties
 
         with tempfile.NamedTemporaryFile("w", suffix=".properties", prefix="statetable-") as conf_file:
             conf_file.write(java_properties(self.conf or {}))
@@ -158,7 +158,7 @@ class SparkConnectJobOperator(_Lineage, BaseOperator):
     def on_kill(self) -> None:
         """Airflow stops the task (timeout, marked failed): interrupt its operations on the server,
         rather than leave them running detached. The batch's plan stays; the next run finishes it."""
-        from spark_jobs import session
+        from spark_jobs.engine import session
 
         session.interrupt_all()
 
@@ -169,7 +169,7 @@ def use_spark_connect(conn_id: str = SPARK_CONNECT_CONN_ID) -> str:
 
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-    from spark_jobs.session import REMOTE_ENV
+    from spark_jobs.engine.session import REMOTE_ENV
 
     url = SparkConnectHook(conn_id).get_connection_url()
     os.environ[REMOTE_ENV] = url

@@ -42,7 +42,7 @@ def build_smoke_dag() -> DAG:
         def plan_offsets() -> dict:
             from airflow.sdk.exceptions import AirflowSkipException
 
-            from spark_jobs.offsets import full_range
+            from spark_jobs.steps.offsets import full_range
 
             hook = KafkaConnectionHook()
             try:

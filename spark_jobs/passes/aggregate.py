@@ -4,7 +4,7 @@ from __future__ import annotations
 from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.errors import UserError
-from spark_jobs import arrow_step, sql_step
+from spark_jobs.steps import arrow_step, sql_step
 from spark_jobs.errors import ArrowUnsupported, HistoryTrimmed
 from spark_jobs.passes.base import Pass
 
@@ -21,7 +21,7 @@ class AggregatePass(Pass):
         import logging
         import os
 
-        from spark_jobs import arrow_pass
+        from spark_jobs.frames import arrow_pass
 
         forced = os.environ.get("STATETABLE_ENGINE")
         if forced == "spark":
@@ -51,12 +51,12 @@ class AggregatePass(Pass):
         if not table.bronze:
             raise UserError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
                             f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
-        from spark_jobs import delta_files
+        from spark_jobs.delta import delta_files
 
         path = rt.delta_path(table.name, "bronze")
         if not delta_files.exists(path):
             return None, None
-        from spark_jobs.verify_chain import bronze_from_batch
+        from spark_jobs.delta.verify_chain import bronze_from_batch
 
         trimmed = bronze_from_batch(rt, table.name)
         if trimmed:
@@ -87,7 +87,7 @@ def _last_lives(spark, table: TableDefinition, events, commits: list[BatchCommit
     from pyspark.sql import Window, functions as F
 
     from catalog.definitions import EVENT_MS
-    from spark_jobs.table_frames import column
+    from spark_jobs.frames.table_frames import column
 
     if not commits:
         return events

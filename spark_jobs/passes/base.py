@@ -27,12 +27,12 @@ class Pass:
         return "tables"
 
     def run(self, table_run, plan, started: float, begun_at: float):
-        """One batch: read, dead letters, bronze and merge; a spark_jobs.batch_step.BatchStep."""
+        """One batch: read, dead letters, bronze and merge; a spark_jobs.steps.batch_step.BatchStep."""
         raise NotImplementedError
 
     def recompute(self, frames, last, spark, rt) -> tuple:
         """(partials, purge watermark): every key's final state from the history behind `last` (the
-        last commit; None: no history), as the batches applied it (see spark_jobs.batch.recomputed)."""
+        last commit; None: no history), as the batches applied it (see spark_jobs.recompute.history.recomputed)."""
         raise NotImplementedError
 
     def rebuild_stages(self, spark, tables: dict, rt, last, batch_id: int) -> None:
@@ -42,7 +42,7 @@ class Pass:
         """What the kind does once a batch is committed, before the mirror folds."""
 
     def chains_verify(self) -> bool:
-        """Whether a verify goes on from the last verified checkpoint (spark_jobs.verify_chain)."""
+        """Whether a verify goes on from the last verified checkpoint (spark_jobs.delta.verify_chain)."""
         return False
 
     def moved_without_records(self, rt, last) -> bool:

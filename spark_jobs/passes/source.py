@@ -1,9 +1,12 @@
 """A source table: the latest row per key of its topic; a null value deletes the key."""
 from __future__ import annotations
 
-from spark_jobs import parse, sql_step
-from spark_jobs.offsets import OffsetRange, spark_reader
+from spark_jobs.frames import parse
+
+from spark_jobs.steps import sql_step
+from spark_jobs.steps.offsets import OffsetRange, spark_reader
 from spark_jobs.passes.base import Pass
+from spark_jobs.frames.table_frames import latest_rows
 
 __all__ = ["SourcePass"]
 
@@ -26,4 +29,4 @@ class SourcePass(Pass):
         table = self.table
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
         classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns, rows=True)
-        return frames.partitioned(frames.source_partials(classified)), None
+        return frames.partitioned(latest_rows(classified, frames.table)), None

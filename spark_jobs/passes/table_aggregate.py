@@ -1,8 +1,8 @@
 """An aggregate over a table's rows: a changed row retracts its old contribution and adds its
-new one (spark_jobs/table_aggregate.py has the stages)."""
+new one (spark_jobs/steps/table_aggregate.py has the stages)."""
 from __future__ import annotations
 
-from spark_jobs import table_aggregate
+from spark_jobs.steps import table_aggregate
 from spark_jobs.passes.tables import TablesPass
 
 __all__ = ["TableAggregatePass"]

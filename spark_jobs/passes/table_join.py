@@ -1,8 +1,10 @@
 """A join of two tables, keyed by the left one's key: a change on either side re-joins the rows
-it touches (spark_jobs/table_join.py has the stages)."""
+it touches (spark_jobs/steps/table_join.py has the stages)."""
 from __future__ import annotations
 
-from spark_jobs import mirror, table_join
+from spark_jobs.delta import mirror
+
+from spark_jobs.steps import table_join
 from spark_jobs.passes.tables import TablesPass
 
 __all__ = ["TableJoinPass"]

@@ -86,7 +86,7 @@ def test_this_users_listener_passes_and_an_empty_port_does_not():
 
 @needs_root
 def test_another_users_listener_receives_no_connect_token():
-    from spark_jobs.session import remote_session
+    from spark_jobs.engine.session import remote_session
 
     fake = Fake(_free_port())
     try:
@@ -124,7 +124,7 @@ def test_a_connect_clients_calls_check_the_listener_each_time_it_reconnects():
     """After an engine restart the client reconnects by itself and gRPC attaches the token to
     every call: each call is checked first, so another user's process that took the port in the
     gap gets no call at all; with nothing listening the call goes ahead (and fails to connect)."""
-    from spark_jobs.session import _listener_guard
+    from spark_jobs.engine.session import _listener_guard
 
     port = _free_port()
     guard = _listener_guard(f"sc://localhost:{port}/;token=SECRET-TOKEN-66")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from catalog import settings as stack_settings
 from deploy import connect_server
-from spark_jobs import jvm_archive
+from spark_jobs.engine import jvm_archive
 
 
 def _driver_options(settings) -> str:

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from state import codec
-from spark_jobs import mirror
+from spark_jobs.delta import mirror
 from catalog import definitions
-from spark_jobs.arrow_keys import encoded_keys
+from spark_jobs.frames.arrow_keys import encoded_keys
 from catalog.mapping import row_of, state_spec
 
 
@@ -80,7 +80,7 @@ def test_a_pass_task_folds_its_partials_to_one_row_per_key(tmp_path, monkeypatch
     """Partials of several Arrow batches leave a task folded (one row per key, whether the task
     folds once at its end or several times on the way), and equal pandas over the same events."""
     import pandas as pd
-    from spark_jobs import arrow_pass
+    from spark_jobs.frames import arrow_pass
 
     monkeypatch.setattr(arrow_pass, "FOLD_ROWS", fold_rows)
     table = _table(tmp_path, AGGREGATE)

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from catalog.runtime import Runtime
-from spark_jobs import delta_maintenance, verify_chain
+from spark_jobs.delta import delta_maintenance
+from spark_jobs.delta import verify_chain
 
 
 def _bronze(path: Path, batches: int = 4, rows: int = 50) -> None:

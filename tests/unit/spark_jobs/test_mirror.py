@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from catalog.runtime import Runtime
-from spark_jobs import delta_files, mirror
+from spark_jobs.delta import delta_files, mirror
 
 TABLE = SimpleNamespace(name="t", mirror_every=2)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from catalog.errors import UserError
-from spark_jobs import session
+from spark_jobs.engine import session
 
 
 def test_pairs_reach_the_drivers_configuration_and_override_statetables_defaults(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs import sinks
+from spark_jobs.steps import sinks
 
 
 class Untouchable:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from spark_jobs import verify_chain
+from spark_jobs.delta import verify_chain
 from state import codec
 
 

@@ -1,0 +1,65 @@
+"""Generic Arrow helpers every stage uses: a partial's key columns and their state-codec bytes,
+the state partition of each row, and Parquet files written whole or not at all."""
+from __future__ import annotations
+
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from state import codec
+from state.table import partition_of
+
+def key_columns(partials: pa.Table) -> list[str]:
+    """The key columns of partials, in order (_k0, _k1, ...; the window start last)."""
+    return sorted((c for c in partials.column_names if c[:2] == "_k" and c[2:].isdigit()), key=lambda c: int(c[2:]))
+
+
+_STR_TAG = codec.encode_key(("",))[:1]      # the codec's tags, taken from the codec itself
+_INT_TAG = codec.encode_key((0,))[:1]
+_NO_SEPARATOR = pa.scalar(b"")
+
+
+def _encoded_column(column) -> pa.Array | None:
+    """One key column in the codec's bytes, or None when it needs the per-row codec (nulls, or a
+    type other than string and integer)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if column.null_count:
+        return None
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        body = pc.replace_substring(column.cast(pa.binary()), b"\x00", b"\x00\xff")
+        return pc.binary_join_element_wise(pa.scalar(_STR_TAG), body, pa.scalar(b"\x00"), _NO_SEPARATOR)
+    if pa.types.is_integer(kind) and kind != pa.uint64():
+        biased = (column.cast(pa.int64()).to_numpy().view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8")
+        fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(column), [None, pa.py_buffer(biased.tobytes())])
+        return pc.binary_join_element_wise(pa.scalar(_INT_TAG), fixed.cast(pa.binary()), _NO_SEPARATOR)
+    return None
+
+
+def encoded_keys(partials: pa.Table) -> list[bytes]:
+    """`codec.encode_key` of every row's key. String and integer key columns are encoded column by
+    column in Arrow: a merge task of a million-key batch encodes each key twice, and one Python
+    encode per key cost seconds. Other key types take the codec row by row; the bytes are the same."""
+    if not partials.num_rows:
+        return []
+    names = key_columns(partials)
+    parts = [_encoded_column(partials.column(c)) for c in names]
+    if any(part is None for part in parts):
+        return [codec.encode_key(key) for key in zip(*[partials.column(c).to_pylist() for c in names])]
+    return pc.binary_join_element_wise(*parts, _NO_SEPARATOR).to_pylist()
+
+
+def state_partitions(partials: pa.Table, partitions: int, width: int | None = None) -> pa.Array:
+    """Each partial's state partition: crc32 of its encoded key, or of its first `width` key parts
+    (the state library's rule, TableSpec.route)."""
+    if width:
+        partials = partials.select(key_columns(partials)[:width])
+    return pa.array([partition_of(key, partitions) for key in encoded_keys(partials)], pa.int32())
+
+
+def with_state_partition(partitions: int, batches, width: int | None = None):
+    """mapInArrow body for the Spark-SQL pass's partials: each row with its state partition `_sp`."""
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        yield from table.append_column("_sp", state_partitions(table, partitions, width)).to_batches()

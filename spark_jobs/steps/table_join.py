@@ -1,0 +1,236 @@
+"""A join of two tables (`CREATE TABLE t AS SELECT ... FROM a [LEFT] JOIN b ON a.fk = b.id`): a row
+per row of `a`, keyed by a's key, with the columns of b's row whose key is a's `fk` (a foreign-key
+join, Kafka Streams' KIP-213; `ON a.id = b.id` is the primary-key join). An inner join has no row
+where b has none; a left join shows b's columns as NULL.
+
+A batch reads a's records in its plan's ranges, and joins b's committed state pinned in the plan
+(as a stream-table join does, planning.pin_joins); b's changes since the previous batch's
+pin are the keys whose rows differ between the two pinned files. One task per partition of a's
+keys then:
+
+1. rows stage (`<t>.rows`): a's new rows by key, and an index (INDEX, fk, a-key) so that a change of
+   b's row `fk` finds the a-rows that point at it (Kafka Streams' subscription store), committed
+   at the batch id;
+2. the affected keys, a's changed keys plus those the index finds for b's changed keys, get their
+   row again from the rows stage and the pinned b, committed to the table's own state with its
+   change topic and mirror changes.
+
+Step 2 reads only what step 1 leaves, whether or not step 1 ran in this attempt, so a re-run of a
+partition that died between them writes the same rows.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import pyarrow as pa
+
+from catalog.definitions import TableDefinition, input_definition
+from catalog.mapping import rows_spec, state_spec
+from catalog.runtime import arrow_filesystem
+from state import codec, faults
+from spark_jobs.steps.batch_step import BatchStep
+from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.table_stages import INDEX, input_history, open_stage, read_input, summary
+from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.steps.summary import PartitionSummary
+from spark_jobs.steps.task_context import TaskContext
+
+log = logging.getLogger(__name__)
+
+
+
+class JoinShape:
+    """Where each output column comes from, and which of a's columns points at b."""
+
+    def __init__(self, table: TableDefinition, left: TableDefinition, right: TableDefinition) -> None:
+        join = table.joins[0]
+        self.inner = join.kind == "inner"
+        self.fk = left.value_columns.index(join.stream_column.split(".")[-1])
+        self.picks = []
+        for qualified, _ in table.join_columns:
+            alias, column = qualified.split(".")
+            side = "a" if alias == table.stream_alias else "b"
+            self.picks.append((side, (left if side == "a" else right).value_columns.index(column)))
+
+    def row(self, a_row: tuple | None, b_rows: dict) -> tuple | None:
+        """The joined row of one a-row (None: no row: a has none, or an inner join found no b)."""
+        if a_row is None:
+            return None
+        fk = a_row[self.fk]
+        b_row = None if fk is None else b_rows.get(fk)
+        if b_row is None and self.inner:
+            return None
+        return tuple(a_row[i] if side == "a" else (None if b_row is None else b_row[i]) for side, i in self.picks)
+
+
+_PINNED: dict[str, dict] = {}      # pinned file -> b's rows by key, once per worker process
+
+
+def pinned_rows(folder: str | None, file: str | None, right: TableDefinition) -> dict:
+    """b's rows by key, as pinned in `file` of the batch log's joins folder (None: b had no batch)."""
+    if file is None or folder is None:
+        return {}
+    path = f"{folder}/{file}"
+    if path not in _PINNED:
+        import pyarrow.parquet as pq
+
+        fs, root = arrow_filesystem(path)
+        frame = pq.read_table(root, filesystem=fs)
+        columns = [frame.column(c).to_pylist() for c in right.value_columns]
+        key = right.value_columns.index(right.key_columns[0])
+        rows = {row[key]: _stored(row) for row in zip(*columns)}
+        if len(_PINNED) > 8:
+            _PINNED.clear()
+        _PINNED[path] = rows
+    return _PINNED[path]
+
+
+def _stored(row: tuple) -> tuple:
+    """A pinned row as the state stores rows (the codec's round trip: what a-rows read back as)."""
+    return codec.decode_value(codec.encode_value(row))
+
+
+def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | None, group) -> pa.Table:
+    """One partition of a's keys: the rows stage, then the affected rows (see the module's docstring)."""
+    import pyarrow.compute as pc
+
+    from spark_jobs.frames.arrow_keys import encoded_keys
+    from spark_jobs.steps.merge_task import unbatched_rows, outputs_of, partial_values
+    from spark_jobs.delta.mirror import write_change_rows
+
+    started = time.monotonic()
+    partition = group.column("_sp")[0].as_py()
+    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    right = ctx.table.joins[0].table
+    shape = JoinShape(ctx.table, ctx.source, pins["right"])
+    b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
+    keys, rows = encoded_keys(partials), partial_values(ctx.source, partials)
+    rows_tables, part_rows, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    try:
+        tx = part_rows.begin(ctx.batch_id)
+        if part_rows.meta.applied_batch < ctx.batch_id:
+            decode = codec.decode_value
+            for key, old, new in zip(keys, part_rows.get_raw_many(keys), rows):
+                old = None if old is None else decode(old)
+                if old == new:
+                    continue
+                a_key = codec.decode_key(key)[0]
+                old_fk, new_fk = (None if r is None else r[shape.fk] for r in (old, new))
+                if old_fk is not None and old_fk != new_fk:
+                    tx.delete((INDEX, old_fk, a_key))
+                if new_fk is not None and new_fk != old_fk:
+                    tx.put((INDEX, new_fk, a_key), ())
+                if new is None:
+                    tx.delete_encoded(key)
+                else:
+                    tx.put_encoded(key, new)
+        rows_result = tx.commit()
+        if partition == 0:
+            faults.point("rows.after_commit")
+        affected = {codec.decode_key(k)[0] for k in keys}
+        for fk in changed_b:
+            affected.update(key[2] for key, _ in part_rows.items(prefix=(INDEX, fk)))
+        raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in affected])
+        a_rows = {k: None if r is None else codec.decode_value(r) for k, r in zip(affected, raw)}
+    finally:
+        rows_tables.close()
+    spec = state_spec(ctx.table, ctx.namespace)
+    from dataclasses import replace
+
+    spec = replace(spec, changelog=ctx.changelog or spec.changelog)
+    table, part, _ = open_stage(spec, ctx, partition)
+    try:
+        tx = part.begin(ctx.batch_id)
+        for a_key, a_row in a_rows.items():
+            joined = shape.row(a_row, b_rows)
+            if joined is None:
+                tx.delete((a_key,))
+            else:
+                tx.put((a_key,), joined)
+
+        result = tx.commit(outputs_of(ctx.table, None))
+        if partition == 0:
+            faults.point("batch.mid_merge")
+        if mirror_dir is not None:
+            encoded = [codec.encode_key((k,)) for k in a_rows]
+            changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
+            write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
+        ms = {"join": round((time.monotonic() - started) * 1000)}
+        return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
+                        affected=len(a_rows), joined=right)
+    finally:
+        table.close()
+
+
+def changed_keys(old: dict, new: dict) -> list:
+    """b's keys whose row differs between two pinned states (added, changed or deleted)."""
+    return sorted((k for k in set(old) | set(new) if old.get(k) != new.get(k)), key=lambda k: codec.encode_key((k,)))
+
+
+def run(table_run, plan, started: float) -> BatchStep:
+    """One batch of a join of tables (passes.table_join): a's records in the plan's ranges
+    (its source-table pass, dead letters as a source table's), b's changes between its pins, and
+    one merge task per partition."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.delta import mirror
+    from spark_jobs.engine.partition_tasks import per_state_partition
+
+    table, rt, spark = table_run.table, table_run.rt, table_run.spark
+    source = input_definition(table, table_run.tables)
+    right = table_run.tables[table.joins[0].table]
+    clock = StepClock(table_run, plan.batch_id, started)
+    read = read_input(table_run, plan, clock, source)
+
+    folder = table_run.frames.inputs.pinned_folder
+    pin = (plan.joins or {}).get(right.name, {})
+    since = pin.get("since_file")
+    b_now = pinned_rows(folder, pin.get("file"), right)
+    changed_b = [] if pin.get("since") == pin.get("batch") and since is not None \
+        else changed_keys(pinned_rows(folder, since, right), b_now)
+    pins = {"folder": folder, "file": pin.get("file"), "right": right}
+    ctx = TaskContext.of(rt, table, plan.batch_id, source=source, changelog=table_run.spec.changelog)
+    mirror_dir = mirror.changes_path(rt, table.name)
+    with clock.step("join", "batch.after_rows", "batch.after_merge"):
+        frames = table_run.frames
+        rows = frames.partitioned(latest_rows(read.classified, source)).withColumn("_kind", F.lit("partial"))
+        summaries = PartitionSummary.all_of(per_state_partition(
+            spark, rows, table.partitions, lambda group: merge_join(ctx, pins, changed_b, mirror_dir, group),
+            f"{table.name} batch {plan.batch_id}: join"))
+        read.classified.unpersist()
+    steps = clock.seconds
+    log.info("%s batch %d: %d rows of %s changed, %d keys of %s changed (its batch %s); %d joined rows rewritten, "
+             "%d changed, in %.1fs", table.name, plan.batch_id, sum(s.counts["rows_changed"] for s in summaries.values()),
+             source.name, len(changed_b), right.name, pin.get("batch"), sum(s.counts["affected"] for s in summaries.values()),
+             sum(s.keys_changed for s in summaries.values()), steps["join"])
+    return BatchStep(reasons=read.reasons, read=read.read, dead=read.dead, summaries=summaries,
+                     delta_keys=sum(s.delta_keys for s in summaries.values()), steps=steps,
+                     extra={"joined_keys_changed": len(changed_b)})
+
+
+def recomputed(frames, rt, last):
+    """Every joined row from a's whole history up to the last commit and b as that batch pinned it
+    (verify, rebuild): rows with `_sp`, `_k0` and `_state` (the encoded row)."""
+    from spark_jobs.steps.merge_task import partial_rows
+    from state.table import partition_of
+
+    spark, table = frames.spark, frames.table
+    source = input_definition(table, frames.tables)
+    right = frames.tables[table.joins[0].table]
+    keys, rows = partial_rows(source, input_history(frames, rt.bootstrap, last, source).toArrow())
+    pin = (last.joins or {}).get(right.name, {})
+    b_rows = pinned_rows(frames.inputs.pinned_folder, pin.get("file"), right)
+    shape = JoinShape(table, source, right)
+    out = {}
+    for key, row in zip(keys, rows):
+        joined = shape.row(None if row is None else _stored(row), b_rows)
+        if joined is not None:
+            out[key] = joined
+    encoded = [codec.encode_key(k) for k in out]
+    frame = pa.table({"_k0": [k[0] for k in out], "_state": pa.array([codec.encode_value(v) for v in out.values()],
+                                                                       pa.binary()),
+                      "_sp": pa.array([partition_of(k, table.partitions) for k in encoded], pa.int32())})
+    return spark.createDataFrame(frame) if frame.num_rows else None
+
+

@@ -1,0 +1,166 @@
+"""What the two kinds of tables of tables share (spark_jobs/steps/table_aggregate.py, an aggregate over
+a table's rows; spark_jobs/steps/table_join.py, a join of two tables): a rows stage `<t>.rows` holding
+the input table's rows by key, opened beside the table's own state in each task, rebuilt from
+the input's history, restored, snapshotted and wiped with it."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from catalog.definitions import TableDefinition, input_definition
+from catalog.mapping import rows_spec
+from catalog.runtime import Runtime, task_replica_roots, task_state_dir
+from state import codec, faults
+from state.table import StateTable
+from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.steps.summary import PartitionSummary
+from spark_jobs.steps.task_context import TaskContext
+
+log = logging.getLogger(__name__)
+
+INDEX = "\x00fk"         # a join's rows stage also holds (INDEX, fk, a-key) entries; a's rows are (a-key,)
+
+
+def retractions_path(rt: Runtime, table: str) -> str:
+    return rt.delta_path(table, "retractions")
+
+
+def batch_folder(root: str, batch_id: int) -> str:
+    return f"{root}/b{batch_id:012d}"
+
+
+def part_file(partition: int) -> str:
+    return f"p{partition:05d}.parquet"
+
+
+DELTA_SCHEMA = pa.schema([("_sp", pa.int32()), ("_key", pa.binary()), ("_delta", pa.binary())])
+
+
+def open_stage(spec, ctx: TaskContext, partition: int):
+    table = StateTable(spec, task_state_dir(ctx.state_dir), bootstrap=ctx.bootstrap, snapshot_uri=ctx.snapshot_uri,
+                       create_topics=False, seed_dirs=task_replica_roots(ctx.replica_roots))
+    hydrated = not table.has_local_state(partition)
+    try:
+        return table, table.open(partition), hydrated
+    except BaseException:
+        table.close()
+        raise
+
+
+def summary(partition: int, part, result, ms: dict, hydrated: bool, delta_keys: int = 0, **counts) -> pa.Table:
+    """A stage task's report (PartitionSummary); `counts`: the stage's own."""
+    meta = part.meta
+    return PartitionSummary(
+        partition=partition, noop=result.noop, keys_changed=result.keys_changed,
+        changelog_offset=meta.changelog_offset, digest=format(meta.digest, "016x"), key_count=meta.key_count,
+        applied_batch=meta.applied_batch, ms=ms, hydrated=hydrated, delta_keys=delta_keys,
+        worker=os.environ.get(faults.WORKER_ENV) or socket.gethostname(), counts=counts).to_table()
+
+
+@dataclass
+class InputRead:
+    """A batch's input records of a table of tables: classified by the input table's schema, counted,
+    bad ones dead-lettered (a tombstone is a delete, not an error)."""
+    classified: object           # a persisted DataFrame; unpersist when the stages are done
+    reasons: dict
+    read: int
+    dead: int
+
+
+def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
+    """The read and dead-letter steps every table of tables shares (MicroBatchRunner's fault points
+    after_read, after_dead_letters and after_bronze, which these tables keep none of)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs.frames import parse
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+
+    from spark_jobs.steps import sinks
+
+    table, rt = table_run.table, table_run.rt
+    with clock.step("read"):
+        raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
+        classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000), rows=True) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+    read_count = sum(reasons.values())
+    reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)      # tombstones are deletes, not errors
+    log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
+             read_count, source.name, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
+    with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
+        dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
+        dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
+    return InputRead(classified, reasons, read_count, dead_count)
+
+
+def input_history(frames, bootstrap: str, last, source: TableDefinition):
+    """The input table's latest row per key over its topic's whole history up to `last` (verify,
+    rebuild): compaction keeps each key's last record, which is all this needs."""
+    from spark_jobs.frames import parse
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+
+    full = OffsetRange(frames.table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
+    classified = parse.classify(spark_reader(frames.spark, bootstrap, full), source, source.key_columns,
+                                rows=True)
+    return latest_rows(classified, source)
+
+
+def rebuild_rows(frames, rt, last, batch_id: int, join_index: bool = False) -> int:
+    """A rebuild's rows stage (spark_jobs.recompute.rebuild): every partition replaced by the input's
+    last row per key over its whole history, committed as the rebuild's batch. Each task leaves an
+    empty retraction file first, so a rebuild that dies here and is finished from its plan (an
+    empty batch) merges nothing into the groups. `join_index`: a join of tables also indexes
+    b's keys to a's rows. Returns the rows written."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.engine.partition_tasks import per_state_partition
+
+    spark, table = frames.spark, frames.table
+    source = input_definition(table, frames.tables)
+    rows = frames.partitioned(input_history(frames, rt.bootstrap, last, source)).withColumn("_kind", F.lit("partial"))
+    ctx = TaskContext.of(rt, table, batch_id, source=source, replica_roots=(),
+                         retractions=batch_folder(retractions_path(rt, table.name), batch_id))
+    reports = per_state_partition(spark, rows, table.partitions, lambda group: _rebuild_rows(ctx, group, join_index),
+                                    f"rebuild {table.name}: rows")
+    return sum(s.key_count for s in PartitionSummary.all_of(reports).values())
+
+
+def _rebuild_rows(ctx: TaskContext, group, join_index: bool) -> pa.Table:
+    import pyarrow.compute as pc
+
+    from spark_jobs.frames.arrow_keys import encoded_keys
+    from spark_jobs.delta.delta_files import write_parquet_atomically
+    from spark_jobs.steps.merge_task import partial_values
+
+    started = time.monotonic()
+    partition = group.column("_sp")[0].as_py()
+    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    table, part, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    try:
+        wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
+        if join_index:                       # and the index from b's keys to a's rows
+            wanted.update(index_entries(ctx.table, ctx.source, wanted))
+        tx = part.begin(ctx.batch_id)
+        for key, _ in part.raw_items():
+            if key not in wanted:
+                tx.delete_encoded(key)
+        for key, row in wanted.items():
+            tx.put_encoded(key, row)
+        write_parquet_atomically(DELTA_SCHEMA.empty_table(), ctx.retractions, part_file(partition))
+        result = tx.commit()
+        return summary(partition, part, result, {"rows": round((time.monotonic() - started) * 1000)}, hydrated)
+    finally:
+        table.close()
+
+
+def index_entries(table: TableDefinition, source: TableDefinition, wanted: dict) -> dict:
+    """The rows stage's index entries (encoded key -> ()) of a's rows `wanted` (encoded key -> row)."""
+    fk = source.value_columns.index(table.joins[0].stream_column.split(".")[-1])
+    return {codec.encode_key((INDEX, row[fk], codec.decode_key(key)[0])): () for key, row in wanted.items()
+            if row[fk] is not None}

@@ -1,0 +1,158 @@
+"""spark_jobs/steps and frames/ without a stack: the step clock, a task's report and context, what
+a table's frames read and that they read it only through what they are handed. No Spark session
+here: these are the parts of a batch that are logic, tested alone (#67)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from catalog.batch_log import BatchCommit, BatchLog, BatchPlan
+from catalog.definitions import load_all
+from catalog.runtime import Runtime
+from spark_jobs.frames.table_frames import TableFrames
+from spark_jobs.steps import clock as clock_module
+from spark_jobs.steps.batch_step import BatchStep
+from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.inputs import StoredInputs, frames_of
+from spark_jobs.steps.summary import PartitionSummary
+from spark_jobs.steps.table_run import TableRun
+from spark_jobs.steps.task_context import TaskContext
+
+TABLES = load_all(Path(__file__).resolve().parents[3] / "dags" / "tables")
+
+
+class _Run:
+    """A TableRun's describe, recorded."""
+
+    def __init__(self) -> None:
+        self.described: list[tuple[int, str]] = []
+
+    def describe(self, batch_id: int, step: str) -> None:
+        self.described.append((batch_id, step))
+
+
+def test_the_clock_names_times_and_fault_points_each_step_once(monkeypatch):
+    reached = []
+    monkeypatch.setattr(clock_module.faults, "point", reached.append)
+    run, started = _Run(), time.monotonic()
+    clock = StepClock(run, 7, started)
+    with clock.step("read"):
+        time.sleep(0.02)
+    with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
+        pass
+    with clock.step("aggregate_merge", "batch.after_merge"):
+        time.sleep(0.01)
+    assert run.described == [(7, "read"), (7, "dead_letters"), (7, "aggregate_merge")]
+    assert reached == ["batch.after_read", "batch.after_dead_letters", "batch.after_bronze", "batch.after_merge"]
+    assert list(clock.seconds) == ["read", "dead_letters", "aggregate_merge"]
+    assert clock.seconds["read"] >= 0.02 and clock.seconds["aggregate_merge"] >= 0.01
+    # The steps add up to the pass: each is timed from the end of the one before, the first from the start.
+    assert abs(sum(clock.seconds.values()) - (time.monotonic() - started)) < 0.01
+
+
+def test_a_step_that_raises_is_neither_timed_nor_past_its_fault_point(monkeypatch):
+    reached = []
+    monkeypatch.setattr(clock_module.faults, "point", reached.append)
+    clock = StepClock(_Run(), 1, time.monotonic())
+    with pytest.raises(RuntimeError):
+        with clock.step("read"):
+            raise RuntimeError("the broker went away")
+    assert clock.seconds == {} and reached == []
+
+
+def test_a_tasks_report_travels_as_json_and_comes_back_typed():
+    sent = PartitionSummary(partition=3, changelog_offset=41, digest="00ff", key_count=9, keys_changed=2,
+                            delta_keys=5, rejected=((["k", 1], "value too large"),), ms={"fold": 3},
+                            worker="w1", hydrated=True, counts={"groups_touched": 4})
+    reported = json.loads(sent.to_table().column("summary")[0].as_py())
+    partition = reported.pop("partition")        # as per_state_partition collects it
+    back = PartitionSummary.of(partition, reported)
+    assert back == sent
+    assert back.rejected[0][1] == "value too large" and back.counts == {"groups_touched": 4}
+
+
+def test_a_kinds_own_counts_land_in_counts_and_a_missing_field_fails_where_it_is_read():
+    back = PartitionSummary.all_of({0: {"changelog_offset": 1, "digest": "0", "key_count": 1, "affected": 3}})[0]
+    assert back.counts == {"affected": 3} and back.delta_keys == 0
+    with pytest.raises(AttributeError):
+        back.affected       # a misspelt count is an error, not a silent 0
+
+
+def test_a_batch_step_totals_a_field_over_its_partitions():
+    summaries = {p: PartitionSummary(partition=p, changelog_offset=p, digest="0", key_count=1, keys_changed=p,
+                                     purged=1) for p in range(4)}
+    step = BatchStep(reasons={None: 10}, read=10, summaries=summaries, delta_keys=4, steps={"read": 0.1})
+    assert step.total("keys_changed") == 6 and step.total("purged") == 4
+    with pytest.raises(AttributeError):
+        step.total("keys_chnaged")
+
+
+def test_a_task_context_takes_the_stacks_places_and_its_kinds_fields(tmp_path):
+    rt = Runtime(bootstrap="127.0.0.1:1", data_dir=tmp_path, snapshot_uri=str(tmp_path / "snap"),
+                 tables_dir=tmp_path, namespace="ns.")
+    table = TABLES["movie_tickets_sold"]
+    ctx = TaskContext.of(rt, table, 12, changelog="c", purge_watermark=5)
+    assert (ctx.state_dir, ctx.bootstrap, ctx.snapshot_uri, ctx.namespace) == (str(rt.state_dir), "127.0.0.1:1",
+                                                                                  str(tmp_path / "snap"), "ns.")
+    assert ctx.batch_id == 12 and ctx.changelog == "c" and ctx.purge_watermark == 5
+    assert str(tmp_path / "replicas") in ctx.replica_roots        # a writer seeds from a local replica
+    assert TaskContext.of(rt, table, 1, replica_roots=()).replica_roots == ()
+    ranged = TaskContext.of(rt, table, 1, window_range=(100, 200))
+    assert ranged.in_scope(("a", 100)) and not ranged.in_scope(("a", 200)) and ctx.in_scope(("a", 1))
+
+
+def test_stored_inputs_read_the_watermark_each_committed_batch_began_from(tmp_path):
+    rt = Runtime(bootstrap="127.0.0.1:1", data_dir=tmp_path, snapshot_uri="", tables_dir=tmp_path)
+    log = BatchLog(rt.batch_dir("t"))
+    for i, mark in enumerate([None, 1000, 900]):
+        log.write_plan(BatchPlan(batch_id=i, topic="t", ranges={0: (i, i + 1)}, watermark_ms=mark), "t")
+        log.write_commit(BatchCommit(batch_id=i, topic="t", ranges={0: (i, i + 1)}, changelog_offsets={0: i},
+                                     digests={0: "0"}, key_counts={0: 1}, counts={}, watermark_ms=mark,
+                                     seconds=0.1), "t")
+    inputs = StoredInputs(None, rt, "t")
+    assert inputs.batch_watermarks() == [(0, None), (1, 1000), (2, 900)]
+    assert inputs.pinned_folder == f"{log.location}/joins"
+
+
+class _Handed:
+    """Inputs from memory: a TableFrames built over them reads nothing else."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def reference(self, other, pins):
+        self.asked.append(other.name)
+        return pa.table({"id": [1]})
+
+    def batch_watermarks(self):
+        self.asked.append("watermarks")
+        return []
+
+
+def test_table_frames_are_built_without_io_and_read_only_what_they_are_handed():
+    """What frames/ may import holds it to reading nothing itself (tests/test_layout.py); here, a
+    frames object asks its inputs nothing until a frame needs them, and a live batch's frames
+    are a copy, not a mode set on a shared object."""
+    inputs = _Handed()
+    frames = TableFrames(None, TABLES["leaderboard"], TABLES, inputs)
+    live = frames.for_batch(1234)
+    assert inputs.asked == []
+    assert (frames.live, frames.window_floor) == (False, None) and (live.live, live.window_floor) == (True, 1234)
+    assert live.inputs is inputs and live.table is frames.table
+    with pytest.raises(Exception):
+        frames.live = True          # frozen
+
+
+def test_a_table_run_and_its_frames_read_nothing_when_built(tmp_path):
+    rt = Runtime(bootstrap="127.0.0.1:1", data_dir=tmp_path / "none", snapshot_uri="", tables_dir=tmp_path)
+    run = TableRun(None, TABLES["leaderboard"], TABLES, rt)
+    frames = run.frames
+    assert isinstance(frames.inputs, StoredInputs) and frames.inputs.table == "leaderboard"
+    assert frames_of(None, TABLES["leaderboard"], TABLES, rt).inputs == frames.inputs
+    assert not (tmp_path / "none").exists()          # no folder made, no batch log read
+    other = run.in_session("another session")
+    assert other.spark == "another session" and other.frames.spark == "another session"
