@@ -248,6 +248,32 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=order)
 
 
+# Seconds per module and the worker that ran it, summed from every phase's report: what
+# LONGEST_FIRST is ordered by, printed at the end of a run so the next ordering is measured.
+_MODULE_SECONDS: dict[tuple[str, str], float] = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    key = (worker, report.nodeid.split("::", 1)[0])
+    _MODULE_SECONDS[key] = _MODULE_SECONDS.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    by_worker: dict[str, float] = {}
+    for (worker, _), seconds in _MODULE_SECONDS.items():
+        by_worker[worker] = by_worker.get(worker, 0.0) + seconds
+    terminalreporter.write_sep("=", "seconds per module, by worker (tests/conftest.py LONGEST_FIRST)")
+    for worker in sorted(by_worker):
+        terminalreporter.write_line(f"{worker}: {by_worker[worker]:.0f} s")
+        for (w, module), seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+            if w == worker and seconds >= float(os.environ.get("STATETABLE_MODULE_SECONDS_MIN", "20")):
+                terminalreporter.write_line(f"  {seconds:7.0f}  {module}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Keep the stack folder (broker and Airflow logs) only when something failed, and only the
     newest three failed sessions' (pytest's own tmp_path retention, for the stack's folder)."""
