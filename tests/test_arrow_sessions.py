@@ -61,7 +61,7 @@ def test_overlapping_batches_each_run_with_their_own_tables_arrow_cap(kafka, eng
     # leaked into it. Asked from a process of its own (a Connect client in this one would turn
     # the tests' later local sessions into Connect ones).
     probe = ("import json, sys, uuid\n"
-             "from spark_jobs import arrow_batches as a\n"
+             "from spark_jobs.engine import arrow_batches as a\n"
              "from spark_jobs.engine.session import remote_session\n"
              "keys = (a.MAX_RECORDS_CONF, a.MAX_BYTES_CONF)\n"
              "shared, fresh = remote_session(sys.argv[1]), remote_session(sys.argv[1], 'probe-' + uuid.uuid4().hex)\n"
