@@ -16,7 +16,7 @@ another layer's class (tests/unit/test_errors.py walks them all).
 from __future__ import annotations
 
 __all__ = ["BadSetting", "ChangelogCorrupt", "ChangelogGap", "ChangelogStalled", "ChangelogUndelivered", "CodecError",
-           "DefinitionChanged", "KafkaAccessError", "NoSuchPartition", "RestoreMismatch", "SnapshotCorrupt", "StateError",
+           "BrokerUnreachable", "DefinitionChanged", "KafkaAccessError", "NoSuchPartition", "RestoreMismatch", "SnapshotCorrupt", "StateError",
            "StateFenced", "StateMissing", "StatetableError", "TopicMismatch", "TopicNotReady", "TransactionClosed",
            "UserFixable", "meaning_changes"]
 
@@ -72,6 +72,12 @@ class CodecError(StateError, ValueError):
 
 class KafkaAccessError(StateError, RuntimeError):
     """Kafka refused statetable's client: the message is the one line to show."""
+
+
+class BrokerUnreachable(KafkaAccessError):
+    """No broker answered a client. In a batch that already ran that is a broker lost or
+    restarting, which the batch, run again from its plan, survives; a client of the wrong
+    security.protocol hears the same, but before any batch runs (the runner's prepare step)."""
 
 
 class DefinitionChanged(StateError, ValueError):

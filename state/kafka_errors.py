@@ -13,7 +13,7 @@ import os
 import re
 
 from state.kafka_config import CONFIG_ENV, client_config
-from state.errors import KafkaAccessError
+from state.errors import BrokerUnreachable, KafkaAccessError
 
 __all__ = ["AUTHORIZATION_ERRORS", "BROKER_LOST", "CONNECTION_ERRORS", "KafkaAccessError", "LEADER_MOVING",
            "REFUSED", "UNREACHABLE", "broker_lost", "connection_error", "denied", "is_connection_failure",
@@ -46,13 +46,17 @@ def recorder(bootstrap: str):
 
 def broker_lost(exc: BaseException) -> str | None:
     """The name of the Kafka error behind `exc` (raised here, or in a Spark task and reported as
-    text) when it is one a lost broker causes; None otherwise."""
+    text) when it is one a lost broker causes; None otherwise. A BrokerUnreachable counts: a
+    merge task's producer or metadata call that outwaited its patience while the broker it asked
+    was down says so as one (the secure stack's broker kills met it under CI's load)."""
+    if isinstance(exc, BrokerUnreachable):
+        return BrokerUnreachable.__name__
     if exc.args and hasattr(exc.args[0], "name"):          # a KafkaException raised in this process
         name = exc.args[0].name()
     else:                                                   # a task's error, as Spark reports it: text
-        found = re.search(r"KafkaError\{code=(\w+)", str(exc))
-        name = found.group(1) if found else None
-    return name if name in BROKER_LOST else None
+        found = re.search(r"KafkaError\{code=(\w+)|\b(BrokerUnreachable): ", str(exc))
+        name = (found.group(1) or found.group(2)) if found else None
+    return name if name in BROKER_LOST or name == BrokerUnreachable.__name__ else None
 
 
 def refused(bootstrap: str) -> bool:
@@ -92,7 +96,7 @@ def connection_error(bootstrap: str, client=None, what: str = "") -> KafkaAccess
         detail = text.split(": ", 2)[-1].split(" (after")[0].split(": ")[-1]
         return KafkaAccessError(f"kafka {broker}: TLS handshake failed for {_principal(conf)}{doing} ({detail}); "
                                 f"set ssl.ca.location in {_source()} to the CA that signed the brokers' certificates")
-    return KafkaAccessError(f"kafka {bootstrap}: no broker answered {_principal(conf)}{doing}; a broker may be down, "
+    return BrokerUnreachable(f"kafka {bootstrap}: no broker answered {_principal(conf)}{doing}; a broker may be down, "
                             f"or it expects another security.protocol than "
                             f"{conf.get('security.protocol', 'PLAINTEXT')} (a secured cluster needs its SASL_SSL "
                             f"settings in {_source()})")

@@ -96,3 +96,27 @@ def test_several_brokers_that_never_answer_are_said_after_the_patience(monkeypat
     with pytest.raises(KafkaAccessError, match="no broker answered"):
         kafka_admin.topic_metadata(client, "b:1,b:2", "t", patience=30)
     assert 2 <= client.calls <= 5
+
+
+def test_a_batch_is_run_again_after_a_lost_broker_but_not_after_a_refusal():
+    """The runner retries a batch only for what a lost broker causes: a Kafka error of that kind,
+    raised here or reported as a Spark task's text, and a client that outwaited its patience
+    (BrokerUnreachable, also as text); a refused login or ACL is raised at once."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from state import kafka_errors
+    from state.errors import BrokerUnreachable, KafkaAccessError
+
+    assert kafka_errors.broker_lost(KafkaException(KafkaError(KafkaError.NOT_COORDINATOR))) == "NOT_COORDINATOR"
+    assert kafka_errors.broker_lost(BrokerUnreachable("kafka b:1: no broker answered")) == "BrokerUnreachable"
+    worker = "An exception was thrown from the Python worker.\n{}\n  File \"x.py\", line 1\n{}"
+    assert kafka_errors.broker_lost(RuntimeError(worker.format("Traceback", "cimpl.KafkaException: "
+                                                               "KafkaError{code=_TIMED_OUT,val=-185}"))) == "_TIMED_OUT"
+    assert kafka_errors.broker_lost(RuntimeError(worker.format(
+        "Traceback", "state.errors.BrokerUnreachable: kafka b:1: no broker answered"))) == "BrokerUnreachable"
+    assert kafka_errors.broker_lost(KafkaAccessError("kafka b:1 refused user 'x'")) is None
+    assert kafka_errors.broker_lost(RuntimeError(worker.format(
+        "Traceback", "state.errors.KafkaAccessError: kafka b:1 refused user 'x'"))) is None
+    assert kafka_errors.broker_lost(RuntimeError(worker.format(
+        "Traceback", "cimpl.KafkaException: KafkaError{code=TOPIC_AUTHORIZATION_FAILED,val=29}"))) is None
+    assert issubclass(BrokerUnreachable, KafkaAccessError)
