@@ -44,7 +44,9 @@ HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
+    "format", "value_schema",
 }
+FORMATS = ("json", "avro")                         # a topic's values: see spark_jobs/frames/formats.py
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
@@ -118,6 +120,8 @@ class TableDefinition:
     input_table: str | None = None             # an aggregate over this source table's rows (FROM a table):
                                                # a changed row retracts its old contribution (see
                                                # spark_jobs/steps/table_aggregate.py)
+    format: str = "json"                       # how the topic's values are written (FORMATS)
+    value_schema: str | None = None            # avro: the writer schema (JSON text) from `-- value_schema: <file>`
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -142,6 +146,7 @@ class TableDefinition:
                                                         self.window.grace_ms] + (["session"] if self.window.session else []),
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
+            **({"format": self.format} if self.format != "json" else {}),
             **({"input_table": self.input_table} if self.input_table else {}),
             **({"join_columns": [list(c) for c in self.join_columns]} if self.join_columns else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
@@ -660,6 +665,7 @@ def _parse(path: Path, text: str) -> TableDefinition:
     table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
         else _aggregate_table(path, create, header, common)
     table.emit = _emit(path, header, table)
+    _value_format(path, header, table)
     _ttl(path, header, table)
     if table.delta_retention_ms < 3_600_000:
         raise DefinitionError(f"{header.where(path, 'delta_retention')}: table {table.name!r}: delta_retention must be "
@@ -671,6 +677,43 @@ def _parse(path: Path, text: str) -> TableDefinition:
         raise DefinitionError(f"{header.where(path, 'output_topic')}: table {table.name!r} would write its changes "
                               f"to its own input topic {table.topic!r}; name another output_topic")
     return table
+
+
+def _value_format(path: Path, header: _Header, table: TableDefinition) -> None:
+    """`-- format:` and, for Avro without a registry, `-- value_schema:` (an .avsc file beside the
+    definition): the schema is read here, once, so a batch, a verify and a rebuild decode alike."""
+    table.format = header.get("format", "json").lower()
+    if table.format not in FORMATS:
+        raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format={table.format!r} is not "
+                              f"one of {', '.join(FORMATS)}")
+    if table.format == "json":
+        if "value_schema" in header:
+            raise DefinitionError(f"{header.where(path, 'value_schema')}: table {table.name!r}: value_schema is for "
+                                  f"'-- format: avro'; JSON values are typed by '-- schema:'")
+        return
+    if table.kind != "source" and (table.input_table or table.joins):
+        raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format is declared on the "
+                              f"table that reads the topic, not on one over other tables")
+    where = header.where(path, "value_schema")
+    if "value_schema" not in header:
+        raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format avro needs its writer "
+                              f"schema: add '-- value_schema: <file>.avsc' (a file beside {path.name})")
+    file = path.parent / header["value_schema"]
+    try:
+        import fastavro
+
+        schema = json.loads(file.read_text())
+        fastavro.parse_schema(schema)
+    except OSError as exc:
+        raise DefinitionError(f"{where}: table {table.name!r}: cannot read value_schema {file}: {exc.strerror}") \
+            from None
+    except (ValueError, fastavro.schema.SchemaParseException) as exc:
+        raise DefinitionError(f"{where}: table {table.name!r}: value_schema {file.name} is not an Avro schema: "
+                              f"{str(exc).splitlines()[0][:200]}") from None
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise DefinitionError(f"{where}: table {table.name!r}: value_schema {file.name} must be an Avro record; "
+                              f"its fields are read into the columns of the same name")
+    table.value_schema = json.dumps(schema, sort_keys=True)
 
 
 def _source_table(path, create: exp.Create, header: dict, common: dict) -> TableDefinition:

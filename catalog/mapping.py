@@ -119,6 +119,34 @@ def shown_columns(table: TableDefinition) -> list[str]:
     return key_names(table) + [a.name for a in table.aggregates if not a.hidden] + list(table.computed)
 
 
+TIME_TYPES = ("TIMESTAMP", "DATE")
+_PASSING_TYPE = ("min", "max", "latest_by_offset", "latest_keeping_nulls")   # a result of its input's type
+
+
+def time_columns(table: TableDefinition, tables: dict[str, TableDefinition] | None = None) -> dict[str, str]:
+    """The shown columns that hold a TIMESTAMP (epoch milliseconds in the state) or a DATE (days
+    since 1970), by name: what a reader turns into ISO 8601 (serving.presenters). A joined
+    table's column is found in `tables` when given. window_start stays epoch milliseconds, as
+    ksqlDB's WINDOWSTART: it is a number a client computes with, and the key it queries by."""
+    fields = dict(table.schema)
+    joined = {j.alias: dict((tables or {})[j.table].schema) for j in table.joins if j.table in (tables or {})}
+
+    def type_of(column: str) -> str | None:
+        alias, _, name = column.rpartition(".")
+        if alias and alias != table.stream_alias:
+            return joined.get(alias, {}).get(name)
+        return fields.get(name)
+
+    found = {name: table.key_types.get(key) or type_of(key)
+             for key, name in zip(table.key_columns, key_names(table))}
+    if table.kind == "source":
+        found.update((name, fields.get(name)) for name in table.value_columns)
+    found.update((a.name, type_of(a.args[0])) for a in table.aggregates
+                 if a.function in _PASSING_TYPE and len(a.args) == 1 and a.args[0] not in table.derived)
+    found.update((name, fields.get(name) or type_of(column)) for column, name in table.join_columns)
+    return {name: dtype for name, dtype in found.items() if dtype in TIME_TYPES}
+
+
 def _with_computed(table: TableDefinition, row: dict) -> dict:
     """The row with its computed SELECT columns."""
     row.update({name: compiled("compile_value", sql, _row_columns(table))(row) for name, sql in table.computed.items()})

@@ -287,7 +287,7 @@ def _query(args) -> int:
         print(f"statetable query {table}: replica partition {partition} {text}", file=sys.stderr, flush=True)
 
     try:
-        row = lookup(args.table, tuple(args.key), progress=progress)
+        row = lookup(args.table, tuple(args.key), progress=progress, times=args.times)
     except (NoSuchTable, BadQuery) as exc:
         print(f"statetable query {args.table}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -497,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="read one row of a table's committed state")
     p.add_argument("table")
     p.add_argument("key", nargs="+", help="the key's parts, in the key's column order")
+    p.add_argument("--times", choices=("iso", "epoch_ms"), default="iso",
+                   help="TIMESTAMP and DATE columns as ISO 8601 in UTC (the default) or as epoch milliseconds "
+                        "(a DATE as days since 1970)")
     p.set_defaults(func=_query)
 
     p = sub.add_parser("serve", help="serve the read-only query API (bearer token from STATETABLE_API_TOKEN)")

@@ -32,7 +32,7 @@ from state import codec
 from state.views import TableView
 from catalog import registry
 from catalog.batch_log import BatchLog, start_ticks
-from catalog.mapping import key_names, row_of, shown, shown_columns, state_spec
+from catalog.mapping import key_names, row_of, shown, shown_columns, state_spec, time_columns
 from catalog.definitions import TableDefinition, load_all
 from catalog.definitions import parse as parse_definition
 from state.table import DefinitionChanged
@@ -40,6 +40,7 @@ from catalog.runtime import Runtime
 from serving.errors import NoSuchTable
 from serving.errors import BadQuery
 from serving.errors import StateUnavailable
+from serving.presenters import TIMES, with_times
 
 log = logging.getLogger("statetable.query")
 
@@ -454,16 +455,26 @@ class QueryService:
         return key
 
     # -- queries -----------------------------------------------------------------
-    def get(self, name: str, raw_key: str) -> tuple[int | None, dict | None]:
+    def _rows(self, table: TableDefinition, entries, aggregator, times: str) -> list[dict]:
+        """The entries' rows as an answer shows them: HAVING applied, times as `times` asks
+        (serving.presenters.with_times)."""
+        if times not in TIMES:
+            raise BadQuery(f"times={times!r}: give one of {', '.join(TIMES)}")
+        columns = time_columns(table, self.definitions)
+        return [with_times(row, columns, times) for key, value in entries
+                if value is not None and (row := shown(table, row_of(table, key, value, aggregator)))]
+
+    def get(self, name: str, raw_key: str, times: str = "epoch_ms") -> tuple[int | None, dict | None]:
         table = self.table(name)
         key = self.parse_key(table, raw_key)
         reader = self.reader(name)
         with reader.read() as (view, batch):
             value = None if view is None else view.get(key)
-            return batch, None if value is None else shown(table, row_of(table, key, value, reader.aggregator))
+            found = self._rows(table, [(key, value)], reader.aggregator, times)
+            return batch, found[0] if found else None
 
     def scan(self, name: str, prefix: str | None = None, start: str | None = None, end: str | None = None,
-             limit: int | None = None, cursor: str | None = None) -> Page:
+             limit: int | None = None, cursor: str | None = None, times: str = "epoch_ms") -> Page:
         table = self.table(name)
         limit = DEFAULT_LIMIT if limit is None else limit
         if limit < 1:
@@ -487,11 +498,11 @@ class QueryService:
             entries = entries[1:]
         more = len(entries) > limit
         entries = entries[:limit]
-        rows = [row for key, value in entries if (row := shown(table, row_of(table, key, value, reader.aggregator)))]
+        rows = self._rows(table, entries, reader.aggregator, times)
         return Page(batch, rows, _encode_cursor(entries[-1][0]) if more else None)
 
     def windows(self, name: str, raw_key: str, start_ms: int | None, end_ms: int | None,
-                limit: int | None = None) -> Page:
+                limit: int | None = None, times: str = "epoch_ms") -> Page:
         table = self.table(name)
         if table.window is None:
             raise BadQuery(f"table {name!r} has no windows; use /tables/{name}/rows/{{key}}")
@@ -507,7 +518,7 @@ class QueryService:
                 return Page(batch, [])
             entries = view.scan(key, None if start_ms is None else key + (start_ms,),
                                 None if end_ms is None else key + (end_ms,), limit)
-        return Page(batch, [row for k, v in entries if (row := shown(table, row_of(table, k, v, reader.aggregator)))])
+        return Page(batch, self._rows(table, entries, reader.aggregator, times))
 
     def refresh_all(self, also: list[str] = ()) -> dict[str, int | None]:
         """Catch every open table, and the tables in `also`, up with the writer now; returns the
@@ -593,18 +604,19 @@ def _decode_cursor(cursor: str) -> tuple:
     return key
 
 
-def query_once(name: str, raw_key: str, rt: Runtime | None = None, progress=None) -> tuple[int | None, dict | None]:
+def query_once(name: str, raw_key: str, rt: Runtime | None = None, progress=None,
+               times: str = "epoch_ms") -> tuple[int | None, dict | None]:
     """One point lookup without a long-lived service (the CLI). Where queries read replicas, the
     data dir's replica is brought up to date first (restored on first use: `progress` hears of it)."""
     service = QueryService(rt, background=False, progress=progress)
     try:
-        return service.get(name, raw_key)
+        return service.get(name, raw_key, times)
     finally:
         service.close()
 
 
-def lookup(name: str, key: tuple, rt: Runtime | None = None, progress=None) -> dict | None:
+def lookup(name: str, key: tuple, rt: Runtime | None = None, progress=None, times: str = "epoch_ms") -> dict | None:
     """One row of committed state by its key columns' values, through the query API's read path
     (never the writer's lock)."""
     raw = str(key[0]) if len(key) == 1 else json.dumps(list(key))
-    return query_once(name, raw, rt, progress)[1]
+    return query_once(name, raw, rt, progress, times)[1]

@@ -344,14 +344,14 @@ class ProcessQueryService:
             await self._notify()
 
     # -- the QueryService interface, as coroutines ---------------------------------------
-    async def get(self, name: str, raw_key: str):
-        return await self._call(name, "get", name, raw_key)
+    async def get(self, name: str, raw_key: str, times: str = "epoch_ms"):
+        return await self._call(name, "get", name, raw_key, times)
 
-    async def scan(self, name: str, prefix=None, start=None, end=None, limit=None, cursor=None):
-        return await self._call(name, "scan", name, prefix, start, end, limit, cursor)
+    async def scan(self, name: str, prefix=None, start=None, end=None, limit=None, cursor=None, times="epoch_ms"):
+        return await self._call(name, "scan", name, prefix, start, end, limit, cursor, times)
 
-    async def windows(self, name: str, raw_key: str, start_ms=None, end_ms=None, limit=None):
-        return await self._call(name, "windows", name, raw_key, start_ms, end_ms, limit)
+    async def windows(self, name: str, raw_key: str, start_ms=None, end_ms=None, limit=None, times="epoch_ms"):
+        return await self._call(name, "windows", name, raw_key, start_ms, end_ms, limit, times)
 
     async def tables(self) -> list[dict]:
         return await self._call(None, "tables")

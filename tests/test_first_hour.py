@@ -184,6 +184,7 @@ def test_first_hour_from_a_clean_clone(clone):
     home = json.loads(outputs["query"])
     assert (home["views"], home["total_ms"]) == (int(expected.loc["/home", "views"]),
                                                  int(expected.loc["/home", "total_ms"])) == (2, 2000)
+    assert home["last_view"] == "2026-11-26T09:01:00Z", home      # a TIMESTAMP as people read it
     assert "page_views: aggregate of topic page-views" in outputs["tables"]
     assert "batch 0 (4 read" in outputs["tables"] and "wrong_type 1" in outputs["tables"], outputs["tables"]
     assert "verify: not verified yet" in outputs["tables"], outputs["tables"]

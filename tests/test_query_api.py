@@ -457,3 +457,65 @@ def test_a_push_query_follows_batches_once_in_order_and_resumes_from_last_event_
         folded.update({c["key"]["k"]: c["row"] for c in body["changes"]})
     frame = pd.DataFrame(produced).groupby("k")["v"].agg(["count", "sum"])
     assert folded == {k: {"k": k, "n": int(r["count"]), "s": int(r["sum"])} for k, r in frame.iterrows()}
+
+
+def test_timestamps_and_dates_come_out_as_iso_8601_and_as_epoch_ms_on_request(server, env, spark):
+    """A TIMESTAMP column (a key, a MAX, a LATEST_BY_OFFSET) and a DATE come out of the REST API
+    and the CLI as ISO 8601 in UTC; `?times=epoch_ms` (`--times epoch_ms`) gives the numbers
+    the state keeps, and the change topic's readers parse. Expected values are pandas' over the
+    events produced, not the product's own conversion."""
+    import json
+    import uuid
+
+    import pandas as pd
+    from confluent_kafka import Producer
+
+    from state.kafka_admin import ensure_topic
+
+    topic = f"visits-{uuid.uuid4().hex[:8]}"
+    (env.tables_dir / "visits.sql").write_text(
+        f"-- topic: {topic}\n-- schema: page STRING, at TIMESTAMP, day DATE, n BIGINT\n-- partitions: 2\n"
+        "CREATE TABLE visits AS SELECT page, MAX(at) AS last_visit, MIN(day) AS first_day, "
+        "LATEST_BY_OFFSET(at) AS latest, SUM(n) AS total FROM events GROUP BY page;\n")
+    ensure_topic(env.bootstrap, topic, 2)
+    events = [{"page": "pa", "at": "2026-11-26T09:00:00Z", "day": "2026-11-26", "n": 1},
+              {"page": "pa", "at": "2026-11-26T09:01:30.250Z", "day": "2026-11-20", "n": 2},
+              {"page": "pb", "at": 1795683660000, "day": "1999-12-31", "n": 5}]
+    producer = Producer({"bootstrap.servers": env.bootstrap})
+    for event in events:
+        producer.produce(topic, json.dumps(event).encode(), key=event["page"].encode())
+    producer.flush()
+    assert len(jobs.run("visits", max_batches=1, spark=spark, rt=env)) == 1
+
+    frame = pd.DataFrame(events)
+    frame["at"] = frame["at"].map(lambda v: pd.Timestamp(v, unit="ms", tz="UTC") if isinstance(v, int)
+                                  else pd.Timestamp(v))
+    frame["day"] = pd.to_datetime(frame["day"])
+    by_page = frame.groupby("page").agg(last=("at", "max"), first=("day", "min"), latest=("at", "last"),
+                                        total=("n", "sum"))
+
+    def iso(stamp: pd.Timestamp) -> str:
+        text = stamp.tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%S")
+        return text + (f".{stamp.microsecond // 1000:03d}Z" if stamp.microsecond else "Z")
+
+    expected = {page: {"page": page, "last_visit": iso(r["last"]), "first_day": r["first"].strftime("%Y-%m-%d"),
+                       "latest": iso(r["latest"]), "total": int(r["total"])} for page, r in by_page.iterrows()}
+    numbers = {page: {"page": page, "last_visit": r["last"].value // 1_000_000,
+                      "first_day": (r["first"] - pd.Timestamp("1970-01-01")).days,
+                      "latest": r["latest"].value // 1_000_000, "total": int(r["total"])}
+               for page, r in by_page.iterrows()}
+    assert expected["pa"]["last_visit"] == "2026-11-26T09:01:30.250Z" and expected["pb"]["first_day"] == "1999-12-31"
+
+    assert _get(server, "/tables/visits/rows/pa").json()["row"] == expected["pa"]
+    assert {r["page"]: r for r in _get(server, "/tables/visits/rows").json()["rows"]} == expected
+    assert _get(server, "/tables/visits/rows/pb", times="epoch_ms").json()["row"] == numbers["pb"]
+    assert {r["page"]: r for r in _get(server, "/tables/visits/rows", times="epoch_ms").json()["rows"]} == numbers
+    wrong = _get(server, "/tables/visits/rows/pa", times="unix")
+    assert wrong.status_code in (400, 422) and "iso, epoch_ms" in wrong.text, wrong.text
+
+    cli = [str(Path(sys.executable).parent / "statetable"), "query", "visits", "pa"]
+    environment = {**os.environ, **env.as_env()}
+    shown = subprocess.run(cli, env=environment, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and json.loads(shown.stdout) == expected["pa"], shown.stderr
+    raw = subprocess.run(cli + ["--times", "epoch_ms"], env=environment, capture_output=True, text=True, timeout=120)
+    assert raw.returncode == 0 and json.loads(raw.stdout) == numbers["pa"], raw.stderr

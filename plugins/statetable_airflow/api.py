@@ -286,6 +286,8 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
     lag_query = Query(None, ge=0, description="answer 503 if the served batch trails the last commit by more")
     table_path = Path(..., description="table name", max_length=200)
     key_path = Path(..., description="the key: a single value, or a JSON array for composite keys", max_length=4096)
+    times_query = Query("iso", max_length=16, description="TIMESTAMP and DATE columns as `iso` (ISO 8601, UTC) or "
+                                                          "`epoch_ms` (epoch milliseconds; a DATE as days since 1970)")
 
     @app.get("/tables", summary="every table with its key, columns, partitions, last batch, lag and last snapshot")
     async def tables(request: Request):
@@ -307,9 +309,9 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/tables/{table}/rows/{key}", summary="one row")
     async def row(request: Request, table: str = table_path, key: str = key_path,
-                  max_lag_batches: int | None = lag_query):
+                  max_lag_batches: int | None = lag_query, times: str = times_query):
         await authorize(request, table)
-        batch, found = await holder.ask("get", table, key)
+        batch, found = await holder.ask("get", table, key, times)
         await fresh_enough(table, batch, max_lag_batches)
         if found is None:
             return _answer({"detail": f"table {table!r} has no row for key {key!r}", "table": table,
@@ -323,9 +325,9 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
              to: str | None = Query(None, max_length=4096, description="last key (exclusive)"),
              limit: int | None = Query(None, description="page size; capped at 1000"),
              cursor: str | None = Query(None, max_length=4096, description="next_cursor of the previous page"),
-             max_lag_batches: int | None = lag_query):
+             max_lag_batches: int | None = lag_query, times: str = times_query):
         await authorize(request, table)
-        page = await holder.ask("scan", table, prefix, from_, to, limit, cursor)
+        page = await holder.ask("scan", table, prefix, from_, to, limit, cursor, times)
         await fresh_enough(table, page.batch, max_lag_batches)
         return _answer({"table": table, "batch": page.batch, "rows": page.rows, "next_cursor": page.next_cursor},
                        page.batch)
@@ -335,11 +337,11 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
                 from_: int | None = Query(None, alias="from", description="first window start, epoch ms"),
                 to: int | None = Query(None, description="window starts before this, epoch ms"),
                 limit: int | None = Query(None, description="at most this many windows; capped at 1000"),
-                max_lag_batches: int | None = lag_query):
+                max_lag_batches: int | None = lag_query, times: str = times_query):
         await authorize(request, table)
         if limit is not None and limit < 1:
             raise BadQuery(f"limit must be at least 1, not {limit}")
-        page = await holder.ask("windows", table, key, from_, to, limit)
+        page = await holder.ask("windows", table, key, from_, to, limit, times)
         await fresh_enough(table, page.batch, max_lag_batches)
         return _answer({"table": table, "batch": page.batch, "key": key, "windows": page.rows}, page.batch)
 

@@ -28,6 +28,7 @@ from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import INTEGERS, arrow_type, parse_values
 from spark_jobs.frames.arrow_where import where_expression
 from spark_jobs.frames.arrow_keys import key_columns, state_partitions
+from spark_jobs.frames.formats import transcode, transcodes
 
 SPARK_TYPE = {"LONG": "BIGINT", "DECIMAL": "DECIMAL(10,0)"}
 
@@ -156,6 +157,11 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     size = pc.binary_length(values)
     is_null = pc.is_null(values)
     too_large = pc.fill_null(pc.greater(size, spec.max_value_bytes), False)
+    unread = None
+    if transcodes(table):                       # Avro and the like, as JSON (frames/formats.py)
+        values, reasons = transcode(values, table)
+        unread = pc.and_(pc.is_valid(reasons), pc.invert(too_large))
+        too_large = pc.or_(too_large, unread)   # left out of the parse like an oversize record
     if not pc.any(too_large).as_py() and not pc.any(is_null).as_py():   # the common case
         idx = pa.array(np.arange(n, dtype=np.int64))
         parsed, parsed_pos, bad = parse_values(values, table.schema)
@@ -167,7 +173,7 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     dead_reason = [r for _, r in bad]
     for i in pc.indices_nonzero(too_large).to_pylist():
         dead_index.append(i)
-        dead_reason.append("too_large")
+        dead_reason.append("too_large" if unread is None or not unread[i].as_py() else reasons[i].as_py())
     for i in pc.indices_nonzero(is_null).to_pylist():
         dead_index.append(i)
         dead_reason.append("null_value")

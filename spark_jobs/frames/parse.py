@@ -7,6 +7,8 @@ dead letters with a reason. Nothing is dropped silently:
   invalid_unicode    value is not valid UTF-8, or escapes a lone UTF-16 surrogate (`"\\ud800"`):
                      text that no state key, Arrow column or JSON answer can hold
   malformed_json     value is not a JSON object
+  malformed_avro     (format avro) the value is not one datum of the writer schema; every other
+                     format's records are read as the JSON it is transcoded to (frames/formats.py)
   wrong_type         a declared field is present but does not have its type; NaN and
                      infinities are not numbers here (they break MAX, TOPK and JSON answers)
   missing_key        a key column is null or absent
@@ -29,6 +31,7 @@ The batch's clock is its plan's creation time, so a re-run classifies alike.
 from __future__ import annotations
 
 from catalog.definitions import TableDefinition
+from spark_jobs.frames.formats import JSON_COLUMN, REASON_COLUMN, transcode_batches, transcodes
 
 MAX_VALUE_BYTES = 1 << 20
 # A dead letter's value, at most: its key and headers must still fit the producer's 1 MiB
@@ -95,15 +98,23 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     `rows`: the records are a table's rows (Pass.rows): the Kafka key must name the row's key,
     and a null value deletes it (a tombstone)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-    text = F.col("value").cast("string")
+    if transcodes(table):           # Avro and the like, as the JSON the rules below read (frames/formats.py)
+        columns = StructType(list(raw.schema.fields) + [StructField(JSON_COLUMN, BinaryType()),
+                                                        StructField(REASON_COLUMN, StringType())])
+        raw = raw.mapInArrow(transcode_batches(table), columns)
+        json_value, unread = F.col(JSON_COLUMN), F.col(REASON_COLUMN)
+    else:
+        json_value, unread = F.col("value"), F.lit(None).cast("string")
+    text = json_value.cast("string")
     timestamps = [name for name, dtype in table.schema if dtype in ("TIMESTAMP", "DATE")]
     schema = ", ".join(f"`{name}` {'STRING' if name in timestamps else dtype}" for name, dtype in table.schema) \
         + f", `{CORRUPT}` STRING"
     parsed = raw.select(
         F.col("partition").alias("_partition"), F.col("offset").alias("_offset"),
         F.col("timestamp").alias("_timestamp"), F.col("key").alias("_key"), F.col("value").alias("_value"),
-        F.length("value").alias("_size"),
+        F.length("value").alias("_size"), json_value.alias("_json"), unread.alias("_unread"),
         F.when(F.length("value") <= max_value_bytes,
                F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
         .alias("_parsed"),
@@ -112,7 +123,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     # syntax error (corrupt even here) from a wrong type, and a wrong type from an absent field.
     parsed = parsed.withColumn("_present", F.when(
         F.col(f"_parsed.`{CORRUPT}`").isNotNull(),
-        F.from_json(F.col("_value").cast("string"),
+        F.from_json(F.col("_json").cast("string"),
                     ", ".join(f"`{n}` STRING" for n, _ in table.schema) + f", `{CORRUPT}` STRING",
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})))
     # A field that failed to type marks the record corrupt even when a duplicate of it before did
@@ -143,7 +154,8 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     corrupt = F.col(f"_parsed.`{CORRUPT}`").isNotNull()
     reason = (
         F.when(F.col("_value").isNull() | (F.col("_size") > max_value_bytes), F.lit("too_large"))
-        .when(~F.is_valid_utf8(F.col("_value").cast("string")) | F.col("_value").cast("string").rlike(LONE_SURROGATE),
+        .when(F.col("_unread").isNotNull(), F.col("_unread"))
+        .when(~F.is_valid_utf8(F.col("_json").cast("string")) | F.col("_json").cast("string").rlike(LONE_SURROGATE),
               F.lit("invalid_unicode"))
         .when(F.col("_parsed").isNull() | corrupt & (F.col("_present").isNull()
                                                      | F.col(f"_present.`{CORRUPT}`").isNotNull()),
@@ -151,7 +163,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         # from_json reads the first JSON value and ignores what follows: `{...}{...}` must be
         # malformed here too, as the Arrow pass judges it. Inside brackets, a second value is a
         # syntax error.
-        .when(F.coalesce(F.size(F.from_json(F.concat(F.lit("["), F.col("_value").cast("string"), F.lit("]")),
+        .when(F.coalesce(F.size(F.from_json(F.concat(F.lit("["), F.col("_json").cast("string"), F.lit("]")),
                                             "ARRAY<STRING>")), F.lit(-1)) != 1,
               F.lit("malformed_json"))
         .when(wrong_type, F.lit("wrong_type"))

@@ -311,9 +311,18 @@ def latest_rows(classified, table: TableDefinition):
     pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
     key_expr = F.when(F.col("reason") == "null_value", parse.kafka_key_text(table).try_cast(pk_type)) \
         .otherwise(F.col(f"_parsed.`{pk}`"))
+    kinds = dict(table.schema)
+
+    def stored(name: str):
+        """A value as the state keeps it (state_columns' rule): a TIMESTAMP or a DATE as a number,
+        which the codec holds; a date object it cannot, and the row was refused."""
+        col = F.col(f"_parsed.`{name}`")
+        return F.unix_millis(col) if kinds.get(name) == "TIMESTAMP" else \
+            F.unix_date(col) if kinds.get(name) == "DATE" else col
+
     frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
         key_expr.alias("_k0"), (F.col("reason") == "null_value").alias("_del"), F.col("_offset"),
-        F.col("_partition"), *[F.col(f"_parsed.`{c}`").alias(f"_v{i}") for i, c in enumerate(table.value_columns)])
+        F.col("_partition"), *[stored(c).alias(f"_v{i}") for i, c in enumerate(table.value_columns)])
     latest = Window.partitionBy("_k0").orderBy(F.desc("_partition"), F.desc("_offset"))
     return (frame.where(F.col("_k0").isNotNull()).withColumn("_rn", F.row_number().over(latest))
             .where("_rn = 1").drop("_rn", "_offset", "_partition"))
@@ -370,7 +379,14 @@ def typed_rows(table: TableDefinition, rows):
 
     from spark_jobs.frames.arrow_values import parse_values
 
-    typed, _, bad = parse_values(rows.column("row").cast(pa.binary()), table.schema)
+    import pyarrow.compute as pc
+
+    # The state keeps a DATE as days since 1970 (latest_rows), and the mirror writes what it keeps.
+    read_as = [(name, "BIGINT" if dtype == "DATE" else dtype) for name, dtype in table.schema]
+    typed, _, bad = parse_values(rows.column("row").cast(pa.binary()), read_as)
     if bad:
         raise MirrorCorrupt(f"{table.name}: {len(bad)} mirror rows do not parse as its schema, e.g. row {bad[0]}")
+    for index, (name, dtype) in enumerate(table.schema):
+        if dtype == "DATE":
+            typed = typed.set_column(index, name, pc.cast(pc.cast(typed.column(name), pa.int32()), pa.date32()))
     return typed
