@@ -158,3 +158,12 @@ def sse_events(response, until) -> list[dict]:
         name, _, value = line.partition(": ")
         fields[name] = value
     return events
+
+
+def dead_letter_reasons(rt, table: str) -> dict[int, str]:
+    """source offset -> reason, from the table's dead-letter topic."""
+    out = {}
+    for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
+        headers = {k: None if v is None else v.decode() for k, v in message.headers()}
+        out[int(headers["source_offset"])] = headers["reason"]
+    return out

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 
 from spark_jobs import jobs
 from state.kafka_admin import ensure_topic
-from tests.table_env import isolated_runtime, read_topic
+from tests.table_env import dead_letter_reasons, isolated_runtime, read_topic
 
 ENGINES = pytest.mark.parametrize("engine", ["arrow", "spark"])
 WRITER = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
@@ -44,14 +44,6 @@ def _produce(rt, topic: str, values: list, keys: list | None = None) -> None:
     assert producer.flush(30) == 0
 
 
-def _dead_letters(rt, table: str) -> dict[int, str]:
-    out = {}
-    for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
-        headers = {k: None if v is None else v.decode() for k, v in message.headers()}
-        out[int(headers["source_offset"])] = headers["reason"]
-    return out
-
-
 @ENGINES
 def test_an_aggregate_over_an_avro_topic_equals_pandas_and_dead_letters_what_it_cannot_read(env, spark, monkeypatch,
                                                                                            engine):
@@ -75,7 +67,7 @@ def test_an_aggregate_over_an_avro_topic_equals_pandas_and_dead_letters_what_it_
     commits = jobs.run("avro_spend", until_caught_up=True, spark=spark, rt=rt)
     assert commits and sum(c.counts["read"] for c in commits) == 60
 
-    dead = _dead_letters(rt, "avro_spend")
+    dead = dead_letter_reasons(rt, "avro_spend")
     assert dead == {5: "malformed_avro", 17: "malformed_avro", 33: "malformed_avro", 41: "null_value"}
     decoded = [fastavro.schemaless_reader(io.BytesIO(m.value()), fastavro.parse_schema(WRITER), None)
                for m in read_topic(rt.bootstrap, topic) if m.offset() not in dead]
@@ -114,7 +106,7 @@ def test_a_source_table_over_an_avro_topic_upserts_and_deletes_by_key(env, spark
     _produce(rt, topic, values, keys)
     assert jobs.run("people", until_caught_up=True, spark=spark, rt=rt)
 
-    assert _dead_letters(rt, "people") == {5: "malformed_avro"}
+    assert dead_letter_reasons(rt, "people") == {5: "malformed_avro"}
     kept = [fastavro.schemaless_reader(io.BytesIO(m.value()), fastavro.parse_schema(PERSON), None)
             for m in read_topic(rt.bootstrap, topic) if m.value() is not None and m.offset() != 5]
     latest = pd.DataFrame(kept).drop_duplicates("id", keep="last").set_index("id")

@@ -16,7 +16,7 @@ from deploy import samples
 from catalog.batch_log import BatchLog
 from serving.query import lookup
 from state.kafka_admin import ensure_topic
-from tests.table_env import isolated_runtime, read_topic
+from tests.table_env import dead_letter_reasons, isolated_runtime, read_topic
 
 
 @pytest.fixture
@@ -36,15 +36,6 @@ def _produce(rt, topic: str, values, keys=None, partitions: int = 1) -> None:
         producer.produce(topic, value if value is None or isinstance(value, bytes) else json.dumps(value).encode(),
                          key=key, partition=0)
     assert producer.flush(30) == 0
-
-
-def _dead_letters(rt, table: str) -> dict[int, str]:
-    """source offset -> reason, from the dead-letter topic."""
-    out = {}
-    for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
-        headers = {k: None if v is None else v.decode() for k, v in message.headers()}
-        out[int(headers["source_offset"])] = headers["reason"]
-    return out
 
 
 def test_where_filters_in_the_batch_path_and_the_recomputation(env, spark):
@@ -82,7 +73,7 @@ def test_nan_infinity_and_overflowing_doubles_are_wrong_type_and_never_reach_max
     _produce(rt, topic, [good[0], *hostile[:3], good[1], *hostile[3:], good[2]])
     (commit,) = jobs.run("best", until_caught_up=True, spark=spark, rt=rt)
     assert commit.counts["dead_wrong_type"] == 5 and commit.counts["parsed"] == 3
-    assert sorted(_dead_letters(rt, "best").items()) == [(o, "wrong_type") for o in (1, 2, 3, 5, 6)]
+    assert sorted(dead_letter_reasons(rt, "best").items()) == [(o, "wrong_type") for o in (1, 2, 3, 5, 6)]
     frame = pd.DataFrame(good)
     expected = frame.groupby("game")["score"].agg(["max", "sum"])
     state = jobs.state_rows("best", rt)
@@ -124,7 +115,7 @@ def test_event_times_take_epoch_millis_and_iso_and_missing_or_future_ones_are_de
     ]
     _produce(rt, topic, values)
     (commit,) = jobs.run("hourly_clicks", until_caught_up=True, spark=spark, rt=rt)
-    assert _dead_letters(rt, "hourly_clicks") == {3: "missing_event_time", 4: "missing_event_time",
+    assert dead_letter_reasons(rt, "hourly_clicks") == {3: "missing_event_time", 4: "missing_event_time",
                                                   5: "future_event_time", 6: "wrong_type"}
     assert commit.counts["parsed"] == 4 and commit.counts["dead_lettered"] == 4
     # The watermark is the newest accepted event, not the year 58,700 or the future record.
@@ -148,7 +139,7 @@ def test_source_table_deletes_and_puts_must_name_the_same_key(env, spark):
     keys = [b"1", b"2", b"3", b"5", None, b"abc", b"2", None]
     _produce(rt, topic, values, keys)
     (commit,) = jobs.run("players", until_caught_up=True, spark=spark, rt=rt)
-    assert _dead_letters(rt, "players") == {3: "key_mismatch", 4: "tombstone_without_key",
+    assert dead_letter_reasons(rt, "players") == {3: "key_mismatch", 4: "tombstone_without_key",
                                             5: "bad_tombstone_key"}
     assert commit.counts["dead_lettered"] == 3
     assert {k[0]: v[1] for k, v in jobs.state_rows("players", rt).items()} == {1: "Elyse", 3: "Isabelle",
@@ -250,7 +241,7 @@ def test_a_sum_past_64_bits_dead_letters_its_events_and_the_rest_of_the_batch_co
     assert len(commits) == 3
     assert commits[1].counts["dead_sum_overflow"] == 1 and commits[1].refused == [[["a"], "sum_overflow"]]
 
-    dead = _dead_letters(rt, "ledger")
+    dead = dead_letter_reasons(rt, "ledger")
     assert dead == {2: "sum_overflow"}
     frame = pd.DataFrame([json.loads(m.value()) | {"offset": m.offset()} for m in read_topic(rt.bootstrap, topic)])
     kept = frame[~frame["offset"].isin(list(dead))]
