@@ -16,6 +16,7 @@ import yaml
 
 from catalog.batch_log import BatchLog
 from deploy import samples
+from deploy.processes import wait_until
 from spark_jobs import jobs
 from tests.table_env import isolated_runtime, port, read_topic
 from tests.test_query_api import TOKEN
@@ -106,7 +107,10 @@ def test_metrics_follow_batches_dead_letters_and_a_verify(env, server, spark, en
                  if m.value() not in BAD}
     assert value(after, "statetable_keys") == len(customers)
     assert value(after, "statetable_state_bytes") > 0
-    assert value(after, "statetable_replica_lag_batches") == 0
+    # The server's readers catch up on their refresh interval: right after the last commit its
+    # answers may trail by a batch (CI saw 1 once); the gauge must come down to 0 on its own.
+    wait_until(lambda: value(scrape(server), "statetable_replica_lag_batches") == 0, 30,
+               what="the server's answers to reach the last commit")
 
     verified = subprocess.run([STATETABLE, "verify", TABLE], env={**os.environ, **rt.as_env(),
                               "STATETABLE_SPARK_REMOTE": engine}, capture_output=True, text=True, timeout=600)
