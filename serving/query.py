@@ -458,13 +458,18 @@ class QueryService:
     def _rows(self, table: TableDefinition, entries, aggregator, times: str) -> list[dict]:
         """The entries' rows as an answer shows them: HAVING applied, times as `times` asks
         (serving.presenters.with_times)."""
-        if times not in TIMES:
-            raise BadQuery(f"times={times!r}: give one of {', '.join(TIMES)}")
         columns = time_columns(table, self.definitions)
         return [with_times(row, columns, times) for key, value in entries
                 if value is not None and (row := shown(table, row_of(table, key, value, aggregator)))]
 
+    @staticmethod
+    def _check_times(times: str) -> None:
+        """Before any read: a query that cannot be answered costs nothing."""
+        if times not in TIMES:
+            raise BadQuery(f"times={times!r}: give one of {', '.join(TIMES)}")
+
     def get(self, name: str, raw_key: str, times: str = "epoch_ms") -> tuple[int | None, dict | None]:
+        self._check_times(times)
         table = self.table(name)
         key = self.parse_key(table, raw_key)
         reader = self.reader(name)
@@ -475,6 +480,7 @@ class QueryService:
 
     def scan(self, name: str, prefix: str | None = None, start: str | None = None, end: str | None = None,
              limit: int | None = None, cursor: str | None = None, times: str = "epoch_ms") -> Page:
+        self._check_times(times)
         table = self.table(name)
         limit = DEFAULT_LIMIT if limit is None else limit
         if limit < 1:
@@ -503,6 +509,7 @@ class QueryService:
 
     def windows(self, name: str, raw_key: str, start_ms: int | None, end_ms: int | None,
                 limit: int | None = None, times: str = "epoch_ms") -> Page:
+        self._check_times(times)
         table = self.table(name)
         if table.window is None:
             raise BadQuery(f"table {name!r} has no windows; use /tables/{name}/rows/{{key}}")
