@@ -46,7 +46,10 @@ HEADER_KEYS = {
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
     "format", "value_schema",
 }
-FORMATS = ("json", "avro")                         # a topic's values: see spark_jobs/frames/formats.py
+# A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro and JSON Schema
+# in Confluent's wire format, each value's writer schema fetched from a schema registry by its id.
+FORMATS = ("json", "avro", "avro-confluent", "json-confluent")
+REGISTRY_FORMATS = ("avro-confluent", "json-confluent")
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
@@ -121,7 +124,8 @@ class TableDefinition:
                                                # a changed row retracts its old contribution (see
                                                # spark_jobs/steps/table_aggregate.py)
     format: str = "json"                       # how the topic's values are written (FORMATS)
-    value_schema: str | None = None            # avro: the writer schema (JSON text) from `-- value_schema: <file>`
+    value_schema: str | None = None            # avro: the writer schema (JSON text) from `-- value_schema: <file>`;
+                                               # avro-confluent: the reader schema, if one is declared
     event_time: str | None = None
     aggregates: list[AggregateColumn] = field(default_factory=list)
     joins: list[JoinSpec] = field(default_factory=list)
@@ -689,15 +693,21 @@ def _value_format(path: Path, header: _Header, table: TableDefinition) -> None:
     if table.format == "json":
         if "value_schema" in header:
             raise DefinitionError(f"{header.where(path, 'value_schema')}: table {table.name!r}: value_schema is for "
-                                  f"'-- format: avro'; JSON values are typed by '-- schema:'")
+                                  f"'-- format: avro' or 'avro-confluent'; JSON values are typed by '-- schema:'")
         return
     if table.kind != "source" and (table.input_table or table.joins):
         raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format is declared on the "
                               f"table that reads the topic, not on one over other tables")
     where = header.where(path, "value_schema")
+    if table.format in REGISTRY_FORMATS and "value_schema" not in header:
+        return                  # each record's writer schema comes from the registry by its id
+    if table.format == "json-confluent":
+        raise DefinitionError(f"{where}: table {table.name!r}: value_schema is for Avro; a json-confluent table's "
+                              f"columns come from '-- schema:' and each record's JSON Schema from the registry")
     if "value_schema" not in header:
         raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format avro needs its writer "
-                              f"schema: add '-- value_schema: <file>.avsc' (a file beside {path.name})")
+                              f"schema: add '-- value_schema: <file>.avsc' (a file beside {path.name}), or use "
+                              f"'-- format: avro-confluent' for values framed with a schema registry's ids")
     file = path.parent / header["value_schema"]
     try:
         import fastavro

@@ -91,6 +91,7 @@ class StackSettings:
     s3_port: int = 19000
     master_port: int = 17077
     postgres_port: int = 15432
+    registry_port: int = 18091
 
     def as_env(self) -> dict[str, str]:
         """The environment that makes `load()` in a child process return these settings."""
@@ -100,7 +101,8 @@ class StackSettings:
                 "STATETABLE_AIRFLOW_PORT": str(self.airflow_port),
                 "STATETABLE_SPARK_CONNECT_PORT": str(self.connect_port), "STATETABLE_S3_PORT": str(self.s3_port),
                 "STATETABLE_SPARK_MASTER_PORT": str(self.master_port),
-                "STATETABLE_POSTGRES_PORT": str(self.postgres_port)}
+                "STATETABLE_POSTGRES_PORT": str(self.postgres_port),
+                "STATETABLE_REGISTRY_PORT": str(self.registry_port)}
 
     @property
     def s3_url(self) -> str:
@@ -167,6 +169,16 @@ class StackSettings:
         return self.state_dir / "postgres"
 
     @property
+    def registry_url(self) -> str:
+        """The stack's registry as Confluent's clients address it (Apicurio serves that API here)."""
+        return f"http://{self.host}:{self.registry_port}/apis/ccompat/v7"
+
+    @property
+    def registry_dir(self) -> Path:
+        """The schema registry's log and pid (`stack up --registry`); its schemas are in PostgreSQL."""
+        return self.state_dir / "registry"
+
+    @property
     def data_dir(self) -> Path:
         """Table state, snapshots and Delta tables of the local deployment."""
         return self.state_dir / "data"
@@ -183,6 +195,7 @@ def load() -> StackSettings:
         s3_port=_port("STATETABLE_S3_PORT", 19000),
         master_port=_port("STATETABLE_SPARK_MASTER_PORT", 17077),
         postgres_port=_port("STATETABLE_POSTGRES_PORT", 15432),
+        registry_port=_port("STATETABLE_REGISTRY_PORT", 18091),
         state_dir=state_dir,
     )
 

@@ -26,7 +26,7 @@ def _stack(args) -> int:
 
     cfg = stack_settings.load()
     if args.action == "up":
-        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure)
+        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure, registry=args.registry)
     elif args.action == "down":
         stack.down(cfg)
     elif args.action == "restart-broker":
@@ -430,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secure", action="store_true",
                    help="up: brokers speak SASL_SSL (SCRAM-SHA-512) to clients and mutual TLS among themselves, "
                         "with ACLs; the client config goes to .stack/kafka/client.properties (mode 600)")
+    p.add_argument("--registry", action="store_true",
+                   help="up: also run a schema registry (Apicurio, Confluent's REST API) for tables whose topics "
+                        "are in Confluent's wire format (-- format: avro-confluent, ...); needs Java 21+")
     p.add_argument("--broker", type=int, default=1, help="restart-broker: which broker (1..N)")
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "

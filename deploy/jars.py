@@ -30,8 +30,8 @@ from catalog.errors import NotInstalled
 
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
 JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "s3": "s3-extras.pom.xml",
-            "flink": "flink-kafka.pom.xml"}
-DEFAULT_SETS = ("kafka", "spark", "s3")  # flink: only `make bench` needs it
+            "flink": "flink-kafka.pom.xml", "registry": "schema-registry.pom.xml"}
+DEFAULT_SETS = ("kafka", "spark", "s3", "registry")  # flink: only `make bench` needs it
 MAVEN_REPOS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "statetable" / "m2"
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 
@@ -57,6 +57,8 @@ def _maven(name: str, out_dir: Path, exclude: list[str]) -> None:
         "-DincludeScope=runtime",
         f"-DoutputDirectory={out_dir}",
     ]
+    if name == "registry":
+        cmd.append("-DincludeTypes=tar.gz")     # the built application, one archive
     if exclude:
         cmd.append("-DexcludeArtifactIds=" + ",".join(sorted(exclude)))
     MAVEN_REPOS.mkdir(parents=True, exist_ok=True)
@@ -82,7 +84,7 @@ def _fetch_set(name: str, provided: set[str]) -> str:
     if stamp.exists() and stamp.stat().st_mtime >= pom_path.stat().st_mtime:
         return f"jars: {name} cached ({len(jars(name))} jars in {out_dir})"
     started = time.monotonic()
-    for old in out_dir.glob("*.jar"):
+    for old in [*out_dir.glob("*.jar"), *out_dir.glob("*.tar.gz")]:
         old.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     _maven(name, out_dir, sorted(provided) if name in ("spark", "s3") else [])

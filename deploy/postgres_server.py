@@ -71,14 +71,14 @@ def passfile(settings: StackSettings) -> Path:
     return settings.postgres_dir / ".pgpass"
 
 
-def _password(settings: StackSettings) -> str:
+def password(settings: StackSettings) -> str:
     return made_secret(settings.postgres_dir / ".password")
 
 
 def _write_passfile(settings: StackSettings) -> None:
     """libpq's passfile for the stack's user on the stack's host, any port (a test's second stack
     moves the port); libpq ignores a passfile that others can read, so mode 600 is required."""
-    write_private(passfile(settings), f"{settings.host}:*:*:{USER}:{_password(settings)}\n")
+    write_private(passfile(settings), f"{settings.host}:*:*:{USER}:{password(settings)}\n")
 
 
 def client_env(settings: StackSettings) -> dict[str, str]:
@@ -133,7 +133,7 @@ def _make_user(settings: StackSettings) -> None:
                          password=admin.read_text().strip(), require_auth="scram-sha-256", autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone() is None:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
-                sql.Identifier(USER), sql.Literal(_password(settings))))
+                sql.Identifier(USER), sql.Literal(password(settings))))
     admin.unlink()
 
 

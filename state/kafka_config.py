@@ -30,20 +30,27 @@ from functools import lru_cache
 from pathlib import Path
 from state.errors import BadSetting
 
-__all__ = ["CONFIG_ENV", "MIN_ISR_ENV", "REPLICATION_ENV", "SECRET_WORDS", "client_config",
+__all__ = ["CONFIG_ENV", "MIN_ISR_ENV", "REGISTRY_PREFIX", "REGISTRY_URL_ENV", "REPLICATION_ENV", "SECRET_WORDS",
+           "client_config", "registry_config",
            "connection_mismatch", "describe", "file_config", "min_insync_replicas", "replication_factor",
            "spark_options"]
 
 CONFIG_ENV = "STATETABLE_KAFKA_CONFIG"
 REPLICATION_ENV = "STATETABLE_TOPIC_REPLICATION_FACTOR"
 MIN_ISR_ENV = "STATETABLE_TOPIC_MIN_INSYNC_REPLICAS"
-SECRET_WORDS = ("password", "secret", "jaas", "key.pem", "token", "ssl.key.location")
+SECRET_WORDS = ("password", "secret", "jaas", "key.pem", "token", "ssl.key.location", "user.info")
+# The schema registry's settings ride in the same file under Confluent's client names
+# (`schema.registry.url`, `schema.registry.basic.auth.user.info`, `schema.registry.ssl.ca.location`):
+# one file, one mode-600 place for every secret. librdkafka refuses names it does not know, so
+# they are taken out of every Kafka client's config and given to the registry client alone.
+REGISTRY_PREFIX = "schema.registry."
+REGISTRY_URL_ENV = "STATETABLE_SCHEMA_REGISTRY_URL"
 
 
 def client_config(bootstrap: str | None, **overrides) -> dict:
     """librdkafka settings for one client: the shared file's, the broker address, then the
     caller's own (group ids, isolation, batching)."""
-    conf = dict(file_config(os.environ.get(CONFIG_ENV, "")))
+    conf = {k: v for k, v in file_config(os.environ.get(CONFIG_ENV, "")) if not k.startswith(REGISTRY_PREFIX)}
     if bootstrap:
         conf["bootstrap.servers"] = bootstrap
     conf.update(overrides)
@@ -78,6 +85,18 @@ def spark_options(bootstrap: str) -> dict[str, str]:
     if conf.pop("ssl.endpoint.identification.algorithm", None) == "none":
         options["kafka.ssl.endpoint.identification.algorithm"] = ""
     return options
+
+
+def registry_config(default_url: str | None = None) -> dict:
+    """The schema-registry client's settings (confluent-kafka's names: `url`, `basic.auth.user.info`,
+    `ssl.ca.location`, ...): the client config file's `schema.registry.*`, else
+    STATETABLE_SCHEMA_REGISTRY_URL, else `default_url` (the local stack's registry)."""
+    conf = {k.removeprefix(REGISTRY_PREFIX): v for k, v in file_config(os.environ.get(CONFIG_ENV, ""))
+            if k.startswith(REGISTRY_PREFIX)}
+    conf.setdefault("url", os.environ.get(REGISTRY_URL_ENV, "").strip() or default_url)
+    if not conf["url"]:
+        del conf["url"]
+    return conf
 
 
 def describe(conf: dict) -> dict:

@@ -24,7 +24,7 @@ from catalog.batch_log import start_ticks  # noqa: E402
 # `make test` runs the suite in three pytest-xdist workers, each with a stack of its own: worker
 # k's ports are the tests' own (26000-29130; tests with ports of their own use
 # tests.table_env.port) moved by PORT_OFFSETS[k]. Each window is clear of the others, of a
-# developer's running stack (15002-19130: 15002, 15432, 17077, 18080, 18081, 19000, 19092 and the
+# developer's running stack (15002-19130: 15002, 15432, 17077, 18080, 18081, 18091, 19000, 19092 and the
 # ports derived from them) and of Linux's ephemeral range (32768 up, where a client's socket may
 # hold one): 26000-29130, 22000-25130, 29200-32330, and 11000-14130 for a run beside the suite.
 PORT_OFFSETS = (0, -4000, 3200, -15000)
@@ -54,6 +54,7 @@ os.environ.update({
     "STATETABLE_S3_PORT": _port("STATETABLE_TEST_S3_PORT", 28900),
     "STATETABLE_SPARK_MASTER_PORT": _port("STATETABLE_TEST_SPARK_MASTER_PORT", 28077),
     "STATETABLE_POSTGRES_PORT": _port("STATETABLE_TEST_POSTGRES_PORT", 28432),
+    "STATETABLE_REGISTRY_PORT": _port("STATETABLE_TEST_REGISTRY_PORT", 28091),
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",

@@ -50,6 +50,9 @@ class PassSpec:
     # (delta_files.write_parquet_atomically) so the pass itself imports no storage.
     write_file: Callable[[pa.Table, str, str], int] | None = None
     max_value_bytes: int = MAX_VALUE_BYTES
+    # A registry's schemas by id, for a table in Confluent's wire format (frames/formats/wire.py):
+    # handed in (spark_jobs.steps.schemas) as write_file is.
+    schemas: Callable | None = None
 
     @property
     def fields(self) -> dict[str, str]:
@@ -159,7 +162,7 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
     too_large = pc.fill_null(pc.greater(size, spec.max_value_bytes), False)
     unread = None
     if transcodes(table):                       # Avro and the like, as JSON (frames/formats.py)
-        values, reasons = transcode(values, table)
+        values, reasons = transcode(values, table, spec.schemas)
         unread = pc.and_(pc.is_valid(reasons), pc.invert(too_large))
         too_large = pc.or_(too_large, unread)   # left out of the parse like an oversize record
     if not pc.any(too_large).as_py() and not pc.any(is_null).as_py():   # the common case

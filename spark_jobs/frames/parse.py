@@ -91,19 +91,20 @@ def _date(text):
 
 
 def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes: int = MAX_VALUE_BYTES,
-             now_ms: int | None = None, rows: bool = False):
+             now_ms: int | None = None, rows: bool = False, schemas=None):
     """`raw` is Spark's Kafka source frame; returns a frame with the parsed
     fields, the source coordinates and a `reason` column (null for good rows).
     `now_ms` is the batch's clock for future event times (None: no such check).
     `rows`: the records are a table's rows (Pass.rows): the Kafka key must name the row's key,
-    and a null value deletes it (a tombstone)."""
+    and a null value deletes it (a tombstone).
+    `schemas`: a registry's schemas by id, for a table in Confluent's wire format (frames/formats)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
     if transcodes(table):           # Avro and the like, as the JSON the rules below read (frames/formats.py)
         columns = StructType(list(raw.schema.fields) + [StructField(JSON_COLUMN, BinaryType()),
                                                         StructField(REASON_COLUMN, StringType())])
-        raw = raw.mapInArrow(transcode_batches(table), columns)
+        raw = raw.mapInArrow(transcode_batches(table, schemas), columns)
         json_value, unread = F.col(JSON_COLUMN), F.col(REASON_COLUMN)
     else:
         json_value, unread = F.col("value"), F.lit(None).cast("string")

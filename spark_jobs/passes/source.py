@@ -7,6 +7,7 @@ from spark_jobs.steps import sql_step
 from spark_jobs.steps.offsets import OffsetRange, spark_reader
 from spark_jobs.passes.base import Pass
 from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.steps.schemas import schemas_for
 
 __all__ = ["SourcePass"]
 
@@ -28,5 +29,6 @@ class SourcePass(Pass):
             return None, None
         table = self.table
         full = OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-        classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns, rows=True)
+        classified = parse.classify(spark_reader(spark, rt.bootstrap, full), table, table.key_columns, rows=True,
+                                    schemas=schemas_for(table))
         return frames.partitioned(latest_rows(classified, frames.table)), None

@@ -15,6 +15,7 @@ from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.offsets import OffsetRange, spark_reader
 from spark_jobs.steps.table_run import TableRun
 from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.schemas import schemas_for
 
 __all__ = ["run"]
 
@@ -43,7 +44,7 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
     bronze = sinks.bronze_target(table_run, plan.batch_id)
     spec = arrow_pass.PassSpec(table, plan.batch_id, now_ms=int(plan.created_at * 1000),
                                watermark_ms=plan.watermark_ms, bronze=bronze,
-                               write_file=delta_files.write_parquet_atomically)
+                               write_file=delta_files.write_parquet_atomically, schemas=schemas_for(table))
     clock = StepClock(table_run, plan.batch_id, started)
     with clock.step("read"):
         out, stats, files, applied = _read(table_run, plan, spec, records)
@@ -127,7 +128,8 @@ def _refusal_inputs(table_run: TableRun, plan: BatchPlan):
         events = spark.read.format("delta").load(table_run.rt.delta_path(table.name, "bronze")) \
             .where(F.col("batch_id") == plan.batch_id)
     else:
-        classified = parse.classify(records, table, table.stream_key_fields, now_ms=int(plan.created_at * 1000))
+        classified = parse.classify(records, table, table.stream_key_fields, now_ms=int(plan.created_at * 1000),
+                                    schemas=schemas_for(table))
         events = parse.good_events(classified, table)
         if table.window is not None:
             events = table_run.frames.split_late(events, plan.watermark_ms)[0]

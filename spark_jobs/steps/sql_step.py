@@ -13,6 +13,7 @@ from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.offsets import OffsetRange, spark_reader
 from spark_jobs.steps.table_run import TableRun
 from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.schemas import schemas_for
 
 __all__ = ["run"]
 
@@ -76,7 +77,8 @@ def _read(table_run: TableRun, plan: BatchPlan, frames, table_pass):
                        table_run.reader_group)
     key_fields = table.key_columns if table_pass.rows else table.stream_key_fields
     # The plan's creation time is the batch's clock: a re-run judges future event times alike.
-    classified = parse.classify(raw, table, key_fields, now_ms=int(plan.created_at * 1000), rows=table_pass.rows) \
+    classified = parse.classify(raw, table, key_fields, now_ms=int(plan.created_at * 1000), rows=table_pass.rows,
+                                schemas=schemas_for(table)) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     events = parse.good_events(classified, table)
     late, late_count, batch_max = None, 0, None

@@ -20,6 +20,7 @@ from state.table import StateTable
 from spark_jobs.frames.table_frames import latest_rows
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
+from spark_jobs.steps.schemas import schemas_for
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
     table, rt = table_run.table, table_run.rt
     with clock.step("read"):
         raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
-        classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000), rows=True) \
+        classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000), rows=True,
+                                    schemas=schemas_for(source)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
     read_count = sum(reasons.values())
@@ -107,7 +109,7 @@ def input_history(frames, bootstrap: str, last, source: TableDefinition):
 
     full = OffsetRange(frames.table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
     classified = parse.classify(spark_reader(frames.spark, bootstrap, full), source, source.key_columns,
-                                rows=True)
+                                rows=True, schemas=schemas_for(source))
     return latest_rows(classified, source)
 
 

@@ -91,3 +91,125 @@ def test_mirror_rows_read_back_a_date_kept_as_days(tmp_path):
     typed = typed_rows(parse(path), rows)
     assert typed.column("born").to_pylist() == [dt.date(2001, 1, 31), None]
     assert typed.schema.field("born").type == pa.date32() and typed.column("id").to_pylist() == [1, 2]
+
+
+# ----------------------------------------------------------- Confluent's wire format, schemas by id
+V1 = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
+    {"name": "customer", "type": "string"}, {"name": "amount", "type": "int"},
+    {"name": "note", "type": "string", "default": ""}]}
+V2 = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [      # amount int -> long,
+    {"name": "customer", "type": "string"}, {"name": "amount", "type": "long"},  # note removed,
+    {"name": "channel", "type": "string", "default": "web"}]}                    # channel added
+V3 = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [      # amount now a string
+    {"name": "customer", "type": "string"}, {"name": "amount", "type": "string"}]}
+
+
+def _framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + payload
+
+
+def _registry_table(tmp_path, fmt: str):
+    path = tmp_path / "spend.sql"
+    path.write_text(f"-- topic: payments\n-- schema: customer STRING, amount BIGINT, note STRING\n-- format: {fmt}\n"
+                    "CREATE TABLE spend AS SELECT customer, SUM(amount) AS total FROM payments GROUP BY customer;\n")
+    return parse(path)
+
+
+def _classify(table, values, schemas):
+    batch = pa.RecordBatch.from_pydict({
+        "value": pa.array(values, pa.binary()), "partition": pa.array([0] * len(values), pa.int32()),
+        "offset": pa.array(range(len(values)), pa.int64()),
+        "timestamp": pa.array([0] * len(values), pa.timestamp("us"))})
+    spec = arrow_pass.PassSpec(table, 0, now_ms=None, watermark_ms=None, bronze=None, schemas=schemas)
+    events, dead, _ = arrow_pass.classify(batch, spec)
+    return (events.select(["customer", "amount", "note"]).to_pylist(),
+            dict(zip(dead.column("source_offset").to_pylist(), dead.column("reason").to_pylist())))
+
+
+def test_avro_writer_schemas_that_evolve_are_resolved_by_name_and_an_incompatible_one_is_dead_lettered(tmp_path):
+    from spark_jobs.frames.formats.wire import Registered
+
+    registered = {1: Registered("AVRO", json.dumps(V1)), 2: Registered("AVRO", json.dumps(V2)),
+                  3: Registered("AVRO", json.dumps(V3)), 4: Registered("JSON", "{}")}
+    asked = []
+    schemas = lambda i: asked.append(i) or registered.get(i)       # noqa: E731
+    table = _registry_table(tmp_path, "avro-confluent")
+    values = [
+        _framed(1, _avro({"customer": "ann", "amount": 5, "note": "hi"}, V1)),
+        _framed(2, _avro({"customer": "ann", "amount": 2**40, "channel": "app"}, V2)),   # a long beyond int
+        _framed(3, _avro({"customer": "bob", "amount": "7"}, V3)),
+        _framed(9, _avro({"customer": "bob", "amount": 1, "note": ""}, V1)),             # an id nobody knows
+        _avro({"customer": "bob", "amount": 1, "note": ""}, V1),                         # no frame
+        _framed(1, _avro({"customer": "bob", "amount": 1, "note": ""}, V1)[:-2]),        # truncated
+        _framed(4, b'{"customer": "bob"}'),                                              # a JSON Schema's id
+        _framed(1, _avro({"customer": "cy", "amount": -3, "note": ""}, V1)),
+    ]
+    rows, dead = _classify(table, values, schemas)
+    assert rows == [{"customer": "ann", "amount": 5, "note": "hi"},
+                    {"customer": "ann", "amount": 2**40, "note": None},       # removed field: null
+                    {"customer": "cy", "amount": -3, "note": ""}]
+    assert dead == {2: "schema_incompatible", 3: "unknown_schema_id", 4: "not_wire_format", 5: "malformed_avro",
+                    6: "schema_incompatible"}
+    assert sorted(set(asked)) == [1, 2, 3, 4, 9] and len(asked) == 5, "each id is looked up once per batch"
+
+
+def test_a_declared_reader_schema_gives_removed_fields_their_default(tmp_path):
+    from spark_jobs.frames.formats.wire import Registered
+
+    (tmp_path / "reader.avsc").write_text(json.dumps(V1))
+    path = tmp_path / "spend.sql"
+    path.write_text("-- topic: payments\n-- schema: customer STRING, amount BIGINT, note STRING\n"
+                    "-- format: avro-confluent\n-- value_schema: reader.avsc\n"
+                    "CREATE TABLE spend AS SELECT customer, SUM(amount) AS total FROM payments GROUP BY customer;\n")
+    table = parse(path)
+    registered = {2: Registered("AVRO", json.dumps(V2))}
+    rows, dead = _classify(table, [_framed(2, _avro({"customer": "ann", "amount": 4, "channel": "x"}, V2))],
+                           registered.get)
+    # The reader (V1) reads amount as int: Avro does not narrow long to int, so the record is refused.
+    assert rows == [] and dead == {0: "schema_incompatible"}
+    rows, dead = _classify(table, [_framed(1, _avro({"customer": "ann", "amount": 4, "note": "n"}, V1))],
+                           {1: Registered("AVRO", json.dumps(V1))}.get)
+    assert rows == [{"customer": "ann", "amount": 4, "note": "n"}] and dead == {}
+    v1_without_note = {**V1, "fields": V1["fields"][:2]}
+    rows, _ = _classify(table, [_framed(5, _avro({"customer": "bo", "amount": 1}, v1_without_note))],
+                        {5: Registered("AVRO", json.dumps(v1_without_note))}.get)
+    assert rows == [{"customer": "bo", "amount": 1, "note": ""}], "the reader's default fills a removed field"
+
+
+def test_json_schema_ids_are_judged_once_against_the_columns(tmp_path):
+    from spark_jobs.frames.formats.wire import Registered
+
+    def schema(amount_type):
+        return Registered("JSON", json.dumps({"type": "object", "properties": {
+            "customer": {"type": "string"}, "amount": {"type": amount_type}, "extra": {"type": "object"}}}))
+
+    registered = {1: schema("integer"), 2: schema(["integer", "null"]), 3: schema("string"),
+                  4: Registered("AVRO", json.dumps(V1))}
+    table = _registry_table(tmp_path, "json-confluent")
+    values = [_framed(1, b'{"customer": "ann", "amount": 3, "extra": {}}'),
+              _framed(2, b'{"customer": "ann", "amount": null}'),
+              _framed(3, b'{"customer": "bob", "amount": "3"}'),
+              _framed(4, b'{"customer": "bob", "amount": 3}'),
+              _framed(7, b'{"customer": "bob", "amount": 3}'),
+              b'{"customer": "bob", "amount": 3}',
+              _framed(1, b'{"customer": "bob", "amount": 3')]
+    rows, dead = _classify(table, values, registered.get)
+    assert rows == [{"customer": "ann", "amount": 3, "note": None}, {"customer": "ann", "amount": None, "note": None}]
+    assert dead == {2: "schema_incompatible", 3: "schema_incompatible", 4: "unknown_schema_id",
+                    5: "not_wire_format", 6: "malformed_json"}
+
+
+def test_registry_settings_ride_in_the_client_config_and_never_reach_librdkafka(tmp_path, monkeypatch):
+    from state.kafka_config import CONFIG_ENV, REGISTRY_URL_ENV, client_config, registry_config
+
+    conf = tmp_path / "client.properties"
+    conf.write_text("security.protocol=PLAINTEXT\nschema.registry.url=https://sr.example:8081\n"
+                    "schema.registry.basic.auth.user.info=team:s3cret\n")
+    conf.chmod(0o600)
+    monkeypatch.setenv(CONFIG_ENV, str(conf))
+    assert client_config("b:9092") == {"security.protocol": "PLAINTEXT", "bootstrap.servers": "b:9092"}
+    assert registry_config("http://local") == {"url": "https://sr.example:8081", "basic.auth.user.info": "team:s3cret"}
+    monkeypatch.delenv(CONFIG_ENV)
+    assert registry_config("http://local") == {"url": "http://local"}
+    monkeypatch.setenv(REGISTRY_URL_ENV, "http://other:1")
+    assert registry_config("http://local") == {"url": "http://other:1"}

@@ -1,0 +1,93 @@
+"""A topic's values in the format they were written in, as the JSON both passes already type.
+
+A table declares `-- format:`; JSON is read as it is. Any other format is a `Format` here that
+transcodes each record into one canonical JSON object, and from there the one JSON reader of
+each pass (arrow_values for the Arrow pass, parse.classify for Spark SQL) types it. So both
+passes, and a verify or a rebuild reading history, apply the same typing rules and give the same
+dead letters: a record a format cannot read is a dead letter with that format's reason, before
+any JSON rule.
+
+  format           module        values                                       its reasons
+  avro             avro          Avro, the writer schema from -- value_schema  malformed_avro
+  avro-confluent   avro          Confluent's wire format: magic byte 0, the    not_wire_format,
+                                 4-byte schema id, Avro; the writer schema     unknown_schema_id,
+                                 from the registry by id                       malformed_avro,
+                                                                               schema_incompatible
+  json-confluent   json_schema   the wire format around JSON, a JSON Schema    the same, with
+                                 by id                                          malformed_json
+
+Every format reads by name: a record's field goes to the column of its name, a column the record
+lacks is null (as an absent JSON field is), a field no column names is ignored. A new writer
+schema mid-topic is resolved against the table's columns by the format's own rules (Avro's
+schema resolution; JSON Schema's property types), once per schema id; a writer schema the
+columns cannot hold makes each of its records a dead letter `schema_incompatible`, and the
+table goes on.
+
+Pure pyarrow and fastavro, handed its schema lookup (wire.Schemas): it runs in Spark's Python workers,
+over Spark Connect too.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+
+from catalog.definitions import REGISTRY_FORMATS, DefinitionError, TableDefinition
+from spark_jobs.frames.formats.wire import Schemas
+
+JSON_COLUMN = "_json"              # parse.classify's name for the transcoded value
+REASON_COLUMN = "_format_reason"   # and for a record the format could not read
+
+
+class Format(Protocol):
+    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
+        """(the record as canonical JSON bytes, None) or (None, the dead-letter reason)."""
+
+
+def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format:
+    """The one place that asks a table's format; `schemas` looks a registry's ids up (the steps
+    hand in spark_jobs.steps.schemas.RegistrySchemas)."""
+    if table.format in REGISTRY_FORMATS and schemas is None:
+        raise DefinitionError(f"table {table.name!r}: format {table.format} reads schema ids, and no registry "
+                              f"lookup was handed to the pass")
+    if table.format == "avro":
+        from spark_jobs.frames.formats.avro import FileAvro
+        return FileAvro(table)
+    if table.format == "avro-confluent":
+        from spark_jobs.frames.formats.avro import RegistryAvro
+        return RegistryAvro(table, schemas)
+    if table.format == "json-confluent":
+        from spark_jobs.frames.formats.json_schema import RegistryJson
+        return RegistryJson(table, schemas)
+    raise DefinitionError(f"table {table.name!r}: no reader for format {table.format!r}")
+
+
+def transcodes(table: TableDefinition) -> bool:
+    return table.format != "json"
+
+
+def transcode(values: pa.Array, table: TableDefinition, schemas: Schemas | None = None
+              ) -> tuple[pa.Array, pa.Array]:
+    """(the values as JSON bytes, each record's dead-letter reason): a null value stays null with
+    no reason (a tombstone, or null_value: the passes judge it), a record the format cannot read
+    is null with its reason."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    reader = format_for(table, schemas)
+    out, reasons = [], []
+    for raw in values.to_pylist():
+        record, reason = (None, None) if raw is None else reader.decode(raw)
+        out.append(record)
+        reasons.append(reason)
+    return pa.array(out, pa.binary()), pa.array(reasons, pa.string())
+
+
+def transcode_batches(table: TableDefinition, schemas: Schemas | None = None):
+    """For Spark's mapInArrow over a Kafka source frame: each batch with `_json` and
+    `_format_reason` beside its columns (parse.classify reads them)."""
+    def run(batches):
+        for batch in batches:
+            json_values, reasons = transcode(batch.column("value"), table, schemas)
+            yield pa.RecordBatch.from_arrays(list(batch.columns) + [json_values, reasons],
+                                             names=list(batch.schema.names) + [JSON_COLUMN, REASON_COLUMN])
+    return run

@@ -1,0 +1,61 @@
+"""`-- format: json-confluent`: JSON values framed with the id of their JSON Schema in a registry.
+
+The payload is JSON, typed by the table's columns as any JSON value is. The writer's schema
+decides whether its records can be read at all, once per id: a property whose declared type
+no column of that name can hold (a string where a BIGINT column reads; an object anywhere) makes
+every record of that schema `schema_incompatible`. A property without a type, one no column
+names, or a column the schema lacks is fine: JSON reads by name, absent is null.
+"""
+from __future__ import annotations
+
+import json
+
+from catalog.definitions import TableDefinition
+from spark_jobs.frames.formats.wire import Schemas, split
+
+# The JSON Schema types a column of each type can hold ("null" always: a nullable property).
+_HOLDS = {"STRING": {"string"}, "BIGINT": {"integer"}, "LONG": {"integer"}, "INT": {"integer"},
+          "DOUBLE": {"integer", "number"}, "FLOAT": {"integer", "number"}, "DECIMAL": {"integer", "number"},
+          "BOOLEAN": {"boolean"}, "TIMESTAMP": {"integer", "string"}, "DATE": {"string", "integer"}}
+
+
+def compatible(table: TableDefinition, schema: dict) -> bool:
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return isinstance(schema, dict) and schema.get("type") in (None, "object")
+    for name, dtype in table.schema:
+        declared = properties.get(name)
+        if not isinstance(declared, dict) or "type" not in declared:
+            continue
+        types = declared["type"] if isinstance(declared["type"], list) else [declared["type"]]
+        if not set(types) - {"null"} <= _HOLDS[dtype.split("(")[0]]:
+            return False
+    return True
+
+
+class RegistryJson:
+    def __init__(self, table: TableDefinition, schemas: Schemas) -> None:
+        self.table, self.schemas = table, schemas
+        self.verdicts: dict[int, str | None] = {}       # schema id -> None (readable) or the reason
+
+    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
+        framed = split(raw)
+        if framed is None:
+            return None, "not_wire_format"
+        schema_id, payload = framed
+        if schema_id not in self.verdicts:
+            self.verdicts[schema_id] = self._verdict(schema_id)
+        reason = self.verdicts[schema_id]
+        return (None, reason) if reason else (payload, None)
+
+    def _verdict(self, schema_id: int) -> str | None:
+        found = self.schemas(schema_id)
+        if found is None:
+            return "unknown_schema_id"
+        if found.schema_type != "JSON":
+            return "schema_incompatible"
+        try:
+            schema = json.loads(found.text)
+        except ValueError:
+            return "schema_incompatible"
+        return None if compatible(self.table, schema) else "schema_incompatible"
