@@ -13,8 +13,20 @@ def one_line(exc: BaseException) -> str:
     """An error's own first line (a Spark error's JVM stack and a definition's caret display stay
     out), prefixed with its type unless it is one of ours that speaks for itself."""
     text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if (inner := task_error(str(exc))) is not None:
+        return inner
     ours = type(exc).__module__.split(".")[0] in OUR_PACKAGES or raised_by_us(exc)
     return text if ours and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def task_error(text: str) -> str | None:
+    """The sentence of one of our errors that a Spark task raised, from the traceback text Spark
+    wraps it in (`spark_jobs.steps.schemas.RegistryUnreachable: the schema registry at ...`):
+    its first line is Spark's, about a Python worker, and tells the user nothing."""
+    import re
+
+    found = re.findall(rf"^(?:{'|'.join(OUR_PACKAGES)})\.[\w.]+?\.\w+: (.+)$", text, flags=re.M)
+    return found[-1].strip() if found and "Traceback" in text else None
 
 
 def raised_by_us(exc: BaseException) -> bool:

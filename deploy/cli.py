@@ -185,6 +185,10 @@ def _table_lines(info: dict) -> str:
              f"  {batch}, {fresh}; {lag_text}; {info['keys']} keys",
              f"  dead letters: {dead}" + (f" (`statetable dead-letters {name}`)" if info["dead_letters"] else ""),
              f"  verify: {info['verified']['text']}"]
+    if info.get("writer_schemas"):
+        lines.append("  writer schemas: " + ", ".join(
+            f"id {s['id']} ({s['records']} records, batches {s['first_batch']}-{s['last_batch']})"
+            for s in info["writer_schemas"]))
     lines += [f"  warning: {w}" for w in info.get("durability_warnings") or []]
     return "\n".join(lines) + "\n"
 

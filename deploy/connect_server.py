@@ -64,6 +64,13 @@ def server_conf(settings: StackSettings, host: str | None = None) -> dict[str, s
     # source's classes instead of loading them (start and warm-up batch: 16-20 -> 10.5-12 CPU s).
     if archived := jvm_archive.conf_java_options(conf):
         conf["spark.driver.extraJavaOptions"] += f" {archived}"
+    if workers:
+        # The jars on the executors' own classpath, from where they lie on this host, not shipped as
+        # spark.jars: each executor copied every jar of spark.jars into its work folder, the s3a
+        # set's 690 MB AWS bundle included, and kept them there, so a test's cluster stack left
+        # 6.8 GB behind after a few engine restarts (a CI run ran out of disk).
+        conf["spark.executor.extraClassPath"] = conf["spark.driver.extraClassPath"]
+        conf["spark.jars"] = ""
     conf.update({
         "spark.connect.grpc.binding.address": host or settings.host,
         "spark.connect.grpc.binding.port": str(settings.connect_port),
@@ -89,7 +96,9 @@ def scratch_dir(settings: StackSettings) -> Path:
 def command(settings: StackSettings, host: str | None = None) -> list[str]:
     conf = server_conf(settings, host)
     cmd = ["nice", "-n", str(batch_niceness()), str(VENV_BIN / "spark-submit"), "--class", SERVER_CLASS,
-           "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name"), "--jars", conf.pop("spark.jars")]
+           "--master", conf.pop("spark.master"), "--name", conf.pop("spark.app.name")]
+    if jars := conf.pop("spark.jars"):
+        cmd += ["--jars", jars]
     if conf.get("spark.authenticate") == "true":       # Spark wants a standalone driver's secret in its conf
         conf["spark.authenticate.secret"] = spark_cluster.auth_secret(settings)
     # The conf goes in a private file, not `--conf` on a command line every local user reads:

@@ -14,7 +14,8 @@ How it runs here, and why:
   JDK under /usr/lib/jvm (or STATETABLE_REGISTRY_JAVA_HOME) runs it; none is a one-line error.
 - Its schemas live in the stack's PostgreSQL (database `registry`): a schema id a topic's
   records carry must mean the same schema after `stack down` and `up` as before.
-- Bound to the stack's host (127.0.0.1) with Quarkus' separate management port turned off.
+- Bound to the stack's host (127.0.0.1), its management port (health, metrics) too: the API's
+  port + 1.
 """
 from __future__ import annotations
 
@@ -88,11 +89,13 @@ def start(settings: StackSettings) -> None:
     if process(settings).is_running():
         return
     runner, java_bin = app(), java()
-    require_free_ports("registry", settings.host, settings.registry_port)
+    require_free_ports("registry", settings.host, settings.registry_port, settings.registry_port + 1)
     postgres_server.start(settings, (DATABASE,))
     env = {**os.environ,
            "QUARKUS_HTTP_HOST": settings.host, "QUARKUS_HTTP_PORT": str(settings.registry_port),
-           "QUARKUS_MANAGEMENT_ENABLED": "false",
+           # Its health and metrics port (on by build, 0.0.0.0:9000 by default): the stack's host, the
+           # port after the API's.
+           "QUARKUS_MANAGEMENT_HOST": settings.host, "QUARKUS_MANAGEMENT_PORT": str(settings.registry_port + 1),
            "APICURIO_STORAGE_KIND": "sql", "APICURIO_STORAGE_SQL_KIND": "postgresql",
            "APICURIO_DATASOURCE_URL": f"jdbc:postgresql://{settings.host}:{settings.postgres_port}/{DATABASE}",
            "APICURIO_DATASOURCE_USERNAME": postgres_server.USER,

@@ -77,6 +77,10 @@ def spark_env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
 
 
 SECURITY_OPTS = "-Dspark.authenticate=true -Dspark.ui.killEnabled=false"      # no secret in these
+# A worker's folder per finished application (its executors' logs and files) has a retention: a
+# day after the application ends, checked every half hour.
+WORKER_CLEANUP = ("-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=1800 "
+                  "-Dspark.worker.cleanup.appDataTtl=86400")
 
 
 def auth_secret(settings: StackSettings) -> str:
@@ -86,7 +90,8 @@ def auth_secret(settings: StackSettings) -> str:
 
 def _env(settings: StackSettings, extra: dict[str, str]) -> dict[str, str]:
     return spark_env(settings, {**object_store.client_env(settings), "_SPARK_AUTH_SECRET": auth_secret(settings),
-                                "SPARK_MASTER_OPTS": SECURITY_OPTS, "SPARK_WORKER_OPTS": SECURITY_OPTS, **extra})
+                                "SPARK_MASTER_OPTS": SECURITY_OPTS, "SPARK_WORKER_OPTS": f"{SECURITY_OPTS} {WORKER_CLEANUP}",
+                                **extra})
 
 
 def start(settings: StackSettings, workers: int) -> None:

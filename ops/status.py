@@ -43,6 +43,8 @@ class BatchTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     seconds_sum: float = 0.0
     keys: dict[int, int] = field(default_factory=dict)        # partition -> keys after its last batch
+    # Confluent's wire format: writer schema id -> [records, the batch that first read it, the last]
+    schemas: dict[int, list[int]] = field(default_factory=dict)
     committed_at: float | None = None
     last: BatchCommit | None = None
 
@@ -59,6 +61,10 @@ class BatchTotals:
         for name, n in counts.items():
             if name.startswith("dead_") and name != "dead_lettered":
                 self.dead[name[5:]] = self.dead.get(name[5:], 0) + n
+            elif name.startswith("schema_"):
+                seen = self.schemas.setdefault(int(name[7:]), [0, commit.batch_id, commit.batch_id])
+                seen[0] += n
+                seen[2] = commit.batch_id
         for index, bound in enumerate(BUCKETS):
             if commit.seconds <= bound:
                 self.buckets[index] += 1
@@ -93,7 +99,8 @@ class _Folds:
 
 
 def _copied(totals: BatchTotals) -> BatchTotals:
-    return dataclasses.replace(totals, dead=dict(totals.dead), buckets=list(totals.buckets), keys=dict(totals.keys))
+    return dataclasses.replace(totals, dead=dict(totals.dead), buckets=list(totals.buckets), keys=dict(totals.keys),
+                               schemas={k: list(v) for k, v in totals.schemas.items()})
 
 
 FOLDS = _Folds()
@@ -331,6 +338,13 @@ def table_status(table: TableDefinition, rt: Runtime) -> dict:
         "snapshot_age_seconds": snapshot_age_seconds(table, rt),
         "dead_letters": totals.dead_lettered,
         "dead_letters_by_reason": dict(sorted(totals.dead.items())),
+        # Which writer schemas the topic's records carried, and when each first arrived: a producer's
+        # new schema is visible here the batch it is read (Confluent's wire format only).
+        **({"writer_schemas": [{"id": sid, "records": n, "first_batch": first, "last_batch": newest}
+                               for sid, (n, first, newest) in sorted(totals.schemas.items())],
+            "last_batch_writer_schema_ids": sorted(int(k[7:]) for k in (last.counts if last else {})
+                                                   if k.startswith("schema_"))}
+           if totals.schemas else {}),
         "last_verify": history[0] if history else None,
         "verified": {"text": verdict[0], "kind": verdict[1]},
         "durability_warnings": durability_warnings(rt, [changelog, rt.dead_letter_topic(table.name)]

@@ -69,6 +69,9 @@ class TableCollector(Collector):
                                       labels=["table"])
         dead = CounterMetricFamily(f"{PREFIX}_records_dead_lettered", "records sent to the dead-letter topic",
                                    labels=["table", "reason"])
+        schemas = CounterMetricFamily(f"{PREFIX}_records_by_writer_schema",
+                                      "records read per writer schema id (Confluent's wire format)",
+                                      labels=["table", "schema_id"])
         duration = HistogramMetricFamily(f"{PREFIX}_batch_duration_seconds", "seconds per committed batch",
                                          labels=["table"])
         failed = gauge("scrape_failed", "1 when this table's metrics could not be read (the server log says why)")
@@ -103,10 +106,12 @@ class TableCollector(Collector):
             changed.add_metric([name], folded.keys_changed)
             for reason, n in sorted(folded.dead.items()):
                 dead.add_metric([name, reason], n)
+            for schema_id, (n, _, _) in sorted(folded.schemas.items()):
+                schemas.add_metric([name, str(schema_id)], n)
             # add() counted each batch in every bucket it fits: the counts are cumulative already.
             duration.add_metric([name], [(_le(b), n) for b, n in zip(BUCKETS, folded.buckets)], folded.seconds_sum)
         yield from (failed, last_batch, commit_age, lag_records, lag_seconds, keys, state_bytes, snapshot_age, verify_ok,
-                    verify_age, replica_lag, read, merged, changed, dead, duration)
+                    verify_age, replica_lag, read, merged, changed, dead, schemas, duration)
 
 
 def _le(bound: float) -> str:

@@ -54,3 +54,7 @@ class WarmupFailed(JobError, RuntimeError):
 
 class TaskReportMismatch(JobError, RuntimeError):
     """Partition tasks reported other partitions than the batch planned."""
+
+
+class RegistryUnreachable(JobError, UserFixable, RuntimeError):
+    """The schema registry did not answer or refused us: the batch stops, and runs again when it does."""

@@ -159,6 +159,22 @@ def s3(stack_settings_):
 
 
 @pytest.fixture(scope="session")
+def registry(stack_settings_):
+    """The stack's schema registry (Apicurio, on the stack's PostgreSQL); yields its URL."""
+    from deploy import postgres_server, schema_registry
+
+    had_postgres = postgres_server.process(stack_settings_).is_running()
+    schema_registry.start(stack_settings_)
+    try:
+        schema_registry.wait_healthy(stack_settings_)
+        yield schema_registry.url(stack_settings_)
+    finally:
+        schema_registry.stop(stack_settings_)
+        if not had_postgres:
+            postgres_server.stop(stack_settings_)
+
+
+@pytest.fixture(scope="session")
 def airflow(stack_settings_, kafka, engine):
     """Airflow's four processes against the test broker and Spark Connect server; yields the settings."""
     airflow_server.start(stack_settings_)

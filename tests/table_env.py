@@ -160,10 +160,11 @@ def sse_events(response, until) -> list[dict]:
     return events
 
 
-def dead_letter_reasons(rt, table: str) -> dict[int, str]:
-    """source offset -> reason, from the table's dead-letter topic."""
+def dead_letter_reasons(rt, table: str, by_partition: bool = False) -> dict:
+    """source offset (or (partition, offset)) -> reason, from the table's dead-letter topic."""
     out = {}
     for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
         headers = {k: None if v is None else v.decode() for k, v in message.headers()}
-        out[int(headers["source_offset"])] = headers["reason"]
+        offset = int(headers["source_offset"])
+        out[(int(headers["source_partition"]), offset) if by_partition else offset] = headers["reason"]
     return out

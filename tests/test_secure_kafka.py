@@ -32,20 +32,20 @@ STATETABLE = str(Path(sys.executable).parent / "statetable")
 TABLE = "payments_per_customer"
 PORTS = {"STATETABLE_KAFKA_PORT": str(port(26392)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(26393)),
          "STATETABLE_AIRFLOW_PORT": str(port(26080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(26002)),
-         "STATETABLE_POSTGRES_PORT": str(port(26432))}
+         "STATETABLE_POSTGRES_PORT": str(port(26432)), "STATETABLE_REGISTRY_PORT": str(port(26091))}
 EVENTS = 40000          # 20 batches of 2000: three broker kills land mid-run
 BAD_RECORDS = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b"{}"]
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    """(settings, env) of a running `stack up --brokers 3 --secure`; this process uses its client
+    """(settings, env) of a running `stack up --brokers 3 --secure --registry`; this process uses its client
     config for the module's duration, as `statetable` commands on the stack's host do."""
     # Its scheduler runs the shipped DAGs on their schedules and on their Assets, as a user's does.
     env = {**os.environ, **PORTS, "STATETABLE_STACK_DIR": str(tmp_path_factory.mktemp("secure-stack")),
            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True"}
     env.pop(CONFIG_ENV, None)
-    up = subprocess.run([STATETABLE, "stack", "up", "--brokers", "3", "--secure"], env=env, capture_output=True,
+    up = subprocess.run([STATETABLE, "stack", "up", "--brokers", "3", "--secure", "--registry"], env=env, capture_output=True,
                         text=True, timeout=600)
     try:
         assert up.returncode == 0, f"stack up failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
@@ -143,6 +143,10 @@ def test_a_table_runs_restores_verifies_and_serves_on_three_secure_brokers(secur
         assert f"kafka-{broker} 127.0.0.1:{broker_port} up" in lines
     config = settings.kafka_client_properties
     assert f"kafka-client-config {config}" in lines
+    assert f"registry http://127.0.0.1:{port(26091)}/apis/ccompat/v7 up" in lines
+    listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+    assert not [line for line in listening.splitlines() if line.split()[3].endswith((f":{port(26091)}", f":{port(26092)}"))
+                and not line.split()[3].startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))], "the registry binds loopback"
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert "sasl.password" in config.read_text() and "password" not in status.stdout + status.stderr
 

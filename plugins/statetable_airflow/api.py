@@ -441,9 +441,11 @@ def status_page(tables: list[dict]) -> str:
         reasons = t.get("dead_letters_by_reason") or {}
         dead = str(t["dead_letters"]) + (" (" + ", ".join(f"{r} {n}" for r, n in reasons.items()) + ")"
                                          if reasons else "")
+        schemas = "".join(f"<br><small>writer schema {s['id']}: {s['records']} records, batches "
+                          f"{s['first_batch']}-{s['last_batch']}</small>" for s in t.get("writer_schemas") or [])
         rows.append(
             f"<tr><td><b>{name}</b><br><small>{html.escape(t.get('shape', t['kind']))}, key "
-            f"{html.escape(', '.join(t['key']))}, {t['partitions']} partitions</small></td>"
+            f"{html.escape(', '.join(t['key']))}, {t['partitions']} partitions</small>{schemas}</td>"
             f"<td>{html.escape(batch)}</td><td>{html.escape(served)}</td>"
             f"<td>{html.escape(lag_text)}</td><td>{age_text(t['snapshot_age_seconds'])}</td>"
             f"<td class='{verified_class}'>{html.escape(verified)}</td><td>{html.escape(dead)}</td>"

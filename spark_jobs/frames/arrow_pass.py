@@ -28,7 +28,7 @@ from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import INTEGERS, arrow_type, parse_values
 from spark_jobs.frames.arrow_where import where_expression
 from spark_jobs.frames.arrow_keys import key_columns, state_partitions
-from spark_jobs.frames.formats import transcode, transcodes
+from spark_jobs.frames.formats import transcode, transcodes, writer_schema_ids
 
 SPARK_TYPE = {"LONG": "BIGINT", "DECIMAL": "DECIMAL(10,0)"}
 
@@ -446,6 +446,8 @@ def run(spec: PassSpec, batches):
         counts["read_bytes"] = counts.get("read_bytes", 0) + (pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0)
         for reason in dead.column("reason").to_pylist():
             counts[f"dead_{reason}"] = counts.get(f"dead_{reason}", 0) + 1
+        for schema_id, n in writer_schema_ids(batch.column("value"), spec.table).items():
+            counts[f"schema_{schema_id}"] = counts.get(f"schema_{schema_id}", 0) + n
         events, late = _split_late(events, spec)
         if late.num_rows:
             lookup = pc.index_in(late.column("source_offset"), value_set=batch.column("offset"))

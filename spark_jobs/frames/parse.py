@@ -30,8 +30,8 @@ The batch's clock is its plan's creation time, so a re-run classifies alike.
 """
 from __future__ import annotations
 
-from catalog.definitions import TableDefinition
-from spark_jobs.frames.formats import JSON_COLUMN, REASON_COLUMN, transcode_batches, transcodes
+from catalog.definitions import REGISTRY_FORMATS, TableDefinition
+from spark_jobs.frames.formats import JSON_COLUMN, REASON_COLUMN, SCHEMA_ID, transcode_batches, transcodes
 
 MAX_VALUE_BYTES = 1 << 20
 # A dead letter's value, at most: its key and headers must still fit the producer's 1 MiB
@@ -189,9 +189,13 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     # A null value is a tombstone (a delete in source tables), not an oversize record.
     reason = F.when(F.col("_value").isNull(), tombstone).otherwise(reason)
     # Keep what later steps need: the raw bytes only of rejected records.
+    # A table in Confluent's wire format: each record's writer schema id (the batch records them).
+    schema_id = [F.when((F.length("_value") >= 5) & (F.hex(F.substring("_value", 1, 1)) == "00"),
+                        F.conv(F.hex(F.substring("_value", 2, 4)), 16, 10).cast("bigint")).alias(SCHEMA_ID)] \
+        if table.format in REGISTRY_FORMATS else []
     return parsed.withColumn("reason", reason).select(
         "_partition", "_offset", "_timestamp", "_key", "_size", "_parsed", "reason",
-        F.when(F.col("reason").isNotNull(), F.col("_value")).alias("_value"))
+        F.when(F.col("reason").isNotNull(), F.col("_value")).alias("_value"), *schema_id)
 
 
 def bronze_ddl(table: TableDefinition) -> str:

@@ -79,7 +79,7 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
                      refused_counts=refused_counts, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), watermark=watermark,
                      steps=clock.seconds,
-                     extra={**{k: v for k, v in stats.items() if k in ("filtered", "read_bytes")},
+                     extra={**{k: v for k, v in stats.items() if k in ("filtered", "read_bytes") or k.startswith("schema_")},
                             "arrow_records": records or 0, "arrow_records_applied": applied or 0})
 
 

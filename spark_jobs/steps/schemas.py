@@ -17,14 +17,10 @@ import threading
 from functools import lru_cache
 
 from catalog.definitions import REGISTRY_FORMATS, TableDefinition
-from catalog.errors import UserError
 from catalog.settings import load
+from spark_jobs.errors import RegistryUnreachable
 from spark_jobs.frames.formats.wire import Registered
 from state.kafka_config import CONFIG_ENV, registry_config
-
-
-class RegistryUnreachable(UserError):
-    """The registry did not answer: the batch stops, and runs again when it does."""
 
 
 class RegistrySchemas:
@@ -43,6 +39,9 @@ class _Client:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.conf = registry_config(default_url=load().registry_url)
+        # The client waits forever by default: a registry that accepts the connection and never
+        # answers would hold the batch, and its Airflow slot, with it.
+        self.conf.setdefault("timeout", 30)
         self.client = SchemaRegistryClient(dict(self.conf))
         self._lock = threading.Lock()
 

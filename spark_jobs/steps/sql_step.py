@@ -14,6 +14,7 @@ from spark_jobs.steps.offsets import OffsetRange, spark_reader
 from spark_jobs.steps.table_run import TableRun
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.schemas import schemas_for
+from spark_jobs.frames.formats import SCHEMA_ID
 
 __all__ = ["run"]
 
@@ -28,7 +29,8 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float, t
     table, frames = table_run.table, table_run.frames.for_batch(plan.watermark_ms)
     clock = StepClock(table_run, plan.batch_id, started)
     with clock.step("read"):
-        classified, events, late, late_count, watermark, reasons = _read(table_run, plan, frames, table_pass)
+        classified, events, late, late_count, watermark, reasons, schema_ids = _read(table_run, plan, frames,
+                                                                                     table_pass)
     read_count = sum(reasons.values())
     log.info("%s batch %d: read %d records in %.1fs (%.0f records/s)", table.name, plan.batch_id,
              read_count, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
@@ -63,7 +65,7 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float, t
     return BatchStep(reasons=reasons, read=read_count, late=late_count, dead=dead_count, refused=refused,
                      refused_counts=refused_counts, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), watermark=watermark,
-                     steps=clock.seconds, extra=join_counts, release=persisted)
+                     steps=clock.seconds, extra={**join_counts, **schema_ids}, release=persisted)
 
 
 def _read(table_run: TableRun, plan: BatchPlan, frames, table_pass):
@@ -92,5 +94,10 @@ def _read(table_run: TableRun, plan: BatchPlan, frames, table_pass):
         batch_max = events.agg(F.max(F.unix_millis(F.col(table.event_time)))).first()[0]
     if batch_max is not None:
         watermark = max(watermark or batch_max, batch_max)
-    reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    return classified, events, late, late_count, watermark, reasons
+    by = ["reason", SCHEMA_ID] if SCHEMA_ID in classified.columns else ["reason"]
+    reasons, schema_ids = {}, {}
+    for r in classified.groupBy(*by).count().collect():
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+        if len(by) > 1 and r[SCHEMA_ID] is not None:
+            schema_ids[f"schema_{r[SCHEMA_ID]}"] = schema_ids.get(f"schema_{r[SCHEMA_ID]}", 0) + r["count"]
+    return classified, events, late, late_count, watermark, reasons, schema_ids

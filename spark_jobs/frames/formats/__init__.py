@@ -31,12 +31,14 @@ from __future__ import annotations
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from catalog.definitions import REGISTRY_FORMATS, DefinitionError, TableDefinition
 from spark_jobs.frames.formats.wire import Schemas
 
 JSON_COLUMN = "_json"              # parse.classify's name for the transcoded value
 REASON_COLUMN = "_format_reason"   # and for a record the format could not read
+SCHEMA_ID = "_schema_id"           # and for its writer schema id (Confluent's wire format)
 
 
 class Format(Protocol):
@@ -64,6 +66,19 @@ def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format
 
 def transcodes(table: TableDefinition) -> bool:
     return table.format != "json"
+
+
+def writer_schema_ids(values: pa.Array, table: TableDefinition) -> dict[int, int]:
+    """Records per writer schema id, for a table in Confluent's wire format: what a batch records,
+    so `statetable tables` and /metrics show a producer's new schema the batch it arrives."""
+    if table.format not in REGISTRY_FORMATS:
+        return {}
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5),
+                                  pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary()))), False)
+    ids = pc.value_counts(pc.binary_slice(pc.filter(values, framed), 1, 5))
+    return {int.from_bytes(pair["values"].as_py(), "big"): pair["counts"].as_py() for pair in ids}
 
 
 def transcode(values: pa.Array, table: TableDefinition, schemas: Schemas | None = None

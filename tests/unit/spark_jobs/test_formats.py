@@ -213,3 +213,27 @@ def test_registry_settings_ride_in_the_client_config_and_never_reach_librdkafka(
     assert registry_config("http://local") == {"url": "http://local"}
     monkeypatch.setenv(REGISTRY_URL_ENV, "http://other:1")
     assert registry_config("http://local") == {"url": "http://other:1"}
+
+
+def test_a_registry_that_does_not_answer_stops_the_batch_in_one_line_naming_it_and_the_fix(monkeypatch):
+    from catalog.messages import one_line
+    from spark_jobs.errors import RegistryUnreachable
+    from spark_jobs.steps import schemas
+    from state.kafka_config import CONFIG_ENV, REGISTRY_URL_ENV
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv(REGISTRY_URL_ENV, "http://127.0.0.1:9")          # nothing listens on discard
+    schemas._client.cache_clear()
+    try:
+        with pytest.raises(RegistryUnreachable) as raised:
+            schemas.RegistrySchemas()(7)
+    finally:
+        schemas._client.cache_clear()
+    message = one_line(raised.value)
+    assert message.startswith("the schema registry at http://127.0.0.1:9 did not answer (") and \
+        "statetable stack up --registry" in message and "schema.registry.url" in message
+    # Raised in a Spark task, it reaches the user as the same sentence, not Spark's first line.
+    wrapped = RuntimeError("An exception was thrown from the Python worker. Please see the stack trace below.\n"
+                           "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                           f"spark_jobs.errors.RegistryUnreachable: {message}\n")
+    assert one_line(wrapped) == message
