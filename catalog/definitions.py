@@ -46,10 +46,10 @@ HEADER_KEYS = {
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
     "format", "value_schema",
 }
-# A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro and JSON Schema
-# in Confluent's wire format, each value's writer schema fetched from a schema registry by its id.
-FORMATS = ("json", "avro", "avro-confluent", "json-confluent")
-REGISTRY_FORMATS = ("avro-confluent", "json-confluent")
+# A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
+# Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
+FORMATS = ("json", "avro", "avro-confluent", "json-confluent", "protobuf-confluent")
+REGISTRY_FORMATS = ("avro-confluent", "json-confluent", "protobuf-confluent")
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
@@ -701,9 +701,9 @@ def _value_format(path: Path, header: _Header, table: TableDefinition) -> None:
     where = header.where(path, "value_schema")
     if table.format in REGISTRY_FORMATS and "value_schema" not in header:
         return                  # each record's writer schema comes from the registry by its id
-    if table.format == "json-confluent":
-        raise DefinitionError(f"{where}: table {table.name!r}: value_schema is for Avro; a json-confluent table's "
-                              f"columns come from '-- schema:' and each record's JSON Schema from the registry")
+    if table.format in ("json-confluent", "protobuf-confluent"):
+        raise DefinitionError(f"{where}: table {table.name!r}: value_schema is for Avro; a {table.format} table's "
+                              f"columns come from '-- schema:' and each record's schema from the registry")
     if "value_schema" not in header:
         raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format avro needs its writer "
                               f"schema: add '-- value_schema: <file>.avsc' (a file beside {path.name}), or use "

@@ -58,3 +58,7 @@ class TaskReportMismatch(JobError, RuntimeError):
 
 class RegistryUnreachable(JobError, UserFixable, RuntimeError):
     """The schema registry did not answer or refused us: the batch stops, and runs again when it does."""
+
+
+class MalformedFraming(JobError, ValueError):
+    """A record's wire-format framing cannot be read (a dead letter, never raised past its format)."""

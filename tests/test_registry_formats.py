@@ -1,8 +1,8 @@
-"""Topics in Confluent's wire format, through a real schema registry (Apicurio, as `stack up
---registry` runs it), written by confluent-kafka's own serializers as a team's producers write
-them, with writer schemas that evolve mid-topic: v1, v2 (a field added, a field removed, int ->
-long), then an incompatible v3. On both passes the table equals pandas over the v1 and v2 records
-decoded back independently (fastavro / json over the bytes, the writer schema chosen by the
+"""Topics in Confluent's wire format (Avro, JSON Schema, Protobuf), through a real schema registry
+(Apicurio, as `stack up --registry` runs it), written by confluent-kafka's own serializers as a
+team's producers write them, with writer schemas that evolve mid-topic: v1, v2 (a field added, a
+field removed, int -> long), then an incompatible v3. On both passes the table equals pandas over the v1 and v2 records
+decoded back independently (fastavro / json / protoc's classes over the bytes, the writer schema chosen by the
 test, not by the product), and every v3 record is a dead letter `schema_incompatible`."""
 from __future__ import annotations
 
@@ -46,6 +46,34 @@ JSON_SCHEMAS = {
 }
 
 
+PROTOS = {
+    1: 'syntax = "proto3";\npackage shop;\nmessage Payment {\n  string customer = 1;\n  int32 amount = 2;\n'
+       '  optional string note = 3;\n}\n',
+    2: 'syntax = "proto3";\npackage shop;\nmessage Payment {\n  string customer = 1;\n  int64 amount = 2;\n'
+       '  string channel = 4;\n}\n',
+    3: 'syntax = "proto3";\npackage shop;\nmessage Payment {\n  string customer = 1;\n  string amount = 2;\n}\n',
+}
+
+
+def _proto_class(version: int):
+    """The test's message class for a version, compiled by protoc (grpcio-tools) as a team's build would."""
+    import tempfile
+    from pathlib import Path
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "payment.proto").write_text(PROTOS[version])
+        assert protoc.main(["protoc", f"-I{folder}", f"--descriptor_set_out={folder}/out",
+                            f"{folder}/payment.proto"]) == 0
+        file = descriptor_pb2.FileDescriptorSet.FromString((Path(folder) / "out").read_bytes()).file[0]
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return GetMessageClass(pool.FindFileByName(file.name).message_types_by_name["Payment"])
+
+
 def _events(version: int, n: int, offset: int) -> list[dict]:
     out = []
     for i in range(offset, offset + n):
@@ -72,6 +100,11 @@ SUBJECTS = {"subject.name.strategy.type": "TOPIC"}
 
 
 def _serializer(fmt: str, client: SchemaRegistryClient, version: int):
+    if fmt == "protobuf-confluent":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        message = _proto_class(version)
+        serialize = ProtobufSerializer(message, client, {"use.deprecated.format": False, **SUBJECTS})
+        return lambda event, ctx: serialize(message(**{k: v for k, v in event.items() if v is not None}), ctx)
     if fmt == "avro-confluent":
         from confluent_kafka.schema_registry.avro import AvroSerializer
         return AvroSerializer(client, json.dumps(AVRO[version]), conf=SUBJECTS)
@@ -82,13 +115,20 @@ def _serializer(fmt: str, client: SchemaRegistryClient, version: int):
 def _decode(fmt: str, value: bytes, version: int) -> dict:
     """The test's own reading: the writer schema is the one the test wrote that version with."""
     assert value[0] == 0
+    if fmt == "protobuf-confluent":
+        assert value[5] == 0, "the first message of the .proto: index path [0]"
+        message = _proto_class(version).FromString(value[6:])
+        out = {"customer": message.customer, "amount": message.amount}
+        if version == 1:
+            out["note"] = message.note if message.HasField("note") else None
+        return out
     if fmt == "json-confluent":
         return json.loads(value[5:])
     return fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(AVRO[version]), None)
 
 
 @ENGINES
-@pytest.mark.parametrize("fmt", ["avro-confluent", "json-confluent"])
+@pytest.mark.parametrize("fmt", ["avro-confluent", "json-confluent", "protobuf-confluent"])
 def test_writer_schemas_that_evolve_mid_topic_reach_the_table_and_an_incompatible_one_is_dead_lettered(
         kafka, registry, spark, tmp_path, monkeypatch, engine, fmt):
     rt, suffix = isolated_runtime(kafka, tmp_path)

@@ -15,6 +15,8 @@ any JSON rule.
                                                                                schema_incompatible
   json-confluent   json_schema   the wire format around JSON, a JSON Schema    the same, with
                                  by id                                          malformed_json
+  protobuf-        protobuf      the wire format, a message index path, one    the same, with
+  confluent                      Protobuf message; its .proto by id             malformed_protobuf
 
 Every format reads by name: a record's field goes to the column of its name, a column the record
 lacks is null (as an absent JSON field is), a field no column names is ignored. A new writer
@@ -61,6 +63,9 @@ def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format
     if table.format == "json-confluent":
         from spark_jobs.frames.formats.json_schema import RegistryJson
         return RegistryJson(table, schemas)
+    if table.format == "protobuf-confluent":
+        from spark_jobs.frames.formats.protobuf import RegistryProtobuf
+        return RegistryProtobuf(table, schemas)
     raise DefinitionError(f"table {table.name!r}: no reader for format {table.format!r}")
 
 

@@ -237,3 +237,60 @@ def test_a_registry_that_does_not_answer_stops_the_batch_in_one_line_naming_it_a
                            "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
                            f"spark_jobs.errors.RegistryUnreachable: {message}\n")
     assert one_line(wrapped) == message
+
+
+PROTO_V1 = ('syntax = "proto3";\npackage shop;\nimport "google/protobuf/timestamp.proto";\n'
+            'message Payment {\n  string customer = 1;\n  int32 amount = 2;\n  optional string note = 3;\n'
+            '  google.protobuf.Timestamp at = 4;\n  message Inner { string x = 1; }\n}\n'
+            'message Refund {\n  string customer = 1;\n  int64 amount = 2;\n}\n')
+PROTO_V3 = 'syntax = "proto3";\npackage shop;\nmessage Payment {\n  string customer = 1;\n  string amount = 2;\n}\n'
+
+
+def _proto_message(text: str, name: str, **fields) -> bytes:
+    """The payload as the test builds it: protoc and protobuf, not the product's reader."""
+    from spark_jobs.frames.formats.protobuf import compile_proto
+    from google.protobuf.message_factory import GetMessageClass
+
+    message = GetMessageClass(compile_proto(text).message_types_by_name[name])()
+    for key, value in fields.items():
+        if key == "at":
+            message.at.FromMilliseconds(value)
+        else:
+            setattr(message, key, value)
+    return message.SerializeToString()
+
+
+def test_protobuf_messages_are_read_by_their_schema_id_and_message_index(tmp_path):
+    from spark_jobs.frames.formats.wire import Registered
+
+    path = tmp_path / "spend.sql"
+    path.write_text("-- topic: payments\n-- schema: customer STRING, amount BIGINT, note STRING, at TIMESTAMP\n"
+                    "-- format: protobuf-confluent\n"
+                    "CREATE TABLE spend AS SELECT customer, SUM(amount) AS total FROM payments GROUP BY customer;\n")
+    table = parse(path)
+    registered = {1: Registered("PROTOBUF", PROTO_V1), 3: Registered("PROTOBUF", PROTO_V3),
+                  4: Registered("PROTOBUF", "syntax = nonsense"), 5: Registered("AVRO", json.dumps(V1))}
+    values = [
+        _framed(1, b"\x00" + _proto_message(PROTO_V1, "Payment", customer="ann", amount=5, note="hi",
+                                            at=1795683660250)),
+        _framed(1, b"\x02\x02" + _proto_message(PROTO_V1, "Refund", customer="bob", amount=2**40)),  # index [1]
+        _framed(1, b"\x00" + _proto_message(PROTO_V1, "Payment", customer="cy")),    # unset: 0, null, null
+        _framed(3, b"\x00" + _proto_message(PROTO_V3, "Payment", customer="dee", amount="7")),
+        _framed(4, b"\x00"), _framed(5, b"\x00"), _framed(9, b"\x00"),
+        _framed(1, b"\x00\xff\xff"),                                                 # not a Payment
+        _framed(1, b"\x02\x10"),                                                     # index [8]: no such message
+        b"\x08\x01",
+    ]
+    batch = pa.RecordBatch.from_pydict({
+        "value": pa.array(values, pa.binary()), "partition": pa.array([0] * len(values), pa.int32()),
+        "offset": pa.array(range(len(values)), pa.int64()),
+        "timestamp": pa.array([0] * len(values), pa.timestamp("us"))})
+    spec = arrow_pass.PassSpec(table, 0, now_ms=None, watermark_ms=None, bronze=None, schemas=registered.get)
+    events, dead, _ = arrow_pass.classify(batch, spec)
+    rows = events.select(["customer", "amount", "note", "at"]).to_pylist()
+    assert [(r["customer"], r["amount"], r["note"]) for r in rows] == [("ann", 5, "hi"), ("bob", 2**40, None),
+                                                                      ("cy", 0, None)]
+    assert str(rows[0]["at"]).startswith("2026-11-26 09:01:00.250") and rows[2]["at"] is None
+    assert dict(zip(dead.column("source_offset").to_pylist(), dead.column("reason").to_pylist())) == {
+        3: "schema_incompatible", 4: "schema_incompatible", 5: "schema_incompatible", 6: "unknown_schema_id",
+        7: "malformed_protobuf", 8: "malformed_protobuf", 9: "not_wire_format"}
