@@ -1,7 +1,7 @@
 """Avro values: from a schema file (`avro`), or framed with a registry's schema id (`avro-confluent`).
 
-Values come out in the forms the JSON reader types: timestamp-millis/micros as epoch
-milliseconds, date as YYYY-MM-DD, bytes as base64 (as Kafka Connect's JsonConverter writes
+Values come out in the forms the JSON reader types: timestamp-millis/micros/nanos as epoch
+milliseconds (floored), date as YYYY-MM-DD (days past year 9999 stay a number: wrong_type), bytes as base64 (as Kafka Connect's JsonConverter writes
 them), a NaN or infinite double as a string (which a DOUBLE column dead-letters as wrong_type,
 as JSON's rule is).
 
@@ -35,11 +35,57 @@ _READER_TYPES = {"STRING": ["null", "string"], "BIGINT": ["null", "long"], "LONG
                  "TIMESTAMP": ["null", "long", "string"], "DATE": ["null", "int", "string"]}
 
 
+# Logical types read as the numbers they are written as, and converted here (see _logical): fastavro
+# turns them into datetime objects, which cannot hold every value a long can (year 10000 raised
+# OverflowError, a well-formed record taken for a malformed one).
+_SCALES = {"timestamp-millis": 1, "local-timestamp-millis": 1, "timestamp-micros": 1000,
+           "local-timestamp-micros": 1000, "timestamp-nanos": 1_000_000, "local-timestamp-nanos": 1_000_000}
+_ORDINAL_1970 = dt.date(1970, 1, 1).toordinal()
+
+
+def _strip(schema):
+    """`schema` without the logical types this module converts itself."""
+    if isinstance(schema, list):
+        return [_strip(s) for s in schema]
+    if isinstance(schema, dict):
+        out = {k: _strip(v) if k in ("fields", "items", "values", "type") else v for k, v in schema.items()
+               if not (k == "logicalType" and (v in _SCALES or v in ("date", "time-millis", "time-micros")))}
+        return out
+    return schema
+
+
+def _logical(schema: dict) -> dict[str, str]:
+    """A record schema's top-level fields of a logical type this module converts: name -> type."""
+    out = {}
+    for field in schema.get("fields", []):
+        for branch in field["type"] if isinstance(field["type"], list) else [field["type"]]:
+            if isinstance(branch, dict) and (branch.get("logicalType") in _SCALES or branch.get("logicalType") == "date"):
+                out[field["name"]] = branch["logicalType"]
+    return out
+
+
+def _convert(record: dict, logical: dict[str, str]) -> dict:
+    """Epoch milliseconds for timestamps, YYYY-MM-DD for dates in range (days past it stay a number,
+    which a DATE column refuses as wrong_type, as a JSON producer's would be)."""
+    for name, kind in logical.items():
+        value = record.get(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if kind == "date":
+            if 1 <= value + _ORDINAL_1970 <= dt.date.max.toordinal():
+                record[name] = dt.date.fromordinal(value + _ORDINAL_1970).isoformat()
+        else:
+            record[name] = value // _SCALES[kind]
+    return record
+
+
 @lru_cache(maxsize=64)
 def parsed(text: str):
+    """(the schema as fastavro reads it, logical types stripped; its converted fields)."""
     import fastavro
 
-    return fastavro.parse_schema(json.loads(text))
+    schema = json.loads(text)
+    return fastavro.parse_schema(_strip(schema)), _logical(schema)
 
 
 def plain(value):
@@ -66,19 +112,24 @@ def plain(value):
 
 
 def _datum(raw: bytes, writer, reader=None) -> tuple[bytes | None, str | None]:
-    """One datum of `writer` (resolved to `reader`) as canonical JSON bytes, or its reason."""
+    """One datum of `writer` (resolved to `reader`) as canonical JSON bytes, or its reason;
+    `writer` and `reader` as `parsed` gives them."""
     import fastavro
     from fastavro._read_common import SchemaResolutionError
 
     stream = io.BytesIO(raw)
     try:
-        record = fastavro.schemaless_reader(stream, writer, reader)
-    except SchemaResolutionError:
-        return None, "schema_incompatible"
-    except _READ_ERRORS:
-        return None, "malformed_avro"
+        record = fastavro.schemaless_reader(stream, writer[0], None if reader is None else reader[0])
+    except (SchemaResolutionError, *_READ_ERRORS):
+        if reader is None:
+            return None, "malformed_avro"
+        # A record its writer reads but the reader cannot (a type that does not resolve; bytes
+        # promoted to a string that are not UTF-8) is incompatible; a damaged one is malformed,
+        # whichever of the two the reading met first.
+        return None, "schema_incompatible" if _datum(raw, writer)[1] is None else "malformed_avro"
     if stream.tell() != len(raw) or not isinstance(record, dict):
         return None, "malformed_avro"
+    record = _convert(record, writer[1])
     return json.dumps(plain(record), ensure_ascii=False, separators=(",", ":")).encode(), None
 
 
@@ -124,6 +175,7 @@ class RegistryAvro:
             writer = parsed(found.text)
         except Exception:                     # noqa: BLE001 - a registered schema fastavro cannot parse
             return "incompatible"
+        # Converted by the writer's logical types: the reader takes the numbers as they are written.
         if not isinstance(writer_json, dict) or writer_json.get("type") != "record":
             return "incompatible"
         return writer, parsed(json.dumps(reader_schema(self.table, writer_json), sort_keys=True))

@@ -1,0 +1,227 @@
+"""Fuzzing the registry formats: generated Avro writer schemas (fields added, removed, promoted
+and changed past what a column holds) and records of them, framed with their ids, with hostile
+bytes among them (truncated, with a byte after, random payloads, unknown ids, no framing).
+
+Three properties, each seeded (a failure prints its seed and the command that replays it):
+- a record's verdict and value are the same alone as in its block;
+- a writer schema's records are `schema_incompatible` exactly when the test's own table of Avro's
+  promotions says a field cannot be read into its column (independent of fastavro's resolution);
+- the Arrow pass and the Spark SQL pass give every record the same verdict and the same row.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import os
+import random
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from catalog.definitions import parse
+from spark_jobs.frames import arrow_pass
+from spark_jobs.frames.formats.wire import Registered
+from tests.fuzz import records as fuzz_records
+
+SEED = int(os.environ.get("STATETABLE_FUZZ_SEED", "4511"))
+COLUMNS = fuzz_records.SCHEMA          # k STRING, v BIGINT, x DOUBLE, t TIMESTAMP, flag BOOLEAN, d DATE
+# Per column, writer types and whether Avro's resolution reads them into the column's reader type
+# (the spec's promotions: int -> long -> float -> double, bytes <-> string); the test's own table.
+WRITER_TYPES = {
+    "k": [("string", True), ("bytes", True), ("int", False), ({"type": "enum", "name": "E", "symbols": ["A", "B"]},
+                                                              False)],
+    "v": [("long", True), ("int", True), ("double", False), ("string", False), ("boolean", False)],
+    "x": [("double", True), ("float", True), ("long", True), ("int", True), ("string", False)],
+    "t": [({"type": "long", "logicalType": "timestamp-millis"}, True), ("long", True), ("string", True),
+          ({"type": "long", "logicalType": "timestamp-micros"}, True), ("int", True), ("boolean", False)],
+    "flag": [("boolean", True), ("int", False), ("string", False)],
+    "d": [({"type": "int", "logicalType": "date"}, True), ("string", True), ("int", True), ("double", False)],
+}
+
+
+def _replay(test: str, seed: int) -> str:
+    return f"seed {seed}; replay: STATETABLE_FUZZ_SEED={seed} .venv/bin/python -m pytest tests/test_fuzz_formats.py -k {test}"
+
+
+def _writer(rng: random.Random) -> tuple[dict, set]:
+    """A writer schema and the fields it has that cannot be read into their columns."""
+    fields, unreadable = [], set()
+    breaking = rng.choice([name for name, _ in COLUMNS]) if rng.random() < 0.35 else None
+    for name, _ in COLUMNS:
+        if name != "k" and name != breaking and rng.random() < 0.2:
+            continue                                            # a removed field: null
+        kind, ok = rng.choice([t for t in WRITER_TYPES[name] if t[1] == (name != breaking)])
+        if rng.random() < 0.3:
+            kind = ["null", kind]                               # nullable: the union resolves the same way
+        fields.append({"name": name, "type": kind})
+        if not ok:
+            unreadable.add(name)
+    if rng.random() < 0.5:
+        fields.append({"name": "extra", "type": rng.choice(["string", "long", {"type": "array", "items": "int"}])})
+    rng.shuffle(fields)
+    return {"type": "record", "name": "Event", "namespace": "fuzz", "fields": fields}, unreadable
+
+
+BENIGN = {"string": lambda rng, name: ("2026-11-01T10:00:00Z" if name == "t" else "2024-02-03" if name == "d"
+                                      else rng.choice(fuzz_records.KEYS[:4])),
+          "long": lambda rng, name: rng.randint(0, 1_800_000_000_000) if name == "t" else rng.randint(-1000, 1000),
+          "int": lambda rng, name: rng.randint(0, 30_000) if name in ("d", "t") else rng.randint(-1000, 1000),
+          "double": lambda rng, name: rng.uniform(-1e3, 1e3), "float": lambda rng, name: 0.5,
+          "boolean": lambda rng, name: rng.random() < 0.5, "bytes": lambda rng, name: b"abc"}
+
+
+def _value(rng: random.Random, kind, name: str):
+    base = kind[1] if isinstance(kind, list) else kind
+    if isinstance(kind, list) and rng.random() < 0.2:
+        return None
+    if rng.random() < 0.85 and (isinstance(base, str) and base in BENIGN
+                                or isinstance(base, dict) and base.get("logicalType")):
+        if isinstance(base, dict):
+            return rng.randint(0, 30_000) if base["logicalType"] == "date" else rng.randint(0, 1_800_000_000_000)
+        return BENIGN[base](rng, name)
+    if isinstance(base, dict):
+        if base["type"] == "enum":
+            return rng.choice(base["symbols"])
+        if base["type"] == "array":
+            return [rng.randint(-5, 5) for _ in range(rng.randint(0, 3))]
+        if base.get("logicalType") == "date":
+            return rng.randint(-800_000, 2_900_000)             # past DATE's range too
+        return rng.choice([0, 1_795_683_660_250, rng.randint(-2 ** 62, 2 ** 62)])
+    return {
+        "string": lambda: rng.choice(fuzz_records.KEYS + ["2026-11-01T10:00:00Z", "1700000000000", "2024-02-30"]),
+        "bytes": lambda: bytes(rng.randrange(256) for _ in range(rng.randint(0, 6))),
+        "int": lambda: rng.choice([0, -1, 2 ** 31 - 1, -2 ** 31, rng.randint(-1000, 1000)]),
+        "long": lambda: rng.choice([0, 2 ** 63 - 1, -2 ** 63, rng.randint(-2 ** 40, 2 ** 40)]),
+        "double": lambda: rng.choice([0.5, -0.0, 1.7e308, 5e-324, math.nan, math.inf, rng.uniform(-1e6, 1e6)]),
+        "float": lambda: rng.choice([0.25, -3.5, rng.uniform(-1e3, 1e3)]),
+        "boolean": lambda: rng.random() < 0.5,
+    }[base]()
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + payload
+
+
+def generated(seed: int, count: int) -> tuple[dict[int, Registered], list[bytes], dict[int, bool]]:
+    """(the registry, the values, offset -> whether Avro's rules refuse it) for `count` records over
+    4 writer schemas; a damaged record's expectation is left out (its bytes may still read)."""
+    rng = random.Random(seed)
+    registry, unreadable, parsed = {}, {}, {}
+    for schema_id in range(1, 5):
+        schema, refused = _writer(rng)
+        registry[schema_id] = Registered("AVRO", json.dumps(schema))
+        unreadable[schema_id], parsed[schema_id] = refused, (schema, fastavro.parse_schema(schema))
+    values, expected = [], {}
+    for offset in range(count):
+        schema_id = rng.randint(1, 4)
+        schema, writer = parsed[schema_id]
+        out = io.BytesIO()
+        record = {f["name"]: _value(rng, f["type"], f["name"]) for f in schema["fields"]}
+        fastavro.schemaless_writer(out, writer, record)
+        payload = out.getvalue()
+        roll = rng.random()
+        if 0.11 <= roll <= 0.95:
+            # A union resolves by the branch a value was written in: a null resolves whatever the
+            # other branch is. Bytes promote to a string only when they are UTF-8.
+            expected[offset] = any(record[name] is not None for name in unreadable[schema_id]) or (
+                isinstance(record.get("k"), bytes) and not _utf8(record["k"]))
+        if roll < 0.05:
+            payload = payload[:rng.randint(0, max(0, len(payload) - 1))]         # truncated
+        elif roll < 0.08:
+            payload += bytes([rng.randrange(256)])                              # a byte after the datum
+        elif roll < 0.11:
+            payload = bytes(rng.randrange(256) for _ in range(rng.randint(0, 30)))   # random bytes
+        if roll > 0.97:
+            values.append(payload)                                              # no framing
+        elif roll > 0.95:
+            values.append(_framed(rng.choice([0, 77, 2 ** 31]), payload))       # an id nobody registered
+        else:
+            values.append(_framed(schema_id, payload))
+    return registry, values, expected
+
+
+def _table(tmp_path):
+    path = tmp_path / "fuzz.sql"
+    path.write_text(f"-- topic: fuzz\n-- schema: {', '.join(f'{n} {t}' for n, t in COLUMNS)}\n"
+                    "-- format: avro-confluent\n"
+                    "CREATE TABLE fuzz AS SELECT k, COUNT(*) AS n, SUM(v) AS s FROM events GROUP BY k;\n")
+    return parse(path)
+
+
+def _batch(values: list[bytes], first: int = 0) -> pa.RecordBatch:
+    n = len(values)
+    return pa.RecordBatch.from_pydict({
+        "key": pa.array([None] * n, pa.binary()), "value": pa.array(values, pa.binary()),
+        "topic": pa.array(["fuzz"] * n), "partition": pa.array([0] * n, pa.int32()),
+        "offset": pa.array(range(first, first + n), pa.int64()),
+        "timestamp": pa.array([0] * n, pa.timestamp("us")), "timestampType": pa.array([0] * n, pa.int32())})
+
+
+def _arrow_verdicts(table, values, registry, first: int = 0) -> dict[int, object]:
+    spec = arrow_pass.PassSpec(table, 0, now_ms=None, watermark_ms=None, bronze=None, schemas=registry.get)
+    events, dead, _ = arrow_pass.classify(_batch(values, first), spec)
+    out = {o: ("dead", r) for o, r in zip(dead.column("source_offset").to_pylist(), dead.column("reason").to_pylist())}
+    names = [n for n, _ in COLUMNS]
+    for row in events.select([*names, "source_offset"]).to_pylist():
+        if row["t"] is not None:           # as Spark collects it: naive, in the session's UTC
+            row["t"] = row["t"].astimezone(dt.timezone.utc).replace(tzinfo=None)
+        out[row.pop("source_offset")] = ("good", row)
+    return out
+
+
+def _same(a, b) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == "dead":
+        return a[1] == b[1]
+    return all(x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+               for x, y in zip(a[1].values(), b[1].values())) and a[1].keys() == b[1].keys()
+
+
+def test_generated_avro_records_get_the_same_verdict_alone_as_in_their_block_and_as_their_schema_says(tmp_path):
+    table = _table(tmp_path)
+    for seed in range(SEED, SEED + 8):
+        registry, values, refused = generated(seed, 120)
+        block = _arrow_verdicts(table, values, registry)
+        assert set(block) == set(range(len(values))), _replay("alone", seed)
+        for offset, value in enumerate(values):
+            alone = _arrow_verdicts(table, [value], registry, offset)[offset]
+            assert _same(alone, block[offset]), (offset, value[:40], alone, block[offset], _replay("alone", seed))
+            if offset in refused:
+                assert (block[offset] == ("dead", "schema_incompatible")) == refused[offset], (
+                    offset, block[offset], registry[int.from_bytes(value[1:5], "big")], _replay("alone", seed))
+
+
+@pytest.mark.timeout(600)
+def test_generated_avro_records_get_the_same_verdicts_and_rows_on_both_passes(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from spark_jobs.frames import parse as spark_parse
+
+    table = _table(tmp_path)
+    registry, values, _ = generated(SEED, int(os.environ.get("STATETABLE_FUZZ_RECORDS", "600")))
+    arrow = _arrow_verdicts(table, values, registry)
+    raw = spark.createDataFrame(_batch(values).to_pandas()).select(
+        "key", "value", "topic", "partition", "offset", F.col("timestamp").cast("timestamp"), "timestampType")
+    classified = spark_parse.classify(raw, table, ["k"], schemas=registry.get)
+    spark_verdicts = {r["_offset"]: ("dead", r["reason"]) for r in classified.where("reason IS NOT NULL")
+                      .select("_offset", "reason").collect()}
+    for r in spark_parse.good_events(classified, table).collect():
+        row = r.asDict()
+        offset = row.pop("source_offset")
+        row.pop("source_partition"), row.pop("source_timestamp")
+        spark_verdicts[offset] = ("good", row)
+    assert set(spark_verdicts) == set(arrow), _replay("both_passes", SEED)
+    differ = {o: (arrow[o], spark_verdicts[o]) for o in arrow if not _same(arrow[o], spark_verdicts[o])}
+    assert differ == {}, (dict(list(differ.items())[:5]), _replay("both_passes", SEED))
