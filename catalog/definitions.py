@@ -48,7 +48,9 @@ HEADER_KEYS = {
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
-FORMATS = ("json", "avro", "avro-confluent", "json-confluent", "protobuf-confluent")
+# debezium-json: a source table over a database table's change events (Kafka Connect's JsonConverter,
+# with or without embedded schemas): the row is `after`, an op "d" deletes the key.
+FORMATS = ("json", "avro", "avro-confluent", "json-confluent", "protobuf-confluent", "debezium-json")
 REGISTRY_FORMATS = ("avro-confluent", "json-confluent", "protobuf-confluent")
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
@@ -698,6 +700,16 @@ def _value_format(path: Path, header: _Header, table: TableDefinition) -> None:
     if table.kind != "source" and (table.input_table or table.joins):
         raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format is declared on the "
                               f"table that reads the topic, not on one over other tables")
+    if table.format == "debezium-json":
+        if table.kind != "source":
+            raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: debezium-json is a database "
+                                  f"table's change events: declare it on a source table (CREATE TABLE t (id BIGINT "
+                                  f"PRIMARY KEY, ...)) and aggregate over that table")
+        if "value_schema" in header:
+            raise DefinitionError(f"{header.where(path, 'value_schema')}: table {table.name!r}: value_schema is for "
+                                  f"Avro; a debezium-json table's columns come from its CREATE TABLE")
+        table.key_format = "json"       # Debezium keys the topic by the row's primary key, as a JSON object
+        return
     where = header.where(path, "value_schema")
     if table.format in REGISTRY_FORMATS and "value_schema" not in header:
         return                  # each record's writer schema comes from the registry by its id

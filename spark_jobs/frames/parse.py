@@ -31,7 +31,7 @@ The batch's clock is its plan's creation time, so a re-run classifies alike.
 from __future__ import annotations
 
 from catalog.definitions import REGISTRY_FORMATS, TableDefinition
-from spark_jobs.frames.formats import JSON_COLUMN, REASON_COLUMN, SCHEMA_ID, transcode_batches, transcodes
+from spark_jobs.frames.formats import DELETE, JSON_COLUMN, REASON_COLUMN, SCHEMA_ID, transcode_batches, transcodes
 
 MAX_VALUE_BYTES = 1 << 20
 # A dead letter's value, at most: its key and headers must still fit the producer's 1 MiB
@@ -63,7 +63,9 @@ def kafka_key_text(table: TableDefinition):
 
     text = F.col("_key").cast("string")
     if table.key_format == "json":
-        return F.get_json_object(text, f"$.{table.key_columns[0]}")
+        # Kafka Connect's JsonConverter with schemas.enable wraps the key: {"schema":..., "payload": {...}}
+        return F.coalesce(F.get_json_object(text, f"$.{table.key_columns[0]}"),
+                          F.get_json_object(text, f"$.payload.{table.key_columns[0]}"))
     return text
 
 
@@ -186,8 +188,10 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
                      .otherwise(F.lit("null_value")))
     else:
         tombstone = F.lit("null_value")
-    # A null value is a tombstone (a delete in source tables), not an oversize record.
-    reason = F.when(F.col("_value").isNull(), tombstone).otherwise(reason)
+    # A null value is a tombstone (a delete in source tables), not an oversize record; so is a
+    # change event that deletes its row (frames/formats/debezium.py).
+    reason = F.when(F.col("_value").isNull() | F.coalesce(F.col("_unread") == DELETE, F.lit(False)), tombstone) \
+        .otherwise(reason)
     # Keep what later steps need: the raw bytes only of rejected records.
     # A table in Confluent's wire format: each record's writer schema id (the batch records them).
     schema_id = [F.when((F.length("_value") >= 5) & (F.hex(F.substring("_value", 1, 1)) == "00"),

@@ -17,6 +17,9 @@ any JSON rule.
                                  by id                                          malformed_json
   protobuf-        protobuf      the wire format, a message index path, one    the same, with
   confluent                      Protobuf message; its .proto by id             malformed_protobuf
+  debezium-json    debezium      a database row's change event (JSON,          malformed_json,
+                                 embedded schemas or not): `after` is the      not_a_change_event,
+                                 row, op "d" deletes the key                   truncate_not_applied
 
 Every format reads by name: a record's field goes to the column of its name, a column the record
 lacks is null (as an absent JSON field is), a field no column names is ignored. A new writer
@@ -36,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.definitions import REGISTRY_FORMATS, DefinitionError, TableDefinition
+from spark_jobs.frames.formats.debezium import DELETE  # noqa: F401 - a record that deletes its key (not a dead letter)
 from spark_jobs.frames.formats.wire import Schemas
 
 JSON_COLUMN = "_json"              # parse.classify's name for the transcoded value
@@ -63,6 +67,9 @@ def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format
     if table.format == "json-confluent":
         from spark_jobs.frames.formats.json_schema import RegistryJson
         return RegistryJson(table, schemas)
+    if table.format == "debezium-json":
+        from spark_jobs.frames.formats.debezium import DebeziumJson
+        return DebeziumJson(table)
     if table.format == "protobuf-confluent":
         from spark_jobs.frames.formats.protobuf import RegistryProtobuf
         return RegistryProtobuf(table, schemas)
