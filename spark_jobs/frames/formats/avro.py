@@ -24,7 +24,7 @@ import math
 from functools import lru_cache
 
 from catalog.definitions import TableDefinition
-from spark_jobs.frames.formats.wire import Schemas, split
+from spark_jobs.frames.formats.wire import RegistryFormat, Refused, Schemas
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _READ_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError)
@@ -143,42 +143,24 @@ class FileAvro:
         return _datum(raw, self.schema)
 
 
-class RegistryAvro:
+class RegistryAvro(RegistryFormat):
     """`-- format: avro-confluent`: each record's writer schema from the registry by its id."""
 
-    def __init__(self, table: TableDefinition, schemas: Schemas) -> None:
-        self.table, self.schemas = table, schemas
-        self.readers: dict[int, tuple | None] = {}     # schema id -> (writer, reader), None: unusable
+    schema_type = "AVRO"
 
-    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
-        framed = split(raw)
-        if framed is None:
-            return None, "not_wire_format"
-        schema_id, payload = framed
-        if schema_id not in self.readers:
-            self.readers[schema_id] = self._resolve(schema_id)
-        pair = self.readers[schema_id]
-        if pair is None:
-            return None, "unknown_schema_id"
-        if pair == "incompatible":
-            return None, "schema_incompatible"
-        return _datum(payload, *pair)
-
-    def _resolve(self, schema_id: int):
-        found = self.schemas(schema_id)
-        if found is None:
-            return None
-        if found.schema_type != "AVRO":
-            return "incompatible"             # a JSON Schema or Protobuf id on an Avro topic
+    def prepare(self, text: str):
+        """(writer, reader) as `parsed` gives them."""
         try:
-            writer_json = json.loads(found.text)
-            writer = parsed(found.text)
+            writer_json = json.loads(text)
+            writer = parsed(text)
         except Exception:                     # noqa: BLE001 - a registered schema fastavro cannot parse
-            return "incompatible"
-        # Converted by the writer's logical types: the reader takes the numbers as they are written.
+            return Refused("schema_incompatible")
         if not isinstance(writer_json, dict) or writer_json.get("type") != "record":
-            return "incompatible"
+            return Refused("schema_incompatible")
         return writer, parsed(json.dumps(reader_schema(self.table, writer_json), sort_keys=True))
+
+    def read(self, payload: bytes, prepared) -> tuple[bytes | None, str | None]:
+        return _datum(payload, *prepared)
 
 
 def reader_schema(table: TableDefinition, writer: dict) -> dict:

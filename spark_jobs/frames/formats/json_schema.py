@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from catalog.definitions import TableDefinition
-from spark_jobs.frames.formats.wire import Schemas, split
+from spark_jobs.frames.formats.wire import RegistryFormat, Refused
 
 # The JSON Schema types a column of each type can hold ("null" always: a nullable property).
 _HOLDS = {"STRING": {"string"}, "BIGINT": {"integer"}, "LONG": {"integer"}, "INT": {"integer"},
@@ -33,29 +33,15 @@ def compatible(table: TableDefinition, schema: dict) -> bool:
     return True
 
 
-class RegistryJson:
-    def __init__(self, table: TableDefinition, schemas: Schemas) -> None:
-        self.table, self.schemas = table, schemas
-        self.verdicts: dict[int, str | None] = {}       # schema id -> None (readable) or the reason
+class RegistryJson(RegistryFormat):
+    schema_type = "JSON"
 
-    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
-        framed = split(raw)
-        if framed is None:
-            return None, "not_wire_format"
-        schema_id, payload = framed
-        if schema_id not in self.verdicts:
-            self.verdicts[schema_id] = self._verdict(schema_id)
-        reason = self.verdicts[schema_id]
-        return (None, reason) if reason else (payload, None)
-
-    def _verdict(self, schema_id: int) -> str | None:
-        found = self.schemas(schema_id)
-        if found is None:
-            return "unknown_schema_id"
-        if found.schema_type != "JSON":
-            return "schema_incompatible"
+    def prepare(self, text: str):
         try:
-            schema = json.loads(found.text)
+            schema = json.loads(text)
         except ValueError:
-            return "schema_incompatible"
-        return None if compatible(self.table, schema) else "schema_incompatible"
+            return Refused("schema_incompatible")
+        return True if compatible(self.table, schema) else Refused("schema_incompatible")
+
+    def read(self, payload: bytes, prepared) -> tuple[bytes | None, str | None]:
+        return payload, None           # JSON: the passes' own reader types it

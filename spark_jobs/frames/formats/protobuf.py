@@ -26,7 +26,7 @@ from pathlib import Path
 
 from catalog.definitions import TableDefinition
 from spark_jobs.errors import MalformedFraming
-from spark_jobs.frames.formats.wire import Schemas, split
+from spark_jobs.frames.formats.wire import RegistryFormat, Refused
 
 _TIMESTAMP = "google.protobuf.Timestamp"
 # Field types (FieldDescriptor.TYPE_*) a column of each type can hold.
@@ -186,29 +186,22 @@ def to_json(message, table: TableDefinition) -> bytes:
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class RegistryProtobuf:
-    def __init__(self, table: TableDefinition, schemas: Schemas) -> None:
-        self.table, self.schemas = table, schemas
-        self.files: dict[int, object] = {}           # schema id -> FileDescriptor, or the reason
+class RegistryProtobuf(RegistryFormat):
+    schema_type = "PROTOBUF"
 
-    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
+    def prepare(self, text: str):
+        """The .proto's FileDescriptor."""
+        return compile_proto(text) or Refused("schema_incompatible")
+
+    def read(self, payload: bytes, prepared) -> tuple[bytes | None, str | None]:
         from google.protobuf.message import DecodeError
         from google.protobuf.message_factory import GetMessageClass
 
-        framed = split(raw)
-        if framed is None:
-            return None, "not_wire_format"
-        schema_id, payload = framed
-        if schema_id not in self.files:
-            self.files[schema_id] = self._file(schema_id)
-        file = self.files[schema_id]
-        if isinstance(file, str):
-            return None, file
         try:
             path, start = message_indexes(payload)
         except MalformedFraming:
             return None, "malformed_protobuf"
-        descriptor = _message(file, path)
+        descriptor = _message(prepared, path)
         if descriptor is None:
             return None, "malformed_protobuf"
         if not compatible(self.table, descriptor):
@@ -218,11 +211,3 @@ class RegistryProtobuf:
         except (DecodeError, RuntimeWarning, ValueError):
             return None, "malformed_protobuf"
         return to_json(message, self.table), None
-
-    def _file(self, schema_id: int):
-        found = self.schemas(schema_id)
-        if found is None:
-            return "unknown_schema_id"
-        if found.schema_type != "PROTOBUF":
-            return "schema_incompatible"
-        return compile_proto(found.text) or "schema_incompatible"

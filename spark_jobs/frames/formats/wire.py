@@ -24,3 +24,39 @@ def split(raw: bytes) -> tuple[int, bytes] | None:
     if len(raw) < HEADER or raw[0] != MAGIC:
         return None
     return int.from_bytes(raw[1:HEADER], "big"), raw[HEADER:]
+
+
+class Refused(str):
+    """A schema id's verdict that its records are dead letters, with this reason."""
+
+
+class RegistryFormat:
+    """What every format in the wire format shares: the framing, one lookup and one verdict per
+    schema id and batch, and the reasons that come before the payload is read. A format names
+    the registry's type it reads and says how one id's schema is prepared (`prepare`) and how a
+    payload is read with it (`read`)."""
+
+    schema_type = ""
+
+    def __init__(self, table, schemas: Schemas) -> None:
+        self.table, self.schemas = table, schemas
+        self.prepared: dict[int, object] = {}          # schema id -> prepare()'s answer, or Refused
+
+    def decode(self, raw: bytes) -> tuple[bytes | None, str | None]:
+        framed = split(raw)
+        if framed is None:
+            return None, "not_wire_format"
+        schema_id, payload = framed
+        if schema_id not in self.prepared:
+            found = self.schemas(schema_id)
+            self.prepared[schema_id] = Refused("unknown_schema_id") if found is None else \
+                Refused("schema_incompatible") if found.schema_type != self.schema_type else self.prepare(found.text)
+        prepared = self.prepared[schema_id]
+        return (None, str(prepared)) if isinstance(prepared, Refused) else self.read(payload, prepared)
+
+    def prepare(self, text: str):
+        """What reading this schema's records needs, or Refused(reason) for all of them."""
+        raise NotImplementedError
+
+    def read(self, payload: bytes, prepared) -> tuple[bytes | None, str | None]:
+        raise NotImplementedError
