@@ -19,10 +19,11 @@ from state import codec
 from state.changelog import is_marker, partition_bounds, replay
 from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
-from catalog.mapping import key_names, row_of, shown, state_spec
+from catalog.mapping import key_names, row_of, shown, state_spec, time_columns
 from catalog.runtime import Runtime
 from state.table import DefinitionChanged
 from serving.errors import DefinitionMismatch
+from serving.presenters import with_times
 
 
 def built_with(table: TableDefinition, commit: BatchCommit | None) -> None:
@@ -41,12 +42,13 @@ def check_definition(table: TableDefinition, rt: Runtime) -> None:
 CHANGES_PER_PIECE = 1000      # a follower holds at most this many of a batch's changes at once
 
 
-def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[int, Iterator[str]] | None:
+def next_batch(table: TableDefinition, rt: Runtime, after_batch: int,
+               times: str = "iso") -> tuple[int, Iterator[str]] | None:
     """(batch id, the pieces of its server-sent event) for the first committed batch past
     `after_batch`, or None yet. The event is read from the changelog as it is sent, a piece of
     CHANGES_PER_PIECE changes at a time: a batch that changed millions of keys costs a follower
     one piece of memory, not the batch. Raises DefinitionMismatch for a batch built under
-    another definition than `table`."""
+    another definition than `table`. `times`: TIMESTAMP and DATE columns as the rows API shows them."""
     spec = state_spec(table, rt.namespace)
     batch_log = BatchLog(rt.batch_dir(table.name))
     commit = batch_log.commit(max(after_batch, -1) + 1)       # two reads a step, however old the table
@@ -58,13 +60,14 @@ def next_batch(table: TableDefinition, rt: Runtime, after_batch: int) -> tuple[i
     # A rebuild that moved the state to a new topic starts its offsets afresh.
     previous = before.changelog_offsets if before is not None \
         and batch_log.changelog_of(before, spec.changelog) == topic else {}
-    return commit.batch_id, _event(table, commit, changes(table, rt, spec.aggregator, topic, previous, commit))
+    return commit.batch_id, _event(table, commit, changes(table, rt, spec.aggregator, topic, previous, commit,
+                                                          times))
 
 
 def changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previous: dict[int, int],
-            commit: BatchCommit) -> Iterator[dict]:
+            commit: BatchCommit, times: str = "iso") -> Iterator[dict]:
     """The batch's changed rows, one {"key", "row"} at a time, read back from its changelog."""
-    names = key_names(table)
+    names, timed = key_names(table), time_columns(table)
     for partition, end in sorted(commit.changelog_offsets.items()):
         start = previous.get(partition)
         if start is None:
@@ -77,7 +80,8 @@ def changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previou
                 key = codec.decode_key(record.key)
                 value = None if record.value is None else codec.decode_value(record.value)
                 yield {"key": dict(zip(names, key)),
-                       "row": None if value is None else shown(table, row_of(table, key, value, aggregator))}
+                       "row": None if value is None else with_times(shown(table, row_of(table, key, value, aggregator)),
+                                                                    timed, times)}
 
 
 def _event(table: TableDefinition, commit: BatchCommit, rows: Iterator[dict]) -> Iterator[str]:

@@ -513,6 +513,17 @@ def test_timestamps_and_dates_come_out_as_iso_8601_and_as_epoch_ms_on_request(se
     wrong = _get(server, "/tables/visits/rows/pa", times="unix")
     assert wrong.status_code in (400, 422) and "iso, epoch_ms" in wrong.text, wrong.text
 
+    # The push stream shows them as the rows API does, with the same choice.
+    for times, want in (("iso", expected), ("epoch_ms", numbers)):
+        with httpx.stream("GET", f"{server}/tables/visits/changes", params={"times": times},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as response:
+            assert response.status_code == 200
+            data = next(line for line in response.iter_lines() if line.startswith("data: "))
+        assert {c["key"]["page"]: c["row"] for c in json.loads(data[6:])["changes"]} == want, times
+    wrong = httpx.get(f"{server}/tables/visits/changes", params={"times": "unix"},
+                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert wrong.status_code in (400, 422) and "iso, epoch_ms" in wrong.text, wrong.text
+
     cli = [str(Path(sys.executable).parent / "statetable"), "query", "visits", "pa"]
     environment = {**os.environ, **env.as_env()}
     shown = subprocess.run(cli, env=environment, capture_output=True, text=True, timeout=120)

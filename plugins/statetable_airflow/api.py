@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ops.status import age_text, verify_verdict
 from serving.query import BadQuery, NoSuchTable, QueryService, StateUnavailable
+from serving.presenters import TIMES
 from catalog.errors import UserError
 
 BATCH_HEADER = "X-Statetable-Batch"
@@ -153,7 +154,7 @@ class _Followers:
     def release(self) -> None:
         self.count -= 1
 
-    async def stream(self, request: Request, table, rt, after: int, allowed):
+    async def stream(self, request: Request, table, rt, after: int, allowed, times: str = "iso"):
         """The batches after `after`, while the client stays connected and `allowed()` (its token
         and its grant, re-checked at least every RECHECK_SECONDS and before each batch) holds. The
         slot was taken by `take`; it is given back here."""
@@ -164,7 +165,7 @@ class _Followers:
             quiet_since = checked = time.monotonic()
             while not await request.is_disconnected():
                 try:
-                    found = await anyio.to_thread.run_sync(next_batch, table, rt, after, limiter=self.threads)
+                    found = await anyio.to_thread.run_sync(next_batch, table, rt, after, times, limiter=self.threads)
                 except DefinitionMismatch as exc:
                     yield _sse_error(str(exc))
                     return
@@ -351,11 +352,14 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
              response_class=StreamingResponse)
     async def changes(request: Request, table: str = table_path,
                       after_batch: int = Query(-1, ge=-1, description="send the batches after this one"),
-                      last_event_id: str | None = Header(None, alias="Last-Event-ID", max_length=20)):
+                      last_event_id: str | None = Header(None, alias="Last-Event-ID", max_length=20),
+                      times: str = times_query):
         """Each committed batch as one event (`id` = the batch, `data` = its changed rows, null for
         a deleted key), oldest first, then each new batch as it commits. A client that reconnects
         with Last-Event-ID resumes after that batch, without gaps or repeats."""
         await authorize(request, table)
+        if times not in TIMES:
+            raise BadQuery(f"times={times!r}: give one of {', '.join(TIMES)}")
         if last_event_id is not None and not re.fullmatch(r"-1|\d{1,18}", last_event_id.strip()):
             raise BadQuery(f"Last-Event-ID must be a batch id (a whole number), not {last_event_id!r}")
         followers.take()
@@ -377,7 +381,7 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
                 return f"you may no longer read table {table!r}"
             return None
 
-        return StreamingResponse(followers.stream(request, definition, rt, after, allowed),
+        return StreamingResponse(followers.stream(request, definition, rt, after, allowed, times),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
