@@ -89,7 +89,8 @@ def _fetch_set(name: str, provided: set[str]) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     _maven(name, out_dir, sorted(provided) if name in ("spark", "s3") else [])
     stamp.touch()
-    return f"jars: {name} fetched ({len(jars(name))} jars) in {time.monotonic() - started:.1f}s"
+    files = len(jars(name)) or len(list(out_dir.glob("*.tar.gz")))     # the registry's set is one archive
+    return f"jars: {name} fetched ({files} {'jars' if jars(name) else 'archive'}) in {time.monotonic() - started:.1f}s"
 
 
 def jars(name: str) -> list[Path]:
