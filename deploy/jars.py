@@ -82,15 +82,20 @@ def _fetch_set(name: str, provided: set[str]) -> str:
     stamp = out_dir / ".complete"
     pom_path = MAVEN_DIR / JAR_SETS[name]
     if stamp.exists() and stamp.stat().st_mtime >= pom_path.stat().st_mtime:
-        return f"jars: {name} cached ({len(jars(name))} jars in {out_dir})"
+        return f"jars: {name} cached ({_count(name, out_dir)} in {out_dir})"
     started = time.monotonic()
     for old in [*out_dir.glob("*.jar"), *out_dir.glob("*.tar.gz")]:
         old.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     _maven(name, out_dir, sorted(provided) if name in ("spark", "s3") else [])
     stamp.touch()
-    files = len(jars(name)) or len(list(out_dir.glob("*.tar.gz")))     # the registry's set is one archive
-    return f"jars: {name} fetched ({files} {'jars' if jars(name) else 'archive'}) in {time.monotonic() - started:.1f}s"
+    return f"jars: {name} fetched ({_count(name, out_dir)}) in {time.monotonic() - started:.1f}s"
+
+
+def _count(name: str, out_dir: Path) -> str:
+    """'46 jars', or '1 archive' for a set that is one built application (the registry's)."""
+    found = jars(name)
+    return f"{len(found)} jars" if found else f"{len(list(out_dir.glob('*.tar.gz')))} archive"
 
 
 def jars(name: str) -> list[Path]:
