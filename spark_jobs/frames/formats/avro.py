@@ -26,7 +26,6 @@ from functools import lru_cache
 from catalog.definitions import TableDefinition
 from spark_jobs.frames.formats.wire import RegistryFormat, Refused, Schemas
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _READ_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError)
 # A column's type as the reader schema asks for it: what Avro promotes into it, nullable.
 _READER_TYPES = {"STRING": ["null", "string"], "BIGINT": ["null", "long"], "LONG": ["null", "long"],
@@ -72,11 +71,18 @@ def _convert(record: dict, logical: dict[str, str]) -> dict:
         if not isinstance(value, int) or isinstance(value, bool):
             continue
         if kind == "date":
-            if 1 <= value + _ORDINAL_1970 <= dt.date.max.toordinal():
-                record[name] = dt.date.fromordinal(value + _ORDINAL_1970).isoformat()
+            record[name] = iso_day(value)
         else:
             record[name] = value // _SCALES[kind]
     return record
+
+
+def iso_day(days: int) -> str | int:
+    """Days since 1970 as YYYY-MM-DD; a day past what a date holds stays a number, which a DATE
+    column refuses as wrong_type (as a JSON producer's number would be)."""
+    if 1 <= days + _ORDINAL_1970 <= dt.date.max.toordinal():
+        return dt.date.fromordinal(days + _ORDINAL_1970).isoformat()
+    return days
 
 
 @lru_cache(maxsize=64)
@@ -89,25 +95,18 @@ def parsed(text: str):
 
 
 def plain(value):
-    """A decoded Avro value in the forms the JSON reader types (see the module docstring)."""
+    """A decoded Avro value in the forms the JSON reader types (see the module docstring); times and
+    dates never reach here as objects (_strip reads them as numbers, _convert turns them)."""
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, dt.datetime):
-        stamp = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        delta = stamp - _EPOCH
-        return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-    if isinstance(value, dt.date):
-        return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return float(value) if value.is_finite() else str(value)
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(value).decode()
-    if isinstance(value, dt.time):
-        return value.isoformat()
     return value
 
 

@@ -23,16 +23,15 @@ Debezium's default writes them as base64 bytes.
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 from catalog.definitions import TableDefinition
+from spark_jobs.frames.formats.avro import iso_day
 
 DELETE = "_delete"          # a format's verdict that the record deletes its key: a tombstone, not a dead letter
 _SCALES = {"io.debezium.time.MicroTimestamp": 1000, "io.debezium.time.NanoTimestamp": 1_000_000,
            "io.debezium.time.Timestamp": 1, "org.apache.kafka.connect.data.Timestamp": 1}
 _DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
-_ORDINAL_1970 = dt.date(1970, 1, 1).toordinal()
 
 
 def _semantics(schema) -> dict[str, str]:
@@ -53,8 +52,8 @@ def _convert(row: dict, semantics: dict[str, str]) -> dict:
             continue
         if kind in _SCALES:
             row[name] = value // _SCALES[kind]
-        elif kind in _DATES and 1 <= value + _ORDINAL_1970 <= dt.date.max.toordinal():
-            row[name] = dt.date.fromordinal(value + _ORDINAL_1970).isoformat()
+        elif kind in _DATES:
+            row[name] = iso_day(value)
     return row
 
 

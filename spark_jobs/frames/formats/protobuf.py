@@ -189,6 +189,10 @@ def to_json(message, table: TableDefinition) -> bytes:
 class RegistryProtobuf(RegistryFormat):
     schema_type = "PROTOBUF"
 
+    def __init__(self, table, schemas) -> None:
+        super().__init__(table, schemas)
+        self.verdicts: dict = {}           # message descriptor (per schema id) -> whether the columns hold it
+
     def prepare(self, text: str):
         """The .proto's FileDescriptor."""
         return compile_proto(text) or Refused("schema_incompatible")
@@ -204,7 +208,9 @@ class RegistryProtobuf(RegistryFormat):
         descriptor = _message(prepared, path)
         if descriptor is None:
             return None, "malformed_protobuf"
-        if not compatible(self.table, descriptor):
+        if descriptor not in self.verdicts:      # once per message type and batch, not per record
+            self.verdicts[descriptor] = compatible(self.table, descriptor)
+        if not self.verdicts[descriptor]:
             return None, "schema_incompatible"
         try:
             message = GetMessageClass(descriptor).FromString(payload[start:])
