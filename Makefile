@@ -27,7 +27,7 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 	$(VENV)/bin/python -m compileall -q -j 0 state catalog spark_jobs ops serving plugins deploy dags
 	touch $@
 
-.cache/jars/.fetched: deploy/maven/kafka-broker.pom.xml deploy/maven/spark-extras.pom.xml deploy/maven/schema-registry.pom.xml deploy/jars.py $(VENV)/.synced
+.cache/jars/.fetched: deploy/maven/kafka-broker.pom.xml deploy/maven/spark-extras.pom.xml deploy/maven/schema-registry.pom.xml deploy/maven/kafka-connect.pom.xml deploy/jars.py $(VENV)/.synced
 	$(VENV)/bin/python -m deploy.jars fetch
 	touch $@
 

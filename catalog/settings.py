@@ -92,6 +92,7 @@ class StackSettings:
     master_port: int = 17077
     postgres_port: int = 15432
     registry_port: int = 18091
+    cdc_port: int = 18083
 
     def as_env(self) -> dict[str, str]:
         """The environment that makes `load()` in a child process return these settings."""
@@ -102,7 +103,7 @@ class StackSettings:
                 "STATETABLE_SPARK_CONNECT_PORT": str(self.connect_port), "STATETABLE_S3_PORT": str(self.s3_port),
                 "STATETABLE_SPARK_MASTER_PORT": str(self.master_port),
                 "STATETABLE_POSTGRES_PORT": str(self.postgres_port),
-                "STATETABLE_REGISTRY_PORT": str(self.registry_port)}
+                "STATETABLE_REGISTRY_PORT": str(self.registry_port), "STATETABLE_CDC_PORT": str(self.cdc_port)}
 
     @property
     def s3_url(self) -> str:
@@ -179,6 +180,17 @@ class StackSettings:
         return self.state_dir / "registry"
 
     @property
+    def cdc_url(self) -> str:
+        """The stack's Kafka Connect worker (`stack up --cdc`): its REST API."""
+        return f"http://{self.host}:{self.cdc_port}"
+
+    @property
+    def cdc_dir(self) -> Path:
+        """The Kafka Connect worker's config, secrets file, log and pid; its offsets and connector
+        configs live in Kafka topics."""
+        return self.state_dir / "cdc"
+
+    @property
     def data_dir(self) -> Path:
         """Table state, snapshots and Delta tables of the local deployment."""
         return self.state_dir / "data"
@@ -196,6 +208,7 @@ def load() -> StackSettings:
         master_port=_port("STATETABLE_SPARK_MASTER_PORT", 17077),
         postgres_port=_port("STATETABLE_POSTGRES_PORT", 15432),
         registry_port=_port("STATETABLE_REGISTRY_PORT", 18091),
+        cdc_port=_port("STATETABLE_CDC_PORT", 18083),
         state_dir=state_dir,
     )
 

@@ -26,7 +26,8 @@ def _stack(args) -> int:
 
     cfg = stack_settings.load()
     if args.action == "up":
-        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure, registry=args.registry)
+        stack.up(cfg, workers=args.workers, brokers=args.brokers, secure=args.secure, registry=args.registry,
+                 cdc_pipeline=args.cdc)
     elif args.action == "down":
         stack.down(cfg)
     elif args.action == "restart-broker":
@@ -53,6 +54,26 @@ def _stack(args) -> int:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
         return EXIT_DOWN if any(line.endswith(" down") for line in lines) else EXIT_OK
+    return 0
+
+
+def _cdc(args) -> int:
+    from deploy import cdc
+
+    cfg = stack_settings.load()
+    if args.action == "add":
+        if not args.tables:
+            raise UserError(f"cdc add {args.database}: name the tables to capture as schema.table "
+                            f"(e.g. `statetable cdc add shop public.customers public.orders`)")
+        state = cdc.add(cfg, args.database, args.tables, partitions=args.partitions)
+        print(f"connector {args.database}: {state['connector']['state']}, {len(state['tasks'])} task(s) running; "
+              f"topics: {', '.join(args.database + '.' + t for t in args.tables)}")
+    elif args.action == "remove":
+        cdc.remove(cfg, args.database)
+        print(f"connector {args.database} removed, with its replication slot and publication")
+    else:
+        for name in cdc.connectors(cfg):
+            print(name)
     return 0
 
 
@@ -437,11 +458,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--registry", action="store_true",
                    help="up: also run a schema registry (Apicurio, Confluent's REST API) for tables whose topics "
                         "are in Confluent's wire format (-- format: avro-confluent, ...); needs Java 21+")
+    p.add_argument("--cdc", action="store_true",
+                   help="up: also run Kafka Connect with Debezium's PostgreSQL connector and the example database "
+                        "`shop`; add connectors with `statetable cdc add`")
     p.add_argument("--broker", type=int, default=1, help="restart-broker: which broker (1..N)")
     p.add_argument("--workers", type=int, default=0,
                    help="up: also run a Spark standalone master with N workers (1 core each) and an S3 store, "
                         "and point the Spark Connect server at them (default 0: local[*] on one disk)")
     p.set_defaults(func=_stack)
+
+    p = sub.add_parser("cdc", help="capture a database's tables on the stack's PostgreSQL into Kafka "
+                                   "(Debezium, `stack up --cdc`); read them with `-- format: debezium-json`")
+    p.add_argument("action", choices=["add", "remove", "list"])
+    p.add_argument("database", nargs="?", default="shop", help="the database (default: the example, shop)")
+    p.add_argument("tables", nargs="*", help="add: schema.table, each written to topic DATABASE.schema.table")
+    p.add_argument("--partitions", type=int, default=2, help="add: partitions of the topics Connect creates")
+    p.set_defaults(func=_cdc)
 
     p = sub.add_parser("engine", help="run the Spark Connect server in the foreground (a container's command; "
                                       "the local stack starts its own with `stack up`)")

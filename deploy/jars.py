@@ -30,8 +30,9 @@ from catalog.errors import NotInstalled
 
 MAVEN_DIR = PROJECT_ROOT / "deploy" / "maven"
 JAR_SETS = {"kafka": "kafka-broker.pom.xml", "spark": "spark-extras.pom.xml", "s3": "s3-extras.pom.xml",
-            "flink": "flink-kafka.pom.xml", "registry": "schema-registry.pom.xml"}
-DEFAULT_SETS = ("kafka", "spark", "s3", "registry")  # flink: only `make bench` needs it
+            "flink": "flink-kafka.pom.xml", "registry": "schema-registry.pom.xml",
+            "cdc": "kafka-connect.pom.xml"}
+DEFAULT_SETS = ("kafka", "spark", "s3", "registry", "cdc")  # flink: only `make bench` needs it
 MAVEN_REPOS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "statetable" / "m2"
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
 

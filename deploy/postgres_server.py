@@ -26,6 +26,7 @@ from deploy.errors import CommandFailed, HostUnsuitable
 
 USER = "statetable"               # Airflow's role: owns its databases, may create them, no superuser
 ADMIN = "statetable_admin"        # initdb's superuser: its password is forgotten once USER exists
+CDC_USER = "statetable_cdc"       # Debezium's role (`stack up --cdc`): REPLICATION, SELECT on what it captures
 DATABASE = "airflow"
 MAJOR = 15           # docker-compose's image is postgres:15 too (tests/test_compose.py holds them equal)
 BINARIES = ("initdb", "postgres")
@@ -73,6 +74,16 @@ def passfile(settings: StackSettings) -> Path:
 
 def password(settings: StackSettings) -> str:
     return made_secret(settings.postgres_dir / ".password")
+
+
+def cdc_password(settings: StackSettings) -> str:
+    return made_secret(settings.postgres_dir / ".cdc_password")
+
+
+def has_cdc_role(settings: StackSettings) -> bool:
+    with connect(settings, "postgres") as conn:
+        return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s AND rolreplication",
+                            (CDC_USER,)).fetchone() is not None
 
 
 def _write_passfile(settings: StackSettings) -> None:
@@ -134,6 +145,12 @@ def _make_user(settings: StackSettings) -> None:
         if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (USER,)).fetchone() is None:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEDB PASSWORD {}").format(
                 sql.Identifier(USER), sql.Literal(password(settings))))
+        # Debezium reads the write-ahead log through a replication slot, which takes the
+        # REPLICATION attribute; only a superuser can grant it, and this is the last moment one
+        # is at hand. The role reads no table until USER, their owner, grants it one.
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (CDC_USER,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
+                sql.Identifier(CDC_USER), sql.Literal(cdc_password(settings))))
     admin.unlink()
 
 
@@ -163,7 +180,12 @@ def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> 
                   f"expects {MAJOR} (docker-compose's version)", flush=True)
         proc.start(_unprivileged([binary("postgres"), "-D", str(data_dir(settings)),
                                   "-p", str(settings.postgres_port), "-c", f"listen_addresses={settings.host}",
-                                  "-c", "unix_socket_directories=", "-c", "max_connections=200"]),
+                                  "-c", "unix_socket_directories=", "-c", "max_connections=200",
+                                  # logical decoding for Debezium (`stack up --cdc`); set from the first
+                                  # start, as changing it takes a restart of Airflow's database
+                                  "-c", "wal_level=logical",
+                                  # a slot nobody reads holds the WAL only this far, then is given up
+                                  "-c", "max_slot_wal_keep_size=2GB"]),
                    env={**os.environ, "LC_ALL": "C"}, cwd=settings.postgres_dir)
     if _admin_password_file(settings).exists():
         wait_ready([proc], lambda: _answers(settings), 60.0,

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from deploy import (airflow_server, connect_server, kafka_server, object_store, postgres_server, schema_registry,
+from deploy import (airflow_server, cdc, connect_server, kafka_server, object_store, postgres_server, schema_registry,
                     spark_cluster)
 from catalog.settings import StackSettings, cluster_env_file, kafka_layout
 from state.kafka_config import CONFIG_ENV
@@ -19,7 +19,7 @@ from catalog.errors import UserError
 
 
 def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, secure: bool = False,
-       registry: bool = False) -> None:
+       registry: bool = False, cdc_pipeline: bool = False) -> None:
     started = time.monotonic()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings.state_dir.chmod(0o700)       # the stack's data, logs and secrets: its owner's alone
@@ -44,10 +44,14 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
         (settings.cluster_dir / "cluster.json").unlink(missing_ok=True)
     if registry:
         schema_registry.app(), schema_registry.java()      # fail before anything starts if it cannot run
+    if cdc_pipeline:
+        cdc.check_supported(settings)         # fail before anything starts if it cannot run
     connect_server.start(settings)
     airflow_server.start(settings)
     if registry:
         schema_registry.start(settings)       # after Airflow's start: its schemas live in the stack's PostgreSQL
+    if cdc_pipeline:
+        cdc.start(settings)                   # after Airflow's start: it reads the stack's PostgreSQL
     kafka_server.wait_healthy(settings)
     for line in _kafka_lines(settings):
         print(f"{line} ({time.monotonic() - started:.1f}s)", flush=True)
@@ -61,6 +65,11 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
     if registry:
         schema_registry.wait_healthy(settings)
         print(f"registry {schema_registry.url(settings)} up (Apicurio, Confluent's API; "
+              f"{time.monotonic() - started:.1f}s)", flush=True)
+    if cdc_pipeline:
+        cdc.wait_healthy(settings)
+        print(f"kafka-connect {settings.cdc_url} up (Debezium's PostgreSQL connector; the example database "
+              f"`shop` is ready: `statetable cdc add shop public.customers public.orders`; "
               f"{time.monotonic() - started:.1f}s)", flush=True)
     print(
         f"\nAirflow UI:  {settings.airflow_url}  (user: {airflow_server.ADMIN_USER}, password: "
@@ -90,7 +99,8 @@ def _start_cluster(settings: StackSettings, workers: int, started: float) -> Non
 
 def down(settings: StackSettings) -> None:
     started = time.monotonic()
-    schema_registry.stop(settings)           # before Airflow's stop takes its PostgreSQL down
+    cdc.stop(settings)                       # before Airflow's stop takes its PostgreSQL down
+    schema_registry.stop(settings)
     airflow_server.stop(settings)
     connect_server.stop(settings)
     spark_cluster.stop(settings)
@@ -207,6 +217,7 @@ def status_lines(settings: StackSettings) -> list[str]:
         *filter(None, [connect_server.warmup_line(settings)]),
         postgres_server.status_line(settings),
         *([schema_registry.status_line(settings)] if settings.registry_dir.exists() else []),
+        *([cdc.status_line(settings)] if settings.cdc_dir.exists() else []),
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
     ]
 
@@ -234,7 +245,7 @@ def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
     procs = [*kafka_server.processes(settings), connect_server.process(settings), object_store.process(settings),
              *spark_cluster.all_processes(settings), postgres_server.process(settings),
-             schema_registry.process(settings)] + [
+             schema_registry.process(settings), cdc.process(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS + ("celery-worker",)
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}
