@@ -8,8 +8,9 @@ The same events (bench.workload's key/value stream, seeded) go to two topics, JS
 registry round trip, which is once per schema id). Each table is run warm (a small topic first),
 best of `--runs`, and checked against the producer's reference. Beside the batch it times the
 format alone, in this process over the same values: pyarrow's JSON reader (what the JSON path
-types with) against the Avro transcoding (fastavro per record into canonical JSON, then the
-same reader). It starts a broker of its own on ports 29892-29893 and a local Spark session, and
+types with) against the Avro transcoding (one native pass per block, formats/avro_block.py, into
+canonical JSON, then the same reader), and Spark Structured Streaming over the same two topics
+(from_json; spark-avro's from_avro with the writer schema given by hand). It starts a broker of its own on ports 29892-29893 and a local Spark session, and
 stops both; prints JSON.
 """
 from __future__ import annotations
@@ -87,6 +88,8 @@ def _format_alone(events: int, keys: int) -> dict:
     (folder / "t.sql").write_text(TABLE.format(topic="x", name="t", format="-- format: avro\n-- value_schema: event.avsc\n"))
     table = parse(folder / "t.sql")
     out = {}
+    parse_values(json_values.slice(0, 1000), table.schema)        # imports and first calls, outside the clock
+    parse_values(transcode(avro_values.slice(0, 1000), table)[0], table.schema)
     started = time.process_time()
     parse_values(json_values, table.schema)
     out["json_parse_cpu_s"] = round(time.process_time() - started, 3)
@@ -100,6 +103,29 @@ def _format_alone(events: int, keys: int) -> dict:
     out["avro_mb"] = round(pa.compute.sum(pa.compute.binary_length(avro_values)).as_py() / 1e6, 1)
     out["events"] = events
     return out
+
+
+def _spark_structured_streaming(bootstrap: str, topic: str, header: str, reference: dict, fmt: str,
+                                events: int) -> dict:
+    """Spark Structured Streaming over the same topic (its own driver, availableNow, RocksDB state):
+    JSON with from_json, Avro with spark-avro's from_avro and the writer schema given by hand, as
+    open-source Spark reads Avro (it cannot read Confluent's framing at all: SPARK-34652)."""
+    import subprocess
+
+    from bench.compare.peers import QUIET_SPARK, spark_structured_streaming
+    from bench.workload import compare
+
+    out = Path(tempfile.mkdtemp(prefix="bench-formats-ss-"))
+    extra = ["--avro-schema", json.dumps(SCHEMA)] if fmt == "avro" else []
+    subprocess.run([str(a) for a in spark_structured_streaming(bootstrap, topic, out, out / "checkpoint", *extra)],
+                   check=True, env={**os.environ, **QUIET_SPARK})
+    result = json.loads((out / "result.json").read_text())
+    check = compare(f"{fmt}/spark-ss", {k: tuple(v) for k, v in result["counts"].items()},
+                    {k: tuple(v) for k, v in reference.items()})
+    seconds = result["processing_seconds"]
+    print(f"  {fmt} in Spark Structured Streaming: {round(events / seconds):,} events/s ({seconds}s)", flush=True)
+    return {"format": fmt, "engine": "spark-structured-streaming", "events": events, "seconds": seconds,
+            "events_per_s": round(events / seconds), "check": "ok" if check["differences"] == 0 else check}
 
 
 def main() -> None:
@@ -152,8 +178,12 @@ def main() -> None:
                 print(f"  {fmt} on the {engine} pass: {best['events_per_s']:,} events/s ({best['seconds']}s)",
                       flush=True)
                 results.append(best)
+        spark.stop()
+        peers = [_spark_structured_streaming(rt.bootstrap, *topics[(fmt, "full")], fmt, args.events)
+                 for fmt in ("json", "avro")]
         by = {(r["format"], r["engine"]): r["events_per_s"] for r in results}
         print(json.dumps({"workload": "count and sum per key", "keys": args.keys, "batches": results,
+                          "spark_structured_streaming": peers,
                           "avro_over_json": {e: round(by[("avro", e)] / by[("json", e)], 2) for e in ("arrow", "spark")},
                           "format_alone": _format_alone(min(args.events, 200_000), args.keys)}, indent=1))
     finally:

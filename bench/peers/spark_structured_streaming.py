@@ -33,6 +33,8 @@ def main() -> None:
     for flag in ("--bootstrap", "--topic", "--out", "--checkpoint"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--mode", choices=("count", "recover"), default="count")
+    parser.add_argument("--avro-schema", help="the values are unframed Avro of this writer schema (JSON): read with "
+                                              "spark-avro's from_avro, the schema supplied by hand as Spark needs it")
     parser.add_argument("--first-job", action="store_true",
                         help="run one small Spark job before the query (bench.cold_start: Spark's own first-job cost)")
     args = parser.parse_args()
@@ -42,11 +44,16 @@ def main() -> None:
         spark.conf.set(key, value)
     from pyspark.sql import functions as F
 
-    events = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", args.bootstrap).option("subscribe", args.topic)
-              .option("startingOffsets", "earliest").load()
-              .select(F.from_json(F.col("value").cast("string"), "k STRING, v BIGINT").alias("e"))
-              .select("e.*"))
+    raw = (spark.readStream.format("kafka")
+           .option("kafka.bootstrap.servers", args.bootstrap).option("subscribe", args.topic)
+           .option("startingOffsets", "earliest").load())
+    if args.avro_schema:
+        from pyspark.sql.avro.functions import from_avro
+
+        decoded = from_avro(F.col("value"), args.avro_schema, {"mode": "PERMISSIVE"})
+    else:
+        decoded = F.from_json(F.col("value").cast("string"), "k STRING, v BIGINT")
+    events = raw.select(decoded.alias("e")).select("e.*")
     if args.first_job:
         spark.range(10).repartition(2).count()
     totals = events.groupBy("k").agg(F.count("v").alias("n"), F.sum("v").alias("s"))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -101,8 +102,25 @@ def transcode(values: pa.Array, table: TableDefinition, schemas: Schemas | None 
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     reader = format_for(table, schemas)
+    # A format may read many records in one pass (Avro: avro_block); what it leaves, and every
+    # record of the others, is read one by one.
+    parts = reader.decode_many(values) if hasattr(reader, "decode_many") and len(values) else []
+    if not parts:
+        return _one_by_one(reader, values.to_pylist())
+    done = np.zeros(len(values), dtype=bool)
+    for indexes, _ in parts:
+        done[indexes] = True
+    rest = np.nonzero(~done)[0]
+    rest_json, rest_reasons = _one_by_one(reader, values.take(rest).to_pylist())
+    order = np.argsort(np.concatenate([indexes for indexes, _ in parts] + [rest]), kind="stable")
+    json_values = pa.concat_arrays([decoded for _, decoded in parts] + [rest_json]).take(order)
+    reasons = pa.concat_arrays([pa.nulls(len(decoded), pa.string()) for _, decoded in parts] + [rest_reasons])
+    return json_values, reasons.take(order)
+
+
+def _one_by_one(reader: Format, raws: list) -> tuple[pa.Array, pa.Array]:
     out, reasons = [], []
-    for raw in values.to_pylist():
+    for raw in raws:
         record, reason = (None, None) if raw is None else reader.decode(raw)
         out.append(record)
         reasons.append(reason)

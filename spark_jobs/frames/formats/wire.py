@@ -47,12 +47,16 @@ class RegistryFormat:
         if framed is None:
             return None, "not_wire_format"
         schema_id, payload = framed
+        prepared = self.lookup(schema_id)
+        return (None, str(prepared)) if isinstance(prepared, Refused) else self.read(payload, prepared)
+
+    def lookup(self, schema_id: int):
+        """prepare()'s answer for this id, or Refused: once per id and batch."""
         if schema_id not in self.prepared:
             found = self.schemas(schema_id)
             self.prepared[schema_id] = Refused("unknown_schema_id") if found is None else \
                 Refused("schema_incompatible") if found.schema_type != self.schema_type else self.prepare(found.text)
-        prepared = self.prepared[schema_id]
-        return (None, str(prepared)) if isinstance(prepared, Refused) else self.read(payload, prepared)
+        return self.prepared[schema_id]
 
     def prepare(self, text: str):
         """What reading this schema's records needs, or Refused(reason) for all of them."""

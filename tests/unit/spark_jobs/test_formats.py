@@ -294,3 +294,18 @@ def test_protobuf_messages_are_read_by_their_schema_id_and_message_index(tmp_pat
     assert dict(zip(dead.column("source_offset").to_pylist(), dead.column("reason").to_pylist())) == {
         3: "schema_incompatible", 4: "schema_incompatible", 5: "schema_incompatible", 6: "unknown_schema_id",
         7: "malformed_protobuf", 8: "malformed_protobuf", 9: "not_wire_format"}
+
+
+def test_records_that_shift_into_each_other_in_one_native_block_go_record_by_record():
+    """Two damaged values whose bytes, back to back, are two good records: {v: 1}{v: 2} as
+    b"\\x02\\x04" and b"". A block reader alone reads both as good; the size check sends the block
+    to the per-record path, which calls both malformed."""
+    from spark_jobs.frames.formats import avro_block
+
+    schema = {"type": "record", "name": "E", "fields": [{"name": "v", "type": "long"}]}
+    plan = avro_block.plan(schema, None)
+    good = avro_block.decode(pa.array([b"\x02", b"\x04"], pa.binary()), plan)
+    assert [json.loads(v) for v in good.to_pylist()] == [{"v": 1}, {"v": 2}]
+    assert avro_block.decode(pa.array([b"\x02\x04", b""], pa.binary()), plan) is None
+    assert avro_block.plan({**schema, "fields": [{"name": "v", "type": {"type": "long", "logicalType":
+                                                                          "timestamp-millis"}}]}, None) is None
