@@ -50,8 +50,21 @@ HEADER_KEYS = {
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
 # debezium-json: a source table over a database table's change events (Kafka Connect's JsonConverter,
 # with or without embedded schemas): the row is `after`, an op "d" deletes the key.
-FORMATS = ("json", "avro", "avro-confluent", "json-confluent", "protobuf-confluent", "debezium-json")
-REGISTRY_FORMATS = ("avro-confluent", "json-confluent", "protobuf-confluent")
+# debezium-avro-confluent: the same events written by Confluent's AvroConverter (the wire format).
+FORMATS = ("json", "avro", "avro-confluent", "json-confluent", "protobuf-confluent", "debezium-json",
+           "debezium-avro-confluent")
+REGISTRY_FORMATS = ("avro-confluent", "json-confluent", "protobuf-confluent", "debezium-avro-confluent")
+DEBEZIUM_FORMATS = ("debezium-json", "debezium-avro-confluent")
+# A source table's Kafka key: the primary key's value (plain), an object holding it (json), or that
+# object in a registry's wire format (a Debezium or Kafka Connect producer with a registry converter).
+KEY_FORMATS = ("plain", "json", "avro-confluent", "json-confluent", "protobuf-confluent")
+
+
+def reads_registry(table) -> bool:
+    """Whether a batch of this table looks schema ids up: its values', or its keys'."""
+    return table.format in REGISTRY_FORMATS or table.key_format in REGISTRY_FORMATS
+
+
 DEFAULT_EVENT_TIME_SKEW_MS = 3_600_000            # an event time this far past the clock is an error, not data
 SPARK_TYPES = {"STRING", "BIGINT", "INT", "DOUBLE", "FLOAT", "BOOLEAN", "TIMESTAMP", "DATE", "LONG", "DECIMAL"}
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")     # Kafka's own rule for topic names
@@ -700,15 +713,16 @@ def _value_format(path: Path, header: _Header, table: TableDefinition) -> None:
     if table.kind != "source" and (table.input_table or table.joins):
         raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: format is declared on the "
                               f"table that reads the topic, not on one over other tables")
-    if table.format == "debezium-json":
+    if table.format in DEBEZIUM_FORMATS:
         if table.kind != "source":
-            raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: debezium-json is a database "
+            raise DefinitionError(f"{header.where(path, 'format')}: table {table.name!r}: {table.format} is a database "
                                   f"table's change events: declare it on a source table (CREATE TABLE t (id BIGINT "
                                   f"PRIMARY KEY, ...)) and aggregate over that table")
         if "value_schema" in header:
             raise DefinitionError(f"{header.where(path, 'value_schema')}: table {table.name!r}: value_schema is for "
-                                  f"Avro; a debezium-json table's columns come from its CREATE TABLE")
-        table.key_format = "json"       # Debezium keys the topic by the row's primary key, as a JSON object
+                                  f"Avro tables; a {table.format} table's columns come from its CREATE TABLE")
+        # Debezium keys the topic by the row's primary key, as an object in its converter's format.
+        table.key_format = header.get("key_format", "json" if table.format == "debezium-json" else "avro-confluent")
         return
     where = header.where(path, "value_schema")
     if table.format in REGISTRY_FORMATS and "value_schema" not in header:
@@ -762,10 +776,11 @@ def _source_table(path, create: exp.Create, header: dict, common: dict) -> Table
     if not topic:
         raise DefinitionError(f"{path}: source table {name!r} needs a topic: WITH (topic='...') or '-- topic: ...'")
     key_format = header.get("key_format", "plain")
-    if key_format not in ("plain", "json"):
+    if key_format not in KEY_FORMATS:
         raise DefinitionError(f"{header.where(path, 'key_format')}: option key_format={key_format!r} must be plain "
-                              f"(the Kafka key is the primary key's value) or json (an object holding it, as a "
-                              f"table's output_topic writes)")
+                              f"(the Kafka key is the primary key's value), json (an object holding it, as a "
+                              f"table's output_topic writes) or that object under a schema registry "
+                              f"({', '.join(KEY_FORMATS[2:])})")
     return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=columns, key_columns=keys,
                            value_columns=[c for c, _ in columns], key_format=key_format, **common)
 

@@ -105,18 +105,65 @@ def _round(db: Database, rng: random.Random, first: bool) -> None:
             db.change_key(rng.choice(ids), max(db.rows) + 100)
 
 
-@pytest.mark.parametrize("schemas", [False, True], ids=["plain", "embedded-schemas"])
+# Debezium's events as Confluent's AvroConverter registers them: the Envelope with the row record in
+# before/after (declared once, named the second time), Connect's type names on the fields.
+AVRO_ROW = {"type": "record", "name": "Value", "fields": [
+    {"name": "id", "type": "int"}, {"name": "customer_id", "type": ["null", "int"], "default": None},
+    {"name": "amount", "type": ["null", "double"], "default": None},
+    {"name": "placed_at", "type": ["null", {"type": "long", "connect.version": 1,
+                                            "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None}]}
+AVRO_ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.public.orders", "fields": [
+    {"name": "before", "type": ["null", AVRO_ROW], "default": None},
+    {"name": "after", "type": ["null", "Value"], "default": None},
+    {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+                                "fields": [{"name": n, "type": "string"} for n in
+                                           ("version", "connector", "name", "db", "schema", "table", "snapshot")]}},
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+AVRO_KEY = {"type": "record", "name": "Key", "namespace": "shop.public.orders", "fields": [{"name": "id", "type": "int"}]}
+
+
+def _avro_wire(registry: str, topic: str):
+    """(key, value) JSON events -> the same events as AvroConverter writes them, through the registry."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": registry, "timeout": 30})
+    conf = {"subject.name.strategy.type": "TOPIC"}
+    keys, values = AvroSerializer(client, json.dumps(AVRO_KEY), conf=conf), \
+        AvroSerializer(client, json.dumps(AVRO_ENVELOPE), conf=conf)
+
+    def wire(key: bytes, value: bytes | None) -> tuple[bytes, bytes | None]:
+        event = json.loads(value) if value is not None else None
+        if event is not None:
+            for side in ("before", "after"):
+                if event.get(side):
+                    event[side] = {**event[side], "placed_at": event[side]["placed_at"] * 1000}   # MicroTimestamp
+        return (keys(json.loads(key), SerializationContext(topic, MessageField.KEY)),
+                None if event is None else values(event, SerializationContext(topic, MessageField.VALUE)))
+    return wire
+
+
+@pytest.mark.parametrize("schemas", [False, True, "avro"], ids=["plain", "embedded-schemas", "avro"])
 def test_a_cdc_table_and_an_aggregate_over_it_equal_the_database_after_each_round_and_after_resent_events(
-        kafka, spark, tmp_path, schemas):
+        kafka, spark, tmp_path, request, schemas):
     rt, suffix = isolated_runtime(kafka, tmp_path)
     topic = f"shop.public.orders{suffix}"
-    producer = new_table(rt, "orders", ORDERS.format(topic=topic), topic)
+    declared = ORDERS.format(topic=topic)
+    wire = None
+    if schemas == "avro":
+        declared = declared.replace("debezium-json", "debezium-avro-confluent")
+        wire = _avro_wire(request.getfixturevalue("registry"), topic)
+    producer = new_table(rt, "orders", declared, topic)
     (rt.tables_dir / "revenue.sql").write_text(REVENUE)
-    db, rng, sent = Database(schemas), random.Random(68), 0
+    db, rng, sent = Database(schemas is True), random.Random(68), 0
 
     def send(events):
         for key, value in events:
-            producer.produce(topic, value, key=key, partition=json.loads(key).get("payload", json.loads(key))["id"] % 2)
+            partition = json.loads(key).get("payload", json.loads(key))["id"] % 2
+            if wire is not None:
+                key, value = wire(key, value)
+            producer.produce(topic, value, key=key, partition=partition)
         assert producer.flush(30) == 0
 
     def check(when: str):
@@ -141,7 +188,24 @@ def test_a_cdc_table_and_an_aggregate_over_it_equal_the_database_after_each_roun
         check(f"after round {number + 1}")
     send(db.events[-30:])                 # a connector restarted from its last committed offset
     check("after the last 30 events came again")
-    send([(db._key(9999), b'{"op": "t", "before": null, "after": null}'), (db._key(9998), b"[1, 2]")])
-    check("a truncate and a stray value change nothing")
-    dead = set(dead_letter_reasons(rt, "orders").values())
-    assert dead == {"truncate_not_applied", "not_a_change_event"}, dead
+    if wire is None:
+        send([(db._key(9999), b'{"op": "t", "before": null, "after": null}'), (db._key(9998), b"[1, 2]")])
+        check("a truncate and a stray value change nothing")
+        dead = set(dead_letter_reasons(rt, "orders").values())
+        assert dead == {"truncate_not_applied", "not_a_change_event"}, dead
+        return
+    # In Avro: a truncate, a damaged value, a key that is not in the wire format, a key whose schema
+    # id the registry does not know.
+    truncate = wire(db._key(9999), json.dumps({"before": None, "after": None, "op": "t", "ts_ms": 1,
+                                               "source": db.events[0] and json.loads(db.events[0][1])["source"]}))
+    good_key, good_value = wire(db._key(1), db.events[0][1])
+    producer.produce(topic, truncate[1], key=truncate[0], partition=1)
+    producer.produce(topic, good_value[:-3], key=good_key, partition=1)
+    producer.produce(topic, good_value, key=b'{"id": 1}', partition=1)
+    producer.produce(topic, good_value, key=b"\x00\x00\x00\x7f\x7f\x02", partition=1)
+    producer.produce(topic, None, key=b"\x00\x00\x00\x7f\x7f\x02", partition=1)
+    assert producer.flush(30) == 0
+    check("a truncate, a damaged value and unreadable keys change nothing")
+    dead = sorted(dead_letter_reasons(rt, "orders").values())
+    assert dead == sorted(["truncate_not_applied", "malformed_avro", "key_not_wire_format", "key_unknown_schema_id",
+                           "key_unknown_schema_id"]), dead

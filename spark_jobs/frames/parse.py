@@ -31,7 +31,8 @@ The batch's clock is its plan's creation time, so a re-run classifies alike.
 from __future__ import annotations
 
 from catalog.definitions import REGISTRY_FORMATS, TableDefinition
-from spark_jobs.frames.formats import DELETE, JSON_COLUMN, REASON_COLUMN, SCHEMA_ID, transcode_batches, transcodes
+from spark_jobs.frames.formats import (DELETE, JSON_COLUMN, KEY_REASON_COLUMN, REASON_COLUMN, SCHEMA_ID, reads_keys,
+                                       transcode_batches, transcodes)
 
 MAX_VALUE_BYTES = 1 << 20
 # A dead letter's value, at most: its key and headers must still fit the producer's 1 MiB
@@ -58,11 +59,12 @@ def schema_ddl(table: TableDefinition) -> str:
 
 def kafka_key_text(table: TableDefinition):
     """A source table's primary key as its records' Kafka key spells it: the key itself, or with
-    `key_format: json` the primary key's field of a JSON object (a change topic's key)."""
+    `key_format: json` the primary key's field of a JSON object (a change topic's key); a key in a
+    registry's wire format is that object once read (frames/formats)."""
     from pyspark.sql import functions as F
 
     text = F.col("_key").cast("string")
-    if table.key_format == "json":
+    if table.key_format != "plain":
         # Kafka Connect's JsonConverter with schemas.enable wraps the key: {"schema":..., "payload": {...}}
         return F.coalesce(F.get_json_object(text, f"$.{table.key_columns[0]}"),
                           F.get_json_object(text, f"$.payload.{table.key_columns[0]}"))
@@ -105,11 +107,13 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
 
     if transcodes(table):           # Avro and the like, as the JSON the rules below read (frames/formats.py)
         columns = StructType(list(raw.schema.fields) + [StructField(JSON_COLUMN, BinaryType()),
-                                                        StructField(REASON_COLUMN, StringType())])
+                                                        StructField(REASON_COLUMN, StringType())]
+                             + ([StructField(KEY_REASON_COLUMN, StringType())] if reads_keys(table) else []))
         raw = raw.mapInArrow(transcode_batches(table, schemas), columns)
         json_value, unread = F.col(JSON_COLUMN), F.col(REASON_COLUMN)
     else:
         json_value, unread = F.col("value"), F.lit(None).cast("string")
+    key_unread = F.col(KEY_REASON_COLUMN) if reads_keys(table) else F.lit(None).cast("string")
     text = json_value.cast("string")
     timestamps = [name for name, dtype in table.schema if dtype in ("TIMESTAMP", "DATE")]
     schema = ", ".join(f"`{name}` {'STRING' if name in timestamps else dtype}" for name, dtype in table.schema) \
@@ -118,6 +122,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         F.col("partition").alias("_partition"), F.col("offset").alias("_offset"),
         F.col("timestamp").alias("_timestamp"), F.col("key").alias("_key"), F.col("value").alias("_value"),
         F.length("value").alias("_size"), json_value.alias("_json"), unread.alias("_unread"),
+        key_unread.alias("_key_unread"),
         F.when(F.length("value") <= max_value_bytes,
                F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
         .alias("_parsed"),
@@ -181,9 +186,13 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     if rows:
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
         kafka_key = kafka_key_text(table)
+        # A key in the wire format that could not be read (key_unknown_schema_id, ...): the record
+        # names no row the table can trust.
+        reason = reason.when(F.col("_key_unread").isNotNull(), F.col("_key_unread"))
         reason = reason.when(kafka_key.isNotNull() & ~F.coalesce(
             kafka_key.try_cast(pk_type) == F.col(f"_parsed.`{pk}`"), F.lit(False)), F.lit("key_mismatch"))
-        tombstone = (F.when(kafka_key.isNull(), F.lit("tombstone_without_key"))
+        tombstone = (F.when(F.col("_key_unread").isNotNull(), F.col("_key_unread"))
+                     .when(kafka_key.isNull(), F.lit("tombstone_without_key"))
                      .when(kafka_key.try_cast(pk_type).isNull(), F.lit("bad_tombstone_key"))
                      .otherwise(F.lit("null_value")))
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 
-from catalog.definitions import REGISTRY_FORMATS, TableDefinition
+from catalog.definitions import TableDefinition, reads_registry
 from catalog.settings import load
 from spark_jobs.errors import RegistryUnreachable
 from spark_jobs.frames.formats.wire import Registered
@@ -31,7 +31,7 @@ class RegistrySchemas:
 
 
 def schemas_for(table: TableDefinition) -> RegistrySchemas | None:
-    return RegistrySchemas() if table.format in REGISTRY_FORMATS else None
+    return RegistrySchemas() if reads_registry(table) else None
 
 
 class _Client:

@@ -20,6 +20,12 @@ any JSON rule.
   debezium-json    debezium      a database row's change event (JSON,          malformed_json,
                                  embedded schemas or not): `after` is the      not_a_change_event,
                                  row, op "d" deletes the key                   truncate_not_applied
+  debezium-avro-   debezium      the same event in the wire format (Confluent's  the wire format's, with
+  confluent                      AvroConverter), its Envelope schema by id       malformed_avro
+
+A source table's Kafka key may be in the wire format too (`-- key_format: avro-confluent`, ...;
+Debezium's with AvroConverter): it is read by the same formats into the JSON object a
+`key_format: json` key is, and a key that cannot be read is a dead letter `key_<reason>`.
 
 Every format reads by name: a record's field goes to the column of its name, a column the record
 lacks is null (as an absent JSON field is), a field no column names is ignored. A new writer
@@ -39,12 +45,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dataclasses import replace
+
 from catalog.definitions import REGISTRY_FORMATS, DefinitionError, TableDefinition
 from spark_jobs.frames.formats.debezium import DELETE  # noqa: F401 - a record that deletes its key (not a dead letter)
 from spark_jobs.frames.formats.wire import Schemas
 
 JSON_COLUMN = "_json"              # parse.classify's name for the transcoded value
 REASON_COLUMN = "_format_reason"   # and for a record the format could not read
+KEY_REASON_COLUMN = "_key_reason"  # and for a record whose key (in the wire format) could not be read
 SCHEMA_ID = "_schema_id"           # and for its writer schema id (Confluent's wire format)
 
 
@@ -71,6 +80,9 @@ def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format
     if table.format == "debezium-json":
         from spark_jobs.frames.formats.debezium import DebeziumJson
         return DebeziumJson(table)
+    if table.format == "debezium-avro-confluent":
+        from spark_jobs.frames.formats.debezium import DebeziumAvro
+        return DebeziumAvro(table, schemas)
     if table.format == "protobuf-confluent":
         from spark_jobs.frames.formats.protobuf import RegistryProtobuf
         return RegistryProtobuf(table, schemas)
@@ -78,7 +90,19 @@ def format_for(table: TableDefinition, schemas: Schemas | None = None) -> Format
 
 
 def transcodes(table: TableDefinition) -> bool:
-    return table.format != "json"
+    return table.format != "json" or reads_keys(table)
+
+
+def reads_keys(table: TableDefinition) -> bool:
+    """Whether the table's Kafka keys are in a registry's wire format, read here into JSON objects."""
+    return table.key_format in REGISTRY_FORMATS
+
+
+def key_table(table: TableDefinition) -> TableDefinition:
+    """The table as its keys read: the key's columns, in its key format."""
+    columns = dict(table.schema)
+    return replace(table, format=table.key_format, schema=[(k, columns[k]) for k in table.key_columns],
+                   value_schema=None, key_format="plain")
 
 
 def writer_schema_ids(values: pa.Array, table: TableDefinition) -> dict[int, int]:
@@ -129,10 +153,22 @@ def _one_by_one(reader: Format, raws: list) -> tuple[pa.Array, pa.Array]:
 
 def transcode_batches(table: TableDefinition, schemas: Schemas | None = None):
     """For Spark's mapInArrow over a Kafka source frame: each batch with `_json` and
-    `_format_reason` beside its columns (parse.classify reads them)."""
+    `_format_reason` beside its columns (parse.classify reads them); with keys in the wire format,
+    `key` replaced by its JSON object and `_key_reason` added."""
+    keys = key_table(table) if reads_keys(table) else None
+
     def run(batches):
         for batch in batches:
-            json_values, reasons = transcode(batch.column("value"), table, schemas)
-            yield pa.RecordBatch.from_arrays(list(batch.columns) + [json_values, reasons],
-                                             names=list(batch.schema.names) + [JSON_COLUMN, REASON_COLUMN])
+            if table.format == "json":
+                json_values, reasons = batch.column("value"), pa.nulls(batch.num_rows, pa.string())
+            else:
+                json_values, reasons = transcode(batch.column("value"), table, schemas)
+            columns, names = list(batch.columns) + [json_values, reasons], \
+                list(batch.schema.names) + [JSON_COLUMN, REASON_COLUMN]
+            if keys is not None:
+                key_json, key_reasons = transcode(batch.column("key"), keys, schemas)
+                columns[names.index("key")] = key_json
+                columns.append(pc.binary_join_element_wise(pa.scalar("key_"), key_reasons, ""))
+                names.append(KEY_REASON_COLUMN)
+            yield pa.RecordBatch.from_arrays(columns, names=names)
     return run

@@ -309,3 +309,50 @@ def test_records_that_shift_into_each_other_in_one_native_block_go_record_by_rec
     assert avro_block.decode(pa.array([b"\x02\x04", b""], pa.binary()), plan) is None
     assert avro_block.plan({**schema, "fields": [{"name": "v", "type": {"type": "long", "logicalType":
                                                                           "timestamp-millis"}}]}, None) is None
+
+
+def test_debezium_avro_tables_read_registry_keys_and_a_key_format_outside_the_list_fails_in_one_line(tmp_path):
+    from catalog.definitions import reads_registry
+
+    path = tmp_path / "orders.sql"
+    path.write_text("-- format: debezium-avro-confluent\n"
+                    "CREATE TABLE orders (id BIGINT PRIMARY KEY, amount DOUBLE) WITH (topic='shop.public.orders');\n")
+    table = parse(path)
+    assert (table.format, table.key_format, reads_registry(table)) == ("debezium-avro-confluent", "avro-confluent", True)
+    path.write_text("-- key_format: protobuf-confluent\n"
+                    "CREATE TABLE orders (id BIGINT PRIMARY KEY, amount DOUBLE) WITH (topic='orders');\n")
+    table = parse(path)
+    assert (table.format, table.key_format, reads_registry(table)) == ("json", "protobuf-confluent", True)
+    path.write_text("-- key_format: xml\nCREATE TABLE orders (id BIGINT PRIMARY KEY) WITH (topic='orders');\n")
+    with pytest.raises(DefinitionError) as refused:
+        parse(path)
+    assert "key_format='xml'" in str(refused.value) and "avro-confluent" in str(refused.value) and \
+        "\n" not in str(refused.value)
+
+
+def test_a_debezium_avro_envelope_upserts_after_deletes_on_d_and_reads_connect_time_types():
+    from spark_jobs.frames.formats import DELETE
+    from spark_jobs.frames.formats.debezium import DebeziumAvro
+    from spark_jobs.frames.formats.wire import Registered
+
+    row = {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "at", "type": ["null", {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}]},
+        {"name": "day", "type": ["null", {"type": "int", "logicalType": "date"}]}]}
+    envelope = {"type": "record", "name": "Envelope", "fields": [
+        {"name": "before", "type": ["null", row]}, {"name": "after", "type": ["null", "Value"]},
+        {"name": "op", "type": "string"}]}
+    reader = DebeziumAvro(None, {7: Registered("AVRO", json.dumps(envelope))}.get)
+
+    def framed(event):
+        return b"\x00" + (7).to_bytes(4, "big") + _avro(event, envelope)
+
+    upsert = reader.decode(framed({"before": None, "after": {"id": 1, "at": 1_795_683_660_123_456, "day": 1},
+                                   "op": "c"}))
+    assert upsert == (b'{"id":1,"at":1795683660123,"day":"1970-01-02"}', None)
+    assert reader.decode(framed({"before": {"id": 1, "at": None, "day": None}, "after": None, "op": "d"})) == \
+        (None, DELETE)
+    assert reader.decode(framed({"before": None, "after": None, "op": "c"})) == (None, "not_a_change_event")
+    assert reader.decode(framed({"before": None, "after": None, "op": "t"})) == (None, "truncate_not_applied")
+    assert reader.decode(framed({"before": None, "after": None, "op": "c"})[:-2]) == (None, "malformed_avro")
+    assert reader.decode(b"\x00\x00\x00\x00\x08" + b"x") == (None, "unknown_schema_id")
