@@ -38,7 +38,7 @@ from catalog.messages import one_line
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
 from deploy import jars, kafka_server, postgres_server
 from deploy.errors import CommandFailed
-from deploy.processes import ManagedProcess, require_free_ports, wait_port_free, wait_ready, write_private
+from deploy.processes import ManagedProcess, require_free_ports, stop_server, wait_ready, write_private
 
 MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 GROUP = "statetable-cdc"
@@ -153,10 +153,7 @@ def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
 
 
 def stop(settings: StackSettings) -> bool:
-    if not process(settings).stop(timeout=30):
-        return False
-    wait_port_free(settings.host, settings.cdc_port, "Kafka Connect")
-    return True
+    return stop_server(process(settings), settings.host, settings.cdc_port, "Kafka Connect", timeout=30)
 
 
 def kill(settings: StackSettings) -> bool:

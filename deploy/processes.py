@@ -206,6 +206,15 @@ def wait_port_free(host: str, port: int, what: str) -> None:
 PRIVATE_UMASK = 0o077
 
 
+def stop_server(proc: ManagedProcess, host: str, port: int, what: str, timeout: float = 20.0) -> bool:
+    """Stop a server by its pid, then wait until its port is free (a next start binds it at once).
+    True if it was running."""
+    if not proc.stop(timeout=timeout):
+        return False
+    wait_port_free(host, port, what)
+    return True
+
+
 def made_secret(path: Path) -> str:
     """The random secret kept in `path` (mode 600), made on first use: every stack secret that
     nobody chooses (tokens, passwords, the cluster's shared secret) comes from here."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from catalog.errors import NotInstalled
 from catalog.settings import JARS_DIR, PROJECT_ROOT, StackSettings
 from deploy import postgres_server
-from deploy.processes import ManagedProcess, require_free_ports, wait_port_free, wait_ready
+from deploy.processes import ManagedProcess, require_free_ports, stop_server, wait_ready
 
 DATABASE = "registry"
 JAVA_ENV = "STATETABLE_REGISTRY_JAVA_HOME"
@@ -121,10 +121,7 @@ def wait_healthy(settings: StackSettings, timeout: float = 120.0) -> None:
 
 
 def stop(settings: StackSettings) -> bool:
-    if not process(settings).stop(timeout=20):
-        return False
-    wait_port_free(settings.host, settings.registry_port, "the schema registry")
-    return True
+    return stop_server(process(settings), settings.host, settings.registry_port, "the schema registry")
 
 
 def status_line(settings: StackSettings) -> str:

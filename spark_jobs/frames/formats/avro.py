@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.definitions import TableDefinition
-from spark_jobs.frames.formats import avro_block
+import spark_jobs.frames.formats.avro_block as avro_block
 from spark_jobs.frames.formats.wire import HEADER, RegistryFormat, Refused, Schemas
 
-_READ_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError)
+READ_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError)
 # A column's type as the reader schema asks for it: what Avro promotes into it, nullable.
 _READER_TYPES = {"STRING": ["null", "string"], "BIGINT": ["null", "long"], "LONG": ["null", "long"],
                  "INT": ["null", "int"], "DOUBLE": ["null", "double"], "DECIMAL": ["null", "double"],
@@ -124,7 +124,7 @@ def _datum(raw: bytes, writer, reader=None) -> tuple[bytes | None, str | None]:
     stream = io.BytesIO(raw)
     try:
         record = fastavro.schemaless_reader(stream, writer[0], None if reader is None else reader[0])
-    except (SchemaResolutionError, *_READ_ERRORS):
+    except (SchemaResolutionError, *READ_ERRORS):
         if reader is None:
             return None, "malformed_avro"
         # A record its writer reads but the reader cannot (a type that does not resolve; bytes

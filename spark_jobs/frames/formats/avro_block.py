@@ -35,7 +35,7 @@ _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 class Field(NamedTuple):
     name: str
-    kind: str            # the writer's primitive
+    avro_type: str       # the writer's primitive
     nullable: bool
 
 
@@ -67,7 +67,7 @@ def plan(writer: dict, reader: dict | None) -> Plan | None:
         fields.append(Field(field["name"], found[0][0], found[1]))
     by_name = {f.name: f for f in fields}
     if reader is None:
-        out = tuple((f.name, f.name, f.kind) for f in fields)
+        out = tuple((f.name, f.name, f.avro_type) for f in fields)
     else:
         out = []
         for field in reader.get("fields", []):
@@ -81,7 +81,7 @@ def plan(writer: dict, reader: dict | None) -> Plan | None:
                     return None
                 out.append((field["name"], None, "null"))
                 continue
-            target = next((b for b in branches if b in _PROMOTES[source.kind]), None)
+            target = next((b for b in branches if b in _PROMOTES[source.avro_type]), None)
             if target is None or (source.nullable and not nullable) or \
                     (not isinstance(field["type"], list) and source.nullable):
                 return None
@@ -121,14 +121,14 @@ def _encoded_sizes(frame, fields: tuple[Field, ...]) -> np.ndarray:
         present = (~column.is_null()).to_numpy()
         if field.nullable:
             sizes += 1                                   # the union's branch index, 0 or 1
-        if field.kind == "string":
+        if field.avro_type == "string":
             lengths = column.str.len_bytes().fill_null(0).cast(pl.UInt64).to_numpy()
             sizes += np.where(present, _varint_sizes(lengths) + lengths.astype(np.int64), 0)
-        elif field.kind in ("long", "int"):
+        elif field.avro_type in ("long", "int"):
             values = column.fill_null(0).cast(pl.Int64).to_numpy()
             zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
             sizes += np.where(present, _varint_sizes(zigzag), 0)
-        elif field.kind == "double":
+        elif field.avro_type == "double":
             sizes += np.where(present, 8, 0)
         else:
             sizes += np.where(present, 1, 0)
@@ -141,9 +141,9 @@ def _trustworthy(frame, fields: tuple[Field, ...]) -> bool:
     that are not UTF-8, which the per-record path refuses)."""
     for field in fields:
         column = frame.get_column(field.name)
-        if field.kind == "double" and not column.drop_nulls().is_finite().all():
+        if field.avro_type == "double" and not column.drop_nulls().is_finite().all():
             return False
-        if field.kind == "string" and column.str.contains("\ufffd", literal=True).fill_null(False).any():
+        if field.avro_type == "string" and column.str.contains("\ufffd", literal=True).fill_null(False).any():
             return False
     return frame.width == len(fields)
 
@@ -170,8 +170,8 @@ def decode(payloads: pa.BinaryArray, the_plan: Plan) -> pa.BinaryArray | None:
     if not np.array_equal(_encoded_sizes(frame, the_plan.writer), lengths):
         return None
     casts = {"long": pl.Int64, "int": pl.Int32, "double": pl.Float64, "string": pl.String, "boolean": pl.Boolean}
-    columns = [pl.lit(None).alias(name) if source is None else pl.col(source).cast(casts[kind]).alias(name)
-               for name, source, kind in the_plan.out]
+    columns = [pl.lit(None).alias(name) if source is None else pl.col(source).cast(casts[avro_type]).alias(name)
+               for name, source, avro_type in the_plan.out]
     text = frame.select(columns).write_ndjson()
     lines = pc.list_flatten(pc.split_pattern(pa.array([text], pa.large_string()), "\n"))
     return lines.slice(0, len(payloads)).cast(pa.large_binary()).cast(pa.binary())

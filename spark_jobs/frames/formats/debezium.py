@@ -29,7 +29,7 @@ import io
 import json
 
 from catalog.definitions import TableDefinition
-from spark_jobs.frames.formats.avro import _READ_ERRORS, iso_day, parsed, plain
+from spark_jobs.frames.formats.avro import READ_ERRORS, iso_day, parsed, plain
 from spark_jobs.frames.formats.wire import RegistryFormat, Refused
 
 DELETE = "_delete"          # a format's verdict that the record deletes its key: a tombstone, not a dead letter
@@ -136,7 +136,7 @@ class DebeziumAvro(RegistryFormat):
         stream = io.BytesIO(payload)
         try:
             event = fastavro.schemaless_reader(stream, prepared[0], None)
-        except _READ_ERRORS:
+        except READ_ERRORS:
             return None, "malformed_avro"
         if stream.tell() != len(payload):
             return None, "malformed_avro"
