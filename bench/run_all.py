@@ -145,6 +145,18 @@ def recovery(bootstrap: str, work: Path, keys: int) -> dict:
     return {"keys": keys, "tail_keys": keys - head, "rows": rows}
 
 
+def formats(events: int, out: Path) -> dict:
+    """Workload 1 over the same events as JSON and as Avro, statetable's two passes beside Spark
+    Structured Streaming (bench.formats, in a process of its own); its JSON also to formats.json."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "bench.formats", "--events", str(events), "--runs", "1"],
+                          capture_output=True, text=True, check=True)
+    text = done.stdout[done.stdout.index("\n{") + 1:]
+    (out / "formats.json").write_text(text)
+    return json.loads(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=5_000_000)
@@ -154,6 +166,8 @@ def main() -> int:
     parser.add_argument("--scheduled-samples", type=int, default=3,
                         help="samples of scheduled-mode freshness (each waits up to a minute and a DAG run); 0 skips")
     parser.add_argument("--port", type=int, default=25592)
+    parser.add_argument("--formats-events", type=int, default=1_000_000,
+                        help="events of the JSON-against-Avro rows (bench.formats; its own broker)")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
 
@@ -169,13 +183,16 @@ def main() -> int:
         if args.scheduled_samples:
             results["freshness"]["rows"].insert(0, freshness.statetable_scheduled(
                 cfg.kafka_bootstrap, work / "fresh", args.scheduled_samples, args.port + 10))
+    results["formats"] = formats(args.formats_events, args.out)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = report.write(results, args.out)
     print(table)
     shutil.rmtree(work, ignore_errors=True)
     checked = [*results["throughput"]["rows"], *results["recovery"]["rows"], *results["throughput"]["warm"]["rows"],
                *results["throughput"]["warm"]["first_batches"]]
-    wrong = [r["check"] for r in checked if r["check"]["differences"]]
+    wrong = [r["check"] for r in checked if r["check"]["differences"]] + \
+        [r["check"] for r in results["formats"]["batches"] + results["formats"]["spark_structured_streaming"]
+         if r["check"] != "ok"]
     if wrong:
         print("RESULT MISMATCH:", json.dumps(wrong, indent=1), file=sys.stderr)
         return 1

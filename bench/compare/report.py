@@ -153,6 +153,23 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _formats_section(formats: dict | None) -> str:
+    """The same events as JSON and as Avro: statetable's two passes beside Spark Structured
+    Streaming (from_json, from_avro); details in formats.md."""
+    if not formats:
+        return "not run"
+    rows = formats["batches"] + formats.get("spark_structured_streaming", [])
+    by = {(r["engine"], r["format"]): r for r in rows}
+    names = {"arrow": "statetable, Arrow pass", "spark": "statetable, Spark SQL pass",
+             "spark-structured-streaming": "Spark Structured Streaming"}
+    return _table(["reader", "JSON events/s", "Avro events/s", "Avro / JSON", "result vs reference"],
+                  [[names[e], f"{by[(e, 'json')]['events_per_s']:,}", f"{by[(e, 'avro')]['events_per_s']:,}",
+                    f"{by[(e, 'avro')]['events_per_s'] / by[(e, 'json')]['events_per_s']:.2f}x",
+                    "equal" if by[(e, "json")]["check"] == by[(e, "avro")]["check"] == "ok" else "**differs**"]
+                   for e in names if (e, "json") in by and (e, "avro") in by]) + \
+        "\n\nWhat each row reads and why: [formats.md](formats.md)."
+
+
 def write(results: dict, out: Path) -> str:
     """Write the report files; returns the markdown of the main table (also printed by the run)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -254,6 +271,9 @@ system dropped as warm-up).
 
 ## Warm: the systems after their engine's first job
 {_warm_section(tp)}
+
+## JSON against Avro (workload 1, 1M events)
+{_formats_section(results.get("formats"))}
 
 ## Against the targets
 {adv_table}
