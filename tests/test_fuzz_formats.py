@@ -1,12 +1,20 @@
-"""Fuzzing the registry formats: generated Avro writer schemas (fields added, removed, promoted
-and changed past what a column holds) and records of them, framed with their ids, with hostile
-bytes among them (truncated, with a byte after, random payloads, unknown ids, no framing).
+"""Fuzzing the registry formats: generated Avro and Protobuf writer schemas (fields added,
+removed, promoted, renumbered and changed past what a column holds) and records of them, framed
+with their ids, with hostile bytes among them (truncated, with bytes after, random payloads,
+unknown ids, no framing).
 
-Three properties, each seeded (a failure prints its seed and the command that replays it):
+Four properties, each seeded (a failure prints its seed and the command that replays it):
 - a record's verdict and value are the same alone as in its block;
-- a writer schema's records are `schema_incompatible` exactly when the test's own table of Avro's
-  promotions says a field cannot be read into its column (independent of fastavro's resolution);
-- the Arrow pass and the Spark SQL pass give every record the same verdict and the same row.
+- a writer schema's records are `schema_incompatible` exactly when the test's own table (Avro's
+  promotions; which Protobuf field types each column holds) says a field cannot be read into its
+  column (independent of fastavro's resolution and of the product's Protobuf table);
+- the Arrow pass and the Spark SQL pass give every record the same verdict and the same row;
+- Avro read a block at a time in one native pass (formats/avro_block.py) equals fastavro record
+  by record, and the native pass did read the blocks it may.
+
+Found by it: a damaged Protobuf framing whose message index decoded negative raised IndexError in
+the pass (a batch that fails every run), and an index of -1 would have picked the .proto's last
+message; a negative index now names no message (`malformed_protobuf`).
 """
 from __future__ import annotations
 
@@ -151,10 +159,134 @@ def generated(seed: int, count: int) -> tuple[dict[int, Registered], list[bytes]
     return registry, values, expected
 
 
-def _table(tmp_path):
+# Per column, Protobuf field types and whether the column holds them (the test's own table: integers
+# widen into BIGINT, DOUBLE and the time columns; a string is text, a timestamp's or a date's
+# spelling; google.protobuf.Timestamp is a TIMESTAMP; nothing else crosses kinds).
+PROTO_TYPES = {
+    "k": [("string", True), ("bytes", False), ("int64", False)],
+    "v": [("int64", True), ("int32", True), ("sint64", True), ("uint32", True), ("fixed64", True),
+          ("double", False), ("string", False), ("bool", False)],
+    "x": [("double", True), ("float", True), ("int64", True), ("int32", True), ("string", False)],
+    "t": [("int64", True), ("string", True), ("google.protobuf.Timestamp", True), ("bool", False)],
+    "flag": [("bool", True), ("int32", False), ("string", False)],
+    "d": [("string", True), ("int32", True), ("double", False)],
+}
+
+
+def _proto_writer(rng: random.Random) -> tuple[str, list[tuple[str, str]], set]:
+    """A .proto (one message, fields in any order and numbering, some optional), its fields, and
+    the fields the columns cannot hold."""
+    breaking = rng.choice([name for name, _ in COLUMNS]) if rng.random() < 0.35 else None
+    fields, unreadable = [], set()
+    for name, _ in COLUMNS:
+        if name != "k" and name != breaking and rng.random() < 0.2:
+            continue
+        kind, ok = rng.choice([t for t in PROTO_TYPES[name] if t[1] == (name != breaking)])
+        fields.append((name, kind))
+        if not ok:
+            unreadable.add(name)
+    if rng.random() < 0.5:
+        fields.append(("extra", rng.choice(["string", "int64", "bytes"])))
+    rng.shuffle(fields)
+    numbers = rng.sample(range(1, 60), len(fields))
+    lines = [f"  {'optional ' if rng.random() < 0.3 and not kind.startswith('google') else ''}{kind} {name} = {number};"
+             for (name, kind), number in zip(fields, numbers)]
+    uses_timestamp = any(kind.startswith("google") for _, kind in fields)
+    text = 'syntax = "proto3";\npackage fuzz;\n' + ('import "google/protobuf/timestamp.proto";\n' if uses_timestamp
+                                                     else "") + f"message Event {{\n{chr(10).join(lines)}\n}}\n"
+    return text, fields, unreadable
+
+
+def _proto_class(text: str):
+    """The message class, compiled by protoc (grpcio-tools) here, independently of the product."""
+    import tempfile
+    from pathlib import Path
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+    from grpc_tools import protoc
+
+    include = Path(protoc.__file__).parent / "_proto"
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "event.proto").write_text(text)
+        assert protoc.main(["protoc", f"-I{folder}", f"-I{include}", "--include_imports",
+                            f"--descriptor_set_out={folder}/out", f"{folder}/event.proto"]) == 0
+        files = descriptor_pb2.FileDescriptorSet.FromString((Path(folder) / "out").read_bytes()).file
+    pool = descriptor_pool.DescriptorPool()
+    for file in files:
+        pool.Add(file)
+    return GetMessageClass(pool.FindMessageTypeByName("fuzz.Event"))
+
+
+def _proto_value(rng: random.Random, kind: str, name: str):
+    if rng.random() < 0.85:                 # mostly values the column reads, so rows get through
+        if kind == "string":
+            return "2026-11-01T10:00:00Z" if name == "t" else "2024-02-03" if name == "d" else \
+                rng.choice(fuzz_records.KEYS[:4])
+        if kind in ("int32", "int64", "sint64", "uint32", "fixed64"):
+            return rng.randint(0, 30_000) if name in ("d", "t") else rng.randint(0, 1000)
+        if kind in ("double", "float"):
+            return rng.choice([0.5, 2.25, -3.0])
+    if kind == "google.protobuf.Timestamp":
+        return rng.choice([0, 1_795_683_660_250, rng.randint(-62_135_596_800_000, 253_402_300_799_000)])
+    return {"string": lambda: rng.choice(fuzz_records.KEYS + ["2026-11-01T10:00:00Z", "2024-02-03", "2024-02-30"]),
+            "bytes": lambda: bytes(rng.randrange(256) for _ in range(rng.randint(0, 6))),
+            "int32": lambda: rng.choice([0, -1, 2 ** 31 - 1, -2 ** 31, rng.randint(0, 30_000)]),
+            "uint32": lambda: rng.choice([0, 2 ** 32 - 1, rng.randint(0, 30_000)]),
+            "int64": lambda: rng.choice([0, 2 ** 63 - 1, -2 ** 63, rng.randint(0, 1_800_000_000_000)]),
+            "sint64": lambda: rng.choice([0, -2 ** 63, rng.randint(-2 ** 40, 2 ** 40)]),
+            "fixed64": lambda: rng.choice([0, 2 ** 64 - 1, rng.randint(0, 2 ** 40)]),
+            "double": lambda: rng.choice([0.5, -0.0, 1.7e308, math.nan, math.inf, rng.uniform(-1e6, 1e6)]),
+            "float": lambda: rng.choice([0.25, -3.5, 1e30]),
+            "bool": lambda: rng.random() < 0.5}[kind]()
+
+
+def generated_protobuf(seed: int, count: int) -> tuple[dict[int, Registered], list[bytes], dict[int, bool]]:
+    """As `generated`, for Protobuf: (the registry, the values, offset -> whether the columns refuse
+    the record's writer schema); a damaged record's expectation is left out (Protobuf parses many
+    truncations and extensions as a shorter or longer message)."""
+    rng = random.Random(seed)
+    registry, classes, writers = {}, {}, {}
+    for schema_id in range(1, 5):
+        text, fields, unreadable = _proto_writer(rng)
+        registry[schema_id] = Registered("PROTOBUF", text)
+        classes[schema_id], writers[schema_id] = _proto_class(text), (fields, unreadable)
+    values, expected = [], {}
+    for offset in range(count):
+        schema_id = rng.randint(1, 4)
+        fields, unreadable = writers[schema_id]
+        message = classes[schema_id]()
+        for name, kind in fields:
+            if rng.random() < 0.15:
+                continue                                    # unset: its default, or null with presence
+            value = _proto_value(rng, kind, name)
+            if kind == "google.protobuf.Timestamp":
+                getattr(message, name).FromMilliseconds(value)
+            else:
+                setattr(message, name, value)
+        payload = b"\x00" + message.SerializeToString()      # message index: the first message
+        roll = rng.random()
+        if 0.11 <= roll <= 0.95:
+            expected[offset] = bool(unreadable)
+        if roll < 0.05:
+            payload = payload[:rng.randint(0, max(0, len(payload) - 1))]
+        elif roll < 0.08:
+            payload += bytes(rng.randrange(256) for _ in range(rng.randint(1, 3)))
+        elif roll < 0.11:
+            payload = bytes(rng.randrange(256) for _ in range(rng.randint(0, 30)))
+        if roll > 0.97:
+            values.append(payload[1:])
+        elif roll > 0.95:
+            values.append(_framed(rng.choice([0, 77, 2 ** 31]), payload))
+        else:
+            values.append(_framed(schema_id, payload))
+    return registry, values, expected
+
+
+def _table(tmp_path, fmt: str = "avro-confluent"):
     path = tmp_path / "fuzz.sql"
     path.write_text(f"-- topic: fuzz\n-- schema: {', '.join(f'{n} {t}' for n, t in COLUMNS)}\n"
-                    "-- format: avro-confluent\n"
+                    f"-- format: {fmt}\n"
                     "CREATE TABLE fuzz AS SELECT k, COUNT(*) AS n, SUM(v) AS s FROM events GROUP BY k;\n")
     return parse(path)
 
@@ -189,10 +321,15 @@ def _same(a, b) -> bool:
                for x, y in zip(a[1].values(), b[1].values())) and a[1].keys() == b[1].keys()
 
 
-def test_generated_avro_records_get_the_same_verdict_alone_as_in_their_block_and_as_their_schema_says(tmp_path):
-    table = _table(tmp_path)
+GENERATORS = {"avro-confluent": generated, "protobuf-confluent": generated_protobuf}
+FORMATS = pytest.mark.parametrize("fmt", list(GENERATORS), ids=["avro", "protobuf"])
+
+
+@FORMATS
+def test_generated_records_get_the_same_verdict_alone_as_in_their_block_and_as_their_schema_says(tmp_path, fmt):
+    table = _table(tmp_path, fmt)
     for seed in range(SEED, SEED + 8):
-        registry, values, refused = generated(seed, 120)
+        registry, values, refused = GENERATORS[fmt](seed, 120)
         block = _arrow_verdicts(table, values, registry)
         assert set(block) == set(range(len(values))), _replay("alone", seed)
         for offset, value in enumerate(values):
@@ -203,14 +340,15 @@ def test_generated_avro_records_get_the_same_verdict_alone_as_in_their_block_and
                     offset, block[offset], registry[int.from_bytes(value[1:5], "big")], _replay("alone", seed))
 
 
+@FORMATS
 @pytest.mark.timeout(600)
-def test_generated_avro_records_get_the_same_verdicts_and_rows_on_both_passes(spark, tmp_path):
+def test_generated_records_get_the_same_verdicts_and_rows_on_both_passes(spark, tmp_path, fmt):
     from pyspark.sql import functions as F
 
     from spark_jobs.frames import parse as spark_parse
 
-    table = _table(tmp_path)
-    registry, values, _ = generated(SEED, int(os.environ.get("STATETABLE_FUZZ_RECORDS", "600")))
+    table = _table(tmp_path, fmt)
+    registry, values, _ = GENERATORS[fmt](SEED, int(os.environ.get("STATETABLE_FUZZ_RECORDS", "600")))
     arrow = _arrow_verdicts(table, values, registry)
     raw = spark.createDataFrame(_batch(values).to_pandas()).select(
         "key", "value", "topic", "partition", "offset", F.col("timestamp").cast("timestamp"), "timestampType")

@@ -133,13 +133,15 @@ def _pool_file(files: list):
 
 
 def _message(file, path: list[int]):
+    """The message a framing's index path names, or None. An index is zigzag-encoded, so a damaged
+    path can be negative: it names no message (Python's -1 would quietly pick the last one)."""
     messages = file.message_types_by_name
-    if not path or path[0] >= len(file.message_types_by_name):
+    if not path or not 0 <= path[0] < len(file.message_types_by_name):
         return None
     ordered = list(messages.values())
     descriptor = ordered[path[0]]
     for index in path[1:]:
-        if index >= len(descriptor.nested_types):
+        if not 0 <= index < len(descriptor.nested_types):
             return None
         descriptor = descriptor.nested_types[index]
     return descriptor
