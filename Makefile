@@ -43,7 +43,7 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 jvm-archive: setup .cache/jvm/.built
 
 run: setup
-	$(STATETABLE) stack up
+	$(STATETABLE) stack up --cdc
 	$(STATETABLE) smoke
 	$(STATETABLE) demo
 

@@ -37,7 +37,7 @@ from catalog.errors import NotInstalled, UserError
 from catalog.messages import one_line
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
 from deploy import jars, kafka_server, postgres_server
-from deploy.errors import CommandFailed
+from deploy.errors import CdcUnavailable, CommandFailed
 from deploy.processes import ManagedProcess, require_free_ports, stop_server, wait_ready, write_private
 
 MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
@@ -98,7 +98,7 @@ def start(settings: StackSettings) -> None:
     check_supported(settings)
     postgres_server.start(settings, ("shop",))
     if not postgres_server.has_cdc_role(settings):
-        raise UserError(f"stack up --cdc: this stack's PostgreSQL ({settings.postgres_dir}) was made before CDC and "
+        raise CdcUnavailable(f"stack up --cdc: this stack's PostgreSQL ({settings.postgres_dir}) was made before CDC and "
                         f"has no replication role {postgres_server.CDC_USER}; only its first start can make one: "
                         f"`statetable stack down`, move that folder away (Airflow's run history goes with it), "
                         f"and `stack up --cdc` again")

@@ -5,6 +5,12 @@ DAG over REST, in waves (a wave's tables read only what earlier waves
 committed: the leaderboard's scores after its players and products), then one
 `__restore_verify` after a wiped local store, and prints where to look: the
 Airflow UI, the State tables page and the query API.
+
+On a stack with Kafka Connect (`stack up --cdc`, as `make run` starts it) it
+also runs the CDC example: the shop database's customers and orders captured by
+Debezium, the example tables (examples/shop/tables) copied beside the shipped
+ones, their DAGs run, then an order changed in the database and revenue per
+customer shown before and after, beside what the database answers.
 """
 from __future__ import annotations
 
@@ -50,6 +56,51 @@ def _wave(api: AirflowApi, dag_ids: list[str], conf: dict | None = None) -> None
         _finish(api, dag_id, run_id, started)
 
 
+SHOP_WAVES = (("shop_orders", "shop_customers"), ("shop_revenue", "shop_order_details"))
+
+
+def _cdc_example(settings: StackSettings, api: AirflowApi) -> None:
+    import shutil
+
+    from catalog.runtime import Runtime
+    from deploy import cdc, postgres_server
+    from serving.query import lookup
+    from spark_jobs.steps.offsets import watermarks
+
+    if not cdc.is_healthy(settings):
+        print("CDC example: not run (this stack runs no Kafka Connect): `statetable stack up --cdc`, then the "
+              "README's \"Quickstart, page two\"", flush=True)
+        return
+    cdc.add(settings, "shop", ["public.customers", "public.orders"])
+    tables = Runtime.from_env().tables_dir
+    for path in sorted((cdc.EXAMPLE / "tables").glob("*.sql")):
+        if not (tables / path.name).exists():
+            shutil.copyfile(path, tables / path.name)
+            print(f"copied {path.relative_to(cdc.EXAMPLE.parent.parent)} into {tables}", flush=True)
+    for wave in SHOP_WAVES:
+        _wave(api, [f"{table}__incremental" for table in wave])
+
+    def database() -> tuple:
+        with postgres_server.connect(settings, "shop") as conn:
+            return conn.execute("SELECT COUNT(*), SUM(amount)::float8 FROM orders WHERE customer_id = 1").fetchone()
+
+    print(f"shop revenue for customer 1: {json.dumps(lookup('shop_revenue', ('1',)))} (the database: "
+          f"{database()[0]} orders, {database()[1]})", flush=True)
+    before = sum(high for _, high in watermarks(settings.kafka_bootstrap, "shop.public.orders").values())
+    with postgres_server.connect(settings, "shop") as conn:
+        conn.execute("UPDATE orders SET amount = amount + 10 WHERE id = 1")
+    print("changed in the database: UPDATE orders SET amount = amount + 10 WHERE id = 1", flush=True)
+    deadline = time.monotonic() + 60
+    while sum(high for _, high in watermarks(settings.kafka_bootstrap, "shop.public.orders").values()) <= before:
+        if time.monotonic() > deadline:
+            raise RunFailed(f"the shop connector wrote no change in 60s; see {cdc.process(settings).log_file}")
+        time.sleep(0.5)
+    for wave in SHOP_WAVES[:1] + (("shop_revenue",),):
+        _wave(api, [f"{table}__incremental" for table in wave])
+    print(f"shop revenue for customer 1: {json.dumps(lookup('shop_revenue', ('1',)))} (the database: "
+          f"{database()[0]} orders, {database()[1]})", flush=True)
+
+
 def run(settings: StackSettings, events: int = 20000) -> None:
     from deploy import samples
 
@@ -69,6 +120,7 @@ def run(settings: StackSettings, events: int = 20000) -> None:
     from serving.presenters import leaderboard_entries
     from serving.query import lookup
 
+    _cdc_example(settings, api)
     board = leaderboard_entries(lookup("leaderboard", ("1",)))
     print(f"leaderboard for game 1: {json.dumps(board)}")
     print(f"tickets per genre (an aggregate over a join of tables): "

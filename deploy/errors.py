@@ -45,3 +45,7 @@ class PortTaken(DeployError, UserFixable, RuntimeError):
 
 class RunFailed(DeployError, RuntimeError):
     """A DAG run the command waited for ended in failure."""
+
+
+class CdcUnavailable(DeployError, UserFixable, RuntimeError):
+    """The stack cannot run its CDC pipeline as it stands (a PostgreSQL made before CDC)."""

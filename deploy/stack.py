@@ -16,6 +16,7 @@ from catalog.settings import StackSettings, cluster_env_file, kafka_layout
 from state.kafka_config import CONFIG_ENV
 from deploy.processes import write_private
 from catalog.errors import UserError
+from deploy.errors import CdcUnavailable
 
 
 def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, secure: bool = False,
@@ -51,7 +52,11 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
     if registry:
         schema_registry.start(settings)       # after Airflow's start: its schemas live in the stack's PostgreSQL
     if cdc_pipeline:
-        cdc.start(settings)                   # after Airflow's start: it reads the stack's PostgreSQL
+        try:
+            cdc.start(settings)               # after Airflow's start: it reads the stack's PostgreSQL
+        except CdcUnavailable as exc:         # the rest of the stack is worth having: say why, go on
+            print(f"WARNING: {exc}", flush=True)
+            cdc_pipeline = False
     kafka_server.wait_healthy(settings)
     for line in _kafka_lines(settings):
         print(f"{line} ({time.monotonic() - started:.1f}s)", flush=True)

@@ -42,11 +42,14 @@ from tests.table_env import port
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = {"STATETABLE_KAFKA_PORT": str(port(27092)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(27093)),
          "STATETABLE_AIRFLOW_PORT": str(port(27080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(27002)),
-         "STATETABLE_POSTGRES_PORT": str(port(27432))}
+         "STATETABLE_POSTGRES_PORT": str(port(27432)), "STATETABLE_CDC_PORT": str(port(27083))}
 MARKER = "<!-- quickstart: run verbatim, in this order, by tests/test_first_hour.py -->"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 DOWN = [f"kafka 127.0.0.1:{port(27092)} down", f"spark-connect sc://127.0.0.1:{port(27002)} down",
         f"postgres 127.0.0.1:{port(27432)} down", f"airflow http://127.0.0.1:{port(27080)} down"]
+# After `make run` (stack up --cdc) the stack has a Kafka Connect worker too, with the demo's connector.
+CDC_DOWN = f"kafka-connect http://127.0.0.1:{port(27083)} down"
+DOWN_AFTER = DOWN[:3] + [CDC_DOWN] + DOWN[3:]
 
 
 def quickstart_commands(readme: str) -> list[str]:
@@ -115,7 +118,7 @@ def _sh(clone: Path, env: dict, command: str, timeout: float = 1200) -> subproce
 
 def _settings(clone: Path) -> stack_settings.StackSettings:
     return stack_settings.StackSettings("127.0.0.1", port(27092), port(27093), port(27080), clone / ".stack", connect_port=port(27002),
-                                        postgres_port=port(27432))
+                                        postgres_port=port(27432), cdc_port=port(27083))
 
 
 def _topic_records(bootstrap: str, topic: str) -> list[bytes]:
@@ -176,6 +179,13 @@ def test_first_hour_from_a_clean_clone(clone):
     # make run: the demo ended with the seed's leaderboard.
     assert "Isabelle" in outputs["make"], outputs["make"][-3000:]
     _the_stack_is_up_warm_and_on_loopback(where, env, cfg, outputs["make"])
+    # ... and the CDC example: Debezium's events of the shop database through the example tables,
+    # revenue per customer before and after an order changed in the database, each equal to what
+    # the database answered then.
+    shop = [json.loads(line.split(": ", 1)[1].split(" (the database")[0]) for line in outputs["make"].splitlines()
+            if line.startswith("shop revenue for customer 1: ")]
+    assert [(row["orders"], row["revenue"]) for row in shop] == [(2, 42.5), (2, 52.5)], outputs["make"][-3000:]
+    assert "the database: 2 orders, 42.5)" in outputs["make"] and "the database: 2 orders, 52.5)" in outputs["make"]
 
     # The table's own run: 4 read, 1 dead-lettered; its answer equals pandas over the topic.
     expected = _expected(bootstrap)
@@ -308,7 +318,7 @@ def test_first_hour_from_a_clean_clone(clone):
     assert stack.running_pids(cfg) == {}
     assert _processes_mentioning(str(stack_dir)) == []
     after = _status(where, env)
-    assert after.stdout.splitlines() == DOWN, after.stdout + after.stderr
+    assert after.stdout.splitlines() == DOWN_AFTER, after.stdout + after.stderr
     assert (stack_dir / "tmp" / "spark-connect").is_dir()
 
 
@@ -340,11 +350,12 @@ def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str
 
     status = _status(where, env)
     lines = status.stdout.splitlines()
-    assert status.returncode == 0 and len(lines) == 5, status.stdout + status.stderr
+    assert status.returncode == 0 and len(lines) == 6, status.stdout + status.stderr
     assert re.fullmatch(rf"spark-connect warmed in [0-9.]+s \({records} records\)", lines.pop(2)), status.stdout
-    assert lines == [line.replace(" down", " up") for line in DOWN]
+    assert lines == [line.replace(" down", " up") for line in DOWN_AFTER[:3]] + \
+        [CDC_DOWN.replace(" down", " up (connectors: shop)")] + [DOWN_AFTER[4].replace(" down", " up")], lines
     listening = _listening_addresses(_stack_family(cfg))
-    assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432)} <= listening, listening
+    assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432, 27083)} <= listening, listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
     # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.
