@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from catalog import scratch
 from catalog.errors import NotInstalled, UserError
 from catalog.messages import one_line
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
@@ -112,7 +113,10 @@ def start(settings: StackSettings) -> None:
     write_private(_secrets_file(settings), f"postgres.password={postgres_server.cdc_password(settings)}\n")
     config = settings.cdc_dir / "worker.properties"
     config.write_text(worker_properties(settings))
+    # Its scratch (the codecs' native libraries) in the stack's folder, as every JVM of the stack.
+    tmp = scratch.for_server(settings.state_dir, "kafka-connect")
     proc.start(["java", "-Xmx384m", *kafka_server.collector_options(), "-Djava.awt.headless=true",
+                scratch.java_options(tmp),
                 *os.environ.get("STATETABLE_SERVER_JVM_OPTIONS", "").split(),
                 # Warnings, and Debezium's own progress (snapshot, streaming from an LSN).
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
