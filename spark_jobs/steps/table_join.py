@@ -77,13 +77,26 @@ def pinned_rows(folder: str | None, file: str | None, right: TableDefinition) ->
 
         fs, root = arrow_filesystem(path)
         frame = pq.read_table(root, filesystem=fs)
-        columns = [frame.column(c).to_pylist() for c in right.value_columns]
+        columns = [_as_stored(frame.column(c)).to_pylist() for c in right.value_columns]
         key = right.value_columns.index(right.key_columns[0])
         rows = {row[key]: _stored(row) for row in zip(*columns)}
         if len(_PINNED) > 8:
             _PINNED.clear()
         _PINNED[path] = rows
     return _PINNED[path]
+
+
+def _as_stored(column):
+    """A pinned column as the state holds its values: a TIMESTAMP as epoch milliseconds, a DATE as
+    days since 1970 (the codec stores numbers; a datetime it cannot, and the batch failed on the
+    first b with a TIMESTAMP column)."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("ms", column.type.tz)).cast(pa.int64())
+    if pa.types.is_date32(column.type):
+        return column.cast(pa.int32())
+    return column
 
 
 def _stored(row: tuple) -> tuple:
