@@ -38,7 +38,7 @@ from catalog.errors import NotInstalled, UserError
 from catalog.messages import one_line
 from catalog.settings import PROJECT_ROOT, StackSettings, kafka_layout
 from deploy import jars, kafka_server, postgres_server
-from deploy.errors import CdcUnavailable, CommandFailed
+from deploy.errors import CdcUnavailable, CommandFailed, NoAnswer
 from deploy.processes import ManagedProcess, require_free_ports, stop_server, wait_ready, write_private
 
 MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
@@ -46,6 +46,15 @@ GROUP = "statetable-cdc"
 EXAMPLE = PROJECT_ROOT / "examples" / "shop"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$")
+
+
+def _replication(settings: StackSettings) -> int:
+    return min(3, kafka_layout(settings)["brokers"])
+
+
+def slot_name(database: str) -> str:
+    """The replication slot and the publication of a database's connector."""
+    return f"statetable_{database}"
 
 
 def process(settings: StackSettings) -> ManagedProcess:
@@ -57,7 +66,7 @@ def _secrets_file(settings: StackSettings) -> Path:
 
 
 def worker_properties(settings: StackSettings) -> str:
-    replication = min(3, kafka_layout(settings)["brokers"])
+    replication = _replication(settings)
     return "\n".join([
         f"bootstrap.servers={settings.kafka_bootstrap}",
         f"group.id={GROUP}",
@@ -118,9 +127,10 @@ def start(settings: StackSettings) -> None:
     proc.start(["java", "-Xmx384m", *kafka_server.collector_options(), "-Djava.awt.headless=true",
                 scratch.java_options(tmp),
                 *os.environ.get("STATETABLE_SERVER_JVM_OPTIONS", "").split(),
-                # Warnings, and Debezium's own progress (snapshot, streaming from an LSN).
+                # Warnings and errors only: Debezium's progress lines at info come every minute
+                # while it streams, and this log has no rotation (its size grows with problems,
+                # not with time). Connect's REST API answers what runs (`statetable cdc list`).
                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-Dorg.slf4j.simpleLogger.log.io.debezium.connector.postgresql=info",
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-cp", str(classpath[0].parent / "*"), MAIN, str(config)],
                env=dict(os.environ), cwd=settings.cdc_dir)
@@ -135,18 +145,21 @@ def _request(settings: StackSettings, method: str, path: str, body: dict | None 
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             text = answer.read()
             return answer.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as exc:
+    except urllib.error.HTTPError as exc:          # Connect's refusal: its status and JSON `message`
         text = exc.read()
         try:
             return exc.code, json.loads(text)
         except ValueError:
             return exc.code, {"message": text.decode(errors="replace")}
+    except urllib.error.URLError as exc:
+        raise NoAnswer(f"Kafka Connect at {settings.cdc_url} does not answer ({exc.reason}); start it with "
+                       f"`statetable stack up --cdc`") from None
 
 
 def is_healthy(settings: StackSettings) -> bool:
     try:
         status, _ = _request(settings, "GET", "/connectors", timeout=2.0)
-    except OSError:
+    except (OSError, NoAnswer):
         return False
     return status == 200 and process(settings).is_running()
 
@@ -186,7 +199,7 @@ def create_example(settings: StackSettings) -> None:
 
 
 def connector_config(settings: StackSettings, database: str, tables: list[str], partitions: int) -> dict:
-    name = f"statetable_{database}"
+    name = slot_name(database)
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "database.hostname": settings.host, "database.port": str(settings.postgres_port),
@@ -199,7 +212,7 @@ def connector_config(settings: StackSettings, database: str, tables: list[str], 
         "slot.name": name, "publication.name": name, "publication.autocreate.mode": "disabled",
         "decimal.handling.mode": "double",
         "time.precision.mode": "connect",
-        "topic.creation.default.replication.factor": str(min(3, kafka_layout(settings)["brokers"])),
+        "topic.creation.default.replication.factor": str(_replication(settings)),
         "topic.creation.default.partitions": str(partitions),
         "topic.creation.default.cleanup.policy": "compact",
     }
@@ -219,7 +232,7 @@ def add(settings: StackSettings, database: str, tables: list[str], partitions: i
     if bad or not tables:
         raise UserError(f"cdc add {database}: name each table as schema.table in lower case (e.g. public.orders); "
                         f"got {bad or 'none'}")
-    name = f"statetable_{database}"
+    name = slot_name(database)
     try:
         with postgres_server.connect(settings, database) as conn:
             listed = sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
@@ -312,7 +325,7 @@ def remove(settings: StackSettings, database: str) -> None:
     if status not in (204, 404):
         raise CommandFailed(f"cdc remove {database}: Kafka Connect answered {status}: "
                             f"{one_line((answer or {}).get('message', ''))}")
-    name = f"statetable_{database}"
+    name = slot_name(database)
     deadline = time.monotonic() + 30
     with postgres_server.connect(settings, database) as conn:
         while time.monotonic() < deadline:
@@ -321,16 +334,8 @@ def remove(settings: StackSettings, database: str) -> None:
                 break
             if not slot[0]:
                 # The stack's user is no replication role: the slot's own role drops it.
-                with _cdc_connect(settings, database) as cdc:
+                with postgres_server.connect(settings, database, user=postgres_server.CDC_USER) as cdc:
                     cdc.execute("SELECT pg_drop_replication_slot(%s)", (name,))
                 break
             time.sleep(0.5)
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
-
-
-def _cdc_connect(settings: StackSettings, database: str):
-    import psycopg
-
-    return psycopg.connect(host=settings.host, port=settings.postgres_port, user=postgres_server.CDC_USER,
-                           dbname=database, password=postgres_server.cdc_password(settings), autocommit=True,
-                           require_auth="scram-sha-256")

@@ -80,12 +80,14 @@ def _cdc_example(settings: StackSettings, api: AirflowApi) -> None:
     for wave in SHOP_WAVES:
         _wave(api, [f"{table}__incremental" for table in wave])
 
-    def database() -> tuple:
+    def show() -> None:
         with postgres_server.connect(settings, "shop") as conn:
-            return conn.execute("SELECT COUNT(*), SUM(amount)::float8 FROM orders WHERE customer_id = 1").fetchone()
+            orders, revenue = conn.execute("SELECT COUNT(*), SUM(amount)::float8 FROM orders "
+                                           "WHERE customer_id = 1").fetchone()
+        print(f"shop revenue for customer 1: {json.dumps(lookup('shop_revenue', ('1',)))} (the database: "
+              f"{orders} orders, {revenue})", flush=True)
 
-    print(f"shop revenue for customer 1: {json.dumps(lookup('shop_revenue', ('1',)))} (the database: "
-          f"{database()[0]} orders, {database()[1]})", flush=True)
+    show()
     before = sum(high for _, high in watermarks(settings.kafka_bootstrap, "shop.public.orders").values())
     with postgres_server.connect(settings, "shop") as conn:
         conn.execute("UPDATE orders SET amount = amount + 10 WHERE id = 1")
@@ -97,8 +99,7 @@ def _cdc_example(settings: StackSettings, api: AirflowApi) -> None:
         time.sleep(0.5)
     for wave in SHOP_WAVES[:1] + (("shop_revenue",),):
         _wave(api, [f"{table}__incremental" for table in wave])
-    print(f"shop revenue for customer 1: {json.dumps(lookup('shop_revenue', ('1',)))} (the database: "
-          f"{database()[0]} orders, {database()[1]})", flush=True)
+    show()
 
 
 def run(settings: StackSettings, events: int = 20000) -> None:

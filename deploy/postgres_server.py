@@ -196,16 +196,18 @@ def start(settings: StackSettings, databases: tuple[str, ...] = (DATABASE,)) -> 
         _create_database(settings, database)
 
 
-def connect(settings: StackSettings, dbname: str = DATABASE, timeout: float = 5.0):
-    """A session as the stack's user. The password never leaves this process: the listener must
-    be this user's (catalog.listeners), and libpq may only authenticate by SCRAM, which proves the
-    password without sending it (libpq would answer a fake server's cleartext request)."""
+def connect(settings: StackSettings, dbname: str = DATABASE, timeout: float = 5.0, user: str = USER):
+    """A session as the stack's user (or as CDC_USER, Debezium's role). The password never leaves
+    this process: the listener must be this user's (catalog.listeners), and libpq may only
+    authenticate by SCRAM, which proves the password without sending it (libpq would answer a fake
+    server's cleartext request)."""
     import psycopg
 
     check_ours(settings.host, settings.postgres_port, "the stack's PostgreSQL")
-    return psycopg.connect(host=settings.host, port=settings.postgres_port, user=USER, dbname=dbname,
-                           passfile=str(passfile(settings)), connect_timeout=max(1, int(timeout)),
-                           autocommit=True, require_auth="scram-sha-256")
+    credentials = {"passfile": str(passfile(settings))} if user == USER else {"password": cdc_password(settings)}
+    return psycopg.connect(host=settings.host, port=settings.postgres_port, user=user, dbname=dbname,
+                           connect_timeout=max(1, int(timeout)), autocommit=True, require_auth="scram-sha-256",
+                           **credentials)
 
 
 def is_healthy(settings: StackSettings) -> bool:

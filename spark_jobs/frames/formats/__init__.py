@@ -39,17 +39,16 @@ over Spark Connect too.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataclasses import replace
-
 from catalog.definitions import REGISTRY_FORMATS, DefinitionError, TableDefinition
 from spark_jobs.frames.formats.debezium import DELETE  # noqa: F401 - a record that deletes its key (not a dead letter)
-from spark_jobs.frames.formats.wire import Schemas
+from spark_jobs.frames.formats.wire import HEADER, Schemas, framed
 
 JSON_COLUMN = "_json"              # parse.classify's name for the transcoded value
 REASON_COLUMN = "_format_reason"   # and for a record the format could not read
@@ -112,9 +111,7 @@ def writer_schema_ids(values: pa.Array, table: TableDefinition) -> dict[int, int
         return {}
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), 5),
-                                  pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary()))), False)
-    ids = pc.value_counts(pc.binary_slice(pc.filter(values, framed), 1, 5))
+    ids = pc.value_counts(pc.binary_slice(pc.filter(values, framed(values)), 1, HEADER))
     return {int.from_bytes(pair["values"].as_py(), "big"): pair["counts"].as_py() for pair in ids}
 
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from catalog.definitions import TableDefinition
 import spark_jobs.frames.formats.avro_block as avro_block
-from spark_jobs.frames.formats.wire import HEADER, RegistryFormat, Refused, Schemas
+from spark_jobs.frames.formats.wire import HEADER, RegistryFormat, Refused, Schemas, framed
 
 READ_ERRORS = (EOFError, ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, OverflowError, MemoryError)
 # A column's type as the reader schema asks for it: what Avro promotes into it, nullable.
@@ -179,16 +179,14 @@ class RegistryAvro(RegistryFormat):
     def decode_many(self, values: pa.BinaryArray) -> list[tuple[np.ndarray, pa.Array]]:
         """[(record indexes, their JSON)] for each writer schema id whose records one native pass
         read (avro_block); the rest go record by record."""
-        framed = pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), HEADER),
-                                      pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"\x00", pa.binary()))),
-                              False)
+        in_wire = framed(values)
         headers = pc.binary_slice(values, 0, HEADER)
         parts = []
-        for header in pc.unique(pc.filter(headers, framed)).to_pylist():
+        for header in pc.unique(pc.filter(headers, in_wire)).to_pylist():
             prepared = self.lookup(int.from_bytes(header[1:HEADER], "big"))
             if isinstance(prepared, Refused) or prepared[2] is None:
                 continue
-            mask = pc.and_(framed, pc.fill_null(pc.equal(headers, pa.scalar(header, pa.binary())), False))
+            mask = pc.and_(in_wire, pc.fill_null(pc.equal(headers, pa.scalar(header, pa.binary())), False))
             indexes = np.nonzero(mask.to_numpy(zero_copy_only=False))[0]
             payloads = pc.binary_slice(values.take(indexes), HEADER, 2 ** 31 - 1)
             decoded = avro_block.decode(payloads, prepared[2])

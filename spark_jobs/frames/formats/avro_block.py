@@ -158,7 +158,7 @@ def decode(payloads: pa.BinaryArray, the_plan: Plan) -> pa.BinaryArray | None:
     payloads = payloads.cast(pa.large_binary()) if payloads.type != pa.large_binary() else payloads
     offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int64)[payloads.offset:payloads.offset + len(payloads) + 1]
     lengths = np.diff(offsets)
-    body = payloads.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]]
+    body = payloads.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
     try:
         frame = pl.read_avro(io.BytesIO(_container(the_plan.schema_json, len(payloads), body)))
     except BaseException as exc:           # noqa: BLE001 - a reader error or a Rust panic: record by record

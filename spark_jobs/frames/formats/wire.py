@@ -26,6 +26,17 @@ def split(raw: bytes) -> tuple[int, bytes] | None:
     return int.from_bytes(raw[1:HEADER], "big"), raw[HEADER:]
 
 
+def framed(values):
+    """Which values (a pyarrow binary array) are in the wire format: at least the header, magic
+    byte first; null for none. The vectorised `split`, for a whole batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.and_(pc.greater_equal(pc.binary_length(values), HEADER),
+                                pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(bytes([MAGIC]), pa.binary()))),
+                        False)
+
+
 class Refused(str):
     """A schema id's verdict that its records are dead letters, with this reason."""
 
