@@ -35,7 +35,7 @@ def main() -> None:
         "STATETABLE_STACK_DIR": tempfile.mkdtemp(prefix="statetable-bench-airflow-"),
         "STATETABLE_KAFKA_PORT": str(args.port), "STATETABLE_KAFKA_CONTROLLER_PORT": str(args.port + 1),
         "STATETABLE_AIRFLOW_PORT": str(args.airflow_port),
-        "STATETABLE_POSTGRES_PORT": str(args.airflow_port + 2),
+        "STATETABLE_POSTGRES_PORT": str(args.airflow_port + 2), "STATETABLE_BATCH_PORT": str(args.airflow_port + 4),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",     # only the runs measured here
     })
     import statistics

@@ -49,7 +49,7 @@ def main() -> None:
         "STATETABLE_STACK_DIR": str(root / "stack"),
         "STATETABLE_KAFKA_PORT": str(args.port), "STATETABLE_KAFKA_CONTROLLER_PORT": str(args.port + 1),
         "STATETABLE_AIRFLOW_PORT": str(args.port - 12), "STATETABLE_SPARK_CONNECT_PORT": str(args.port - 90),
-        "STATETABLE_POSTGRES_PORT": str(args.port - 60),
+        "STATETABLE_POSTGRES_PORT": str(args.port - 60), "STATETABLE_BATCH_PORT": str(args.port - 14),
     })
     from catalog import settings
     from catalog.runtime import Runtime

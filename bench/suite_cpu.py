@@ -38,6 +38,7 @@ KINDS = (                       # first match wins: (kind, substring of the comm
     ("airflow (other)", "airflow"),
     ("postgres", "postgres"),
     ("object store (moto)", "moto"),
+    ("statetable batch service", "ops.batch_service"),
     ("pyspark python workers", "pyspark.daemon"),
     ("pyspark python workers", "worker_daemon"),
     ("pytest workers", "pytest"),

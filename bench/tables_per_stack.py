@@ -51,8 +51,10 @@ def _stamp(value: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tables", type=int, nargs="+", default=[20, 40])
-    parser.add_argument("--waves", type=int, default=3, help="waves per table count (the first warms up)")
+    parser.add_argument("--tables", type=int, nargs="+", default=[100])
+    parser.add_argument("--waves", type=int, default=12, help="waves per table count (the first warms up)")
+    parser.add_argument("--shapes", nargs="+", default=["together", "spread"], choices=["together", "spread"])
+    parser.add_argument("--out", help="also write the JSON here (and a plot beside it, .png)")
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--port", type=int, default=25092)
     args = parser.parse_args()
@@ -63,7 +65,7 @@ def main() -> None:
         "STATETABLE_STACK_DIR": str(root / "stack"), "STATETABLE_TABLES_DIR": str(tables_dir),
         "STATETABLE_KAFKA_PORT": str(args.port), "STATETABLE_KAFKA_CONTROLLER_PORT": str(args.port + 1),
         "STATETABLE_AIRFLOW_PORT": str(args.port - 12), "STATETABLE_SPARK_CONNECT_PORT": str(args.port - 90),
-        "STATETABLE_POSTGRES_PORT": str(args.port - 60),
+        "STATETABLE_POSTGRES_PORT": str(args.port - 60), "STATETABLE_BATCH_PORT": str(args.port - 14),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",     # the waves below are the schedule
     })
     from catalog import settings
@@ -99,14 +101,23 @@ def main() -> None:
                 groups[spread("*/5 * * * *", name).split()[0]].append(name)
             for wave in range(args.waves):
                 for shape, batches in (("together", [active]), ("spread", list(groups.values()))):
+                    if shape not in args.shapes:
+                        continue
                     result = {"tables": count, "wave": wave, "shape": shape, "groups": []}
+                    cpu: dict = defaultdict(float)
                     for group in batches:
                         with ThreadPoolExecutor(8) as pool:
                             list(pool.map(lambda n: samples.produce_payments(cfg.kafka_bootstrap, n, args.events,
                                                                              zlib.crc32(f"{n}{wave}".encode())),
                                           group))
+                        split = CpuSplit()          # the runs' CPU, not the producer's
                         result["groups"].append(_wave(api, group, args.events))
+                        for kind, seconds in split.done().items():
+                            cpu[kind] += seconds
                     result["seconds"] = max(g["seconds"] for g in result["groups"])
+                    result["cpu_s"] = {k: round(v, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+                    result["phases_median_s"] = _phase_medians([r for g in result["groups"]
+                                                                for r in g["runs"].values()])
                     out["waves"].append(result)
                     print(json.dumps({k: v for k, v in result.items() if k != "groups"}
                                      | {"runs": sum(len(g["runs"]) for g in result["groups"])}), flush=True)
@@ -116,9 +127,11 @@ def main() -> None:
         out["together_wave_median_s"] = {n: statistics.median(w["seconds"] for w in measured if w["tables"] == n)
                                          for n in sorted(args.tables)}
         out["spread_wave_median_s"] = {
-            n: statistics.median(w["seconds"] for w in out["waves"] if w["shape"] == "spread" and w["wave"] > 0
-                                 and w["tables"] == n) for n in sorted(args.tables)}
+            n: statistics.median(spread) for n in sorted(args.tables)
+            if (spread := [w["seconds"] for w in out["waves"] if w["shape"] == "spread" and w["wave"] > 0
+                           and w["tables"] == n])}
         out["seconds_per_table_at_largest"] = round(per_table, 2)
+        out["trend"] = _trend(out["waves"])
         out["max_tables_within_interval"] = {"together": int(INTERVAL_S / per_table),
                                              "how": f"300 s / the per-table cost of a together wave at "
                                                     f"{largest} tables (extrapolated beyond {largest})"}
@@ -128,6 +141,9 @@ def main() -> None:
         kafka_server.process(cfg).stop(timeout=25)
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(out, indent=1, default=str))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+        _plot(out, Path(args.out).with_suffix(".png"))
 
 
 def _wave(api, group: list[str], events: int) -> dict:
@@ -139,15 +155,108 @@ def _wave(api, group: list[str], events: int) -> dict:
         ti = api.task_instances(f"{name}__incremental", run_id)["run_batches"]
         stats = api.xcom(f"{name}__incremental", run_id, "run_batches") if ti["state"] == "success" else {}
         assert run["state"] == "success" and stats.get("lag") == 0 and stats.get("read", 0) >= events, \
-            (name, run["state"], stats)
+            (name, run["state"], stats, api.failed_logs(f"{name}__incremental", run_id))
         outcome[name] = {"queued_s": round(_stamp(ti["start_date"]) - _stamp(run["queued_at"] or run["start_date"]), 2),
                          "task_s": round(_stamp(ti["end_date"]) - _stamp(ti["start_date"]), 2),
-                         "end": _stamp(run["end_date"])}
+                         "end": _stamp(run["end_date"]), **_phases(ti, stats.get("phases"))}
     seconds = max(r["end"] for r in outcome.values()) - started
     return {"seconds": round(seconds, 1), "runs": {n: {k: v for k, v in r.items() if k != "end"}
                                                   for n, r in outcome.items()},
             "median_task_s": statistics.median(r["task_s"] for r in outcome.values()),
             "median_queued_s": statistics.median(r["queued_s"] for r in outcome.values())}
+
+
+PHASES = ("queued_s", "to_process_s", "process_to_execute", "service_queue", "service_run", "lag_check", "session",
+          "batches", "snapshot", "lag_after", "run", "stats", "after_return_s", "task_s")
+
+
+def _phases(ti: dict, phases: dict | None) -> dict:
+    """A run's seconds from its task instance's stamps and the phases its task returned
+    (statetable_airflow.operators.RunPhases): queued for a slot, the executor starting the task
+    process, the process parsing the DAG file and importing (to `execute`), the operator's steps,
+    and Airflow's way out (XCom, Asset events, the state update) after `execute` returned."""
+    if not phases:
+        return {}
+    out = {k: phases[k] for k in PHASES if k in phases}
+    out["to_process_s"] = round(phases["process_started"] - _stamp(ti["start_date"]), 2)
+    out["after_return_s"] = round(_stamp(ti["end_date"]) - phases["returned_at"], 2)
+    return out
+
+
+def _phase_medians(runs: list[dict]) -> dict:
+    return {p: round(statistics.median(r[p] for r in runs if p in r), 2) for p in PHASES if any(p in r for r in runs)}
+
+
+def _trend(waves: list[dict]) -> dict:
+    """Wave over wave: the last three `together` waves against waves 2-4 (1-based; the first warms
+    up), per table count; a ratio over 1.1 is growth the acceptance refuses."""
+    out = {}
+    for count in sorted({w["tables"] for w in waves}):
+        seconds = [w["seconds"] for w in waves if w["tables"] == count and w["shape"] == "together"]
+        if len(seconds) >= 5:
+            early, late = statistics.mean(seconds[1:4]), statistics.mean(seconds[-3:])
+            out[count] = {"together_waves_s": seconds, "waves_2_4_mean_s": round(early, 1),
+                          "last_3_mean_s": round(late, 1), "ratio": round(late / early, 3)}
+    return out
+
+
+class CpuSplit:
+    """CPU seconds per kind of process (Airflow's parts, the Connect server and its Python workers,
+    Kafka, PostgreSQL) over a wave, sampled from /proc every half second in a thread: a task
+    process lives seconds, so few of its seconds are missed."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        import threading
+
+        from bench.suite_cpu import _processes
+
+        self._read = _processes
+        self.first = {k: v[1] for k, v in self._read().items()}
+        self.seen: dict = {}
+        self.kinds: dict = {}           # a process's kind when first seen: an exiting one has no command line
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._sample()
+
+    def _sample(self) -> None:
+        for key, (kind, cpu, _) in self._read().items():
+            self.seen[key] = (self.kinds.setdefault(key, kind), cpu)
+
+    def done(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        used: dict = defaultdict(float)
+        for key, (kind, cpu) in self.seen.items():
+            used[kind] += cpu - self.first.get(key, 0.0)
+        return {k: round(v, 1) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+
+
+def _plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for count in sorted({w["tables"] for w in out["waves"]}):
+        for shape, style in (("together", "o-"), ("spread", "s--")):
+            waves = [w for w in out["waves"] if w["tables"] == count and w["shape"] == shape]
+            if waves:
+                ax.plot([w["wave"] + 1 for w in waves], [w["seconds"] for w in waves], style,
+                        label=f"{count} tables, {shape}" + (" (slowest minute group)" if shape == "spread" else ""))
+    ax.axhline(60, color="grey", lw=0.8, ls=":")
+    ax.axhline(20, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("wave")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Tables per stack: {out['cores']} cores, {out['events_per_table_per_wave']:,} events per table per wave")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

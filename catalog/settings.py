@@ -93,6 +93,7 @@ class StackSettings:
     postgres_port: int = 15432
     registry_port: int = 18091
     cdc_port: int = 18083
+    batch_port: int = 18084
 
     def as_env(self) -> dict[str, str]:
         """The environment that makes `load()` in a child process return these settings."""
@@ -103,7 +104,8 @@ class StackSettings:
                 "STATETABLE_SPARK_CONNECT_PORT": str(self.connect_port), "STATETABLE_S3_PORT": str(self.s3_port),
                 "STATETABLE_SPARK_MASTER_PORT": str(self.master_port),
                 "STATETABLE_POSTGRES_PORT": str(self.postgres_port),
-                "STATETABLE_REGISTRY_PORT": str(self.registry_port), "STATETABLE_CDC_PORT": str(self.cdc_port)}
+                "STATETABLE_REGISTRY_PORT": str(self.registry_port), "STATETABLE_CDC_PORT": str(self.cdc_port),
+                "STATETABLE_BATCH_PORT": str(self.batch_port)}
 
     @property
     def s3_url(self) -> str:
@@ -191,6 +193,16 @@ class StackSettings:
         return self.state_dir / "cdc"
 
     @property
+    def batch_url(self) -> str:
+        """The stack's batch service (ops/batch_service.py): Airflow's tasks hand it their runs."""
+        return f"http://{self.host}:{self.batch_port}"
+
+    @property
+    def batch_dir(self) -> Path:
+        """The batch service's token, log and pid."""
+        return self.state_dir / "batches"
+
+    @property
     def data_dir(self) -> Path:
         """Table state, snapshots and Delta tables of the local deployment."""
         return self.state_dir / "data"
@@ -209,6 +221,7 @@ def load() -> StackSettings:
         postgres_port=_port("STATETABLE_POSTGRES_PORT", 15432),
         registry_port=_port("STATETABLE_REGISTRY_PORT", 18091),
         cdc_port=_port("STATETABLE_CDC_PORT", 18083),
+        batch_port=_port("STATETABLE_BATCH_PORT", 18084),
         state_dir=state_dir,
     )
 

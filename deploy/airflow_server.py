@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from deploy import postgres_server
+from deploy import batch_server, postgres_server
 from deploy.processes import ManagedProcess, made_secret, require_free_ports, wait_ready, write_private
 from catalog.listeners import ForeignListener, check_ours, listener_uids
 from catalog.settings import PROJECT_ROOT, StackSettings
@@ -142,6 +142,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     })
     env.update(postgres_server.client_env(settings))
     env.update(connections(settings))
+    env.update(batch_server.connection(settings))
     if executor() == "celery":
         env.update({
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
@@ -176,6 +177,7 @@ def start(settings: StackSettings) -> None:
                          f"{(migrated.stderr.strip().splitlines() or ['no output'])[-1]}")
     ensure_admin_password(settings)
     env = airflow_env(settings)
+    batch_server.start(settings, env)
     for component in components():
         args = component.split("-", 1) if component == "celery-worker" else [component]
         if component == "api-server":
@@ -191,6 +193,7 @@ def start(settings: StackSettings) -> None:
 def stop(settings: StackSettings) -> None:
     for component in reversed(COMPONENTS + ("celery-worker",)):
         process(settings, component).stop(timeout=15)
+    batch_server.stop(settings)
     postgres_server.stop(settings)
 
 
@@ -211,6 +214,7 @@ def is_healthy(settings: StackSettings) -> bool:
 def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
     wait_ready([process(settings, c) for c in components()], lambda: is_healthy(settings), timeout,
                what=f"airflow health at {settings.airflow_url}", interval=1.0)
+    batch_server.wait_healthy(settings, timeout)
 
 
 def _passwords_file(settings: StackSettings) -> Path:

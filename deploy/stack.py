@@ -10,8 +10,8 @@ import json
 import os
 import time
 
-from deploy import (airflow_server, cdc, connect_server, kafka_server, object_store, postgres_server, schema_registry,
-                    spark_cluster)
+from deploy import (airflow_server, batch_server, cdc, connect_server, kafka_server, object_store, postgres_server,
+                    schema_registry, spark_cluster)
 from catalog.settings import StackSettings, cluster_env_file, kafka_layout
 from state.kafka_config import CONFIG_ENV
 from deploy.processes import write_private
@@ -67,6 +67,8 @@ def up(settings: StackSettings, workers: int = 0, brokers: int | None = None, se
           f"{time.monotonic() - started:.1f}s)", flush=True)
     airflow_server.wait_healthy(settings)
     print(f"airflow {settings.airflow_url} up ({time.monotonic() - started:.1f}s)", flush=True)
+    print(f"{batch_server.status_line(settings)}: Airflow's tasks hand their runs to it "
+          f"({time.monotonic() - started:.1f}s)", flush=True)
     if registry:
         schema_registry.wait_healthy(settings)
         print(f"registry {schema_registry.url(settings)} up (Apicurio, Confluent's API; "
@@ -224,6 +226,7 @@ def status_lines(settings: StackSettings) -> list[str]:
         *([schema_registry.status_line(settings)] if settings.registry_dir.exists() else []),
         *([cdc.status_line(settings)] if settings.cdc_dir.exists() else []),
         f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
+        *([batch_server.status_line(settings)] if settings.batch_dir.exists() else []),
     ]
 
 
@@ -250,7 +253,7 @@ def running_pids(settings: StackSettings) -> dict[str, int]:
     """Pids of the stack's own processes that are still alive."""
     procs = [*kafka_server.processes(settings), connect_server.process(settings), object_store.process(settings),
              *spark_cluster.all_processes(settings), postgres_server.process(settings),
-             schema_registry.process(settings), cdc.process(settings)] + [
+             schema_registry.process(settings), cdc.process(settings), batch_server.process(settings)] + [
         airflow_server.process(settings, c) for c in airflow_server.COMPONENTS + ("celery-worker",)
     ]
     return {p.name: pid for p in procs if (pid := p.pid()) is not None}

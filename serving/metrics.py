@@ -114,6 +114,32 @@ class TableCollector(Collector):
                     verify_age, replica_lag, read, merged, changed, dead, schemas, duration)
 
 
+class StackCollector(Collector):
+    """What holds for the stack, not one table: whether its batch service keeps up with the
+    tables' schedules (ops.capacity)."""
+
+    def __init__(self, rt: Runtime | None, now: float | None = None) -> None:
+        self.rt = rt
+        self.now = time.time() if now is None else now
+
+    def collect(self):
+        from ops import capacity
+
+        over = GaugeMetricFamily(f"{PREFIX}_over_capacity", "1 while a run in the last hour took longer than its "
+                                                             "table's schedule interval (the stack falls behind)")
+        runs_over = GaugeMetricFamily(f"{PREFIX}_runs_over_interval", "runs in the last hour that took longer than "
+                                                                       "their table's schedule interval")
+        queued = GaugeMetricFamily(f"{PREFIX}_batch_queue_longest", "the longest wait for a batch slot among the "
+                                                                    "last hour's runs", unit="seconds")
+        state = capacity.read(self.rt) if self.rt is not None else None
+        if state is not None:
+            recent = [r for r in state.get("over_interval", []) if r["ended_at"] >= self.now - capacity.WINDOW_S]
+            over.add_metric([], 1 if recent else 0)
+            runs_over.add_metric([], len(recent))
+            queued.add_metric([], state.get("longest_queue_s", 0.0))
+        yield from (over, runs_over, queued)
+
+
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
@@ -126,6 +152,7 @@ def exposition(rt: Runtime, rows: list[dict], accept: str | None) -> tuple[bytes
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TableCollector(rt, rows))
+    registry.register(StackCollector(rt))
     encoder, content_type = choose_encoder(accept or "")
     return encoder(registry), content_type
 
@@ -133,5 +160,5 @@ def exposition(rt: Runtime, rows: list[dict], accept: str | None) -> tuple[bytes
 def exported_names() -> set[str]:
     """Every sample name `/metrics` can export (dashboards and alert rules may use only these)."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
-    return {family.name + suffix for family in TableCollector(None, []).collect()
-            for suffix in suffixes[family.type]}
+    families = [*TableCollector(None, []).collect(), *StackCollector(None).collect()]
+    return {family.name + suffix for family in families for suffix in suffixes[family.type]}

@@ -56,6 +56,7 @@ os.environ.update({
     "STATETABLE_POSTGRES_PORT": _port("STATETABLE_TEST_POSTGRES_PORT", 28432),
     "STATETABLE_REGISTRY_PORT": _port("STATETABLE_TEST_REGISTRY_PORT", 28091),
     "STATETABLE_CDC_PORT": _port("STATETABLE_TEST_CDC_PORT", 28083),
+    "STATETABLE_BATCH_PORT": _port("STATETABLE_TEST_BATCH_PORT", 28084),
     # Jobs a test starts run in a local session unless the test asks for the Spark Connect
     # server (the `engine` fixture); Airflow's tasks use it through their connection.
     "STATETABLE_SPARK_REMOTE": "local",

@@ -42,7 +42,8 @@ from tests.table_env import port
 ROOT = Path(__file__).resolve().parent.parent
 PORTS = {"STATETABLE_KAFKA_PORT": str(port(27092)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(27093)),
          "STATETABLE_AIRFLOW_PORT": str(port(27080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(27002)),
-         "STATETABLE_POSTGRES_PORT": str(port(27432)), "STATETABLE_CDC_PORT": str(port(27083))}
+         "STATETABLE_POSTGRES_PORT": str(port(27432)), "STATETABLE_CDC_PORT": str(port(27083)),
+         "STATETABLE_BATCH_PORT": str(port(27084))}
 MARKER = "<!-- quickstart: run verbatim, in this order, by tests/test_first_hour.py -->"
 STATETABLE = str(Path(sys.executable).parent / "statetable")
 DOWN = [f"kafka 127.0.0.1:{port(27092)} down", f"spark-connect sc://127.0.0.1:{port(27002)} down",
@@ -118,7 +119,8 @@ def _sh(clone: Path, env: dict, command: str, timeout: float = 1200) -> subproce
 
 def _settings(clone: Path) -> stack_settings.StackSettings:
     return stack_settings.StackSettings("127.0.0.1", port(27092), port(27093), port(27080), clone / ".stack", connect_port=port(27002),
-                                        postgres_port=port(27432), cdc_port=port(27083))
+                                        postgres_port=port(27432), cdc_port=port(27083),
+                                        batch_port=port(27084))
 
 
 def _topic_records(bootstrap: str, topic: str) -> list[bytes]:

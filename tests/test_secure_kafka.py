@@ -32,7 +32,8 @@ STATETABLE = str(Path(sys.executable).parent / "statetable")
 TABLE = "payments_per_customer"
 PORTS = {"STATETABLE_KAFKA_PORT": str(port(26392)), "STATETABLE_KAFKA_CONTROLLER_PORT": str(port(26393)),
          "STATETABLE_AIRFLOW_PORT": str(port(26080)), "STATETABLE_SPARK_CONNECT_PORT": str(port(26002)),
-         "STATETABLE_POSTGRES_PORT": str(port(26432)), "STATETABLE_REGISTRY_PORT": str(port(26091))}
+         "STATETABLE_POSTGRES_PORT": str(port(26432)), "STATETABLE_REGISTRY_PORT": str(port(26091)),
+         "STATETABLE_BATCH_PORT": str(port(26084))}
 EVENTS = 40000          # 20 batches of 2000: three broker kills land mid-run
 BAD_RECORDS = [b"not json", b'{"customer_id": "c1", "amount": "lots"}', b"{}"]
 

@@ -70,7 +70,8 @@ def statetable_scheduled(bootstrap: str, work: Path, samples: int, airflow_port:
         topic=topic, table=table, batch=1_000_000, snapshot_every=10).replace(
         "-- partitions: 4", "-- partitions: 4\n-- schedule: * * * * *"))
     os.environ.update({"STATETABLE_TABLES_DIR": str(tables), "STATETABLE_AIRFLOW_PORT": str(airflow_port),
-                       "STATETABLE_SPARK_CONNECT_PORT": str(airflow_port + 5)})
+                       "STATETABLE_SPARK_CONNECT_PORT": str(airflow_port + 5),
+                       "STATETABLE_BATCH_PORT": str(airflow_port + 6)})
     ensure_topic(bootstrap, topic, 4)
     cfg = settings.load()
     rng = random.Random(7)

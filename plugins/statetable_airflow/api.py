@@ -415,13 +415,17 @@ def create_app(auth, service_factory=QueryService) -> FastAPI:
 
     @app.get("/ui", response_class=HTMLResponse, include_in_schema=False)
     async def ui(request: Request):
-        return HTMLResponse(status_page(await readable(request, await holder.ask("tables"))))
+        from ops import capacity
+
+        service = holder.service or await run_in_threadpool(holder.get)
+        notice = capacity.warning(await run_in_threadpool(capacity.read, service.rt))
+        return HTMLResponse(status_page(await readable(request, await holder.ask("tables")), notice))
 
     return app
 
 
 # ---------------------------------------------------------------- the status page
-def status_page(tables: list[dict]) -> str:
+def status_page(tables: list[dict], notice: str | None = None) -> str:
     """Every value in words a user reads: no Python `None`, no DIFFERS without a difference, no
     green for a verify that compared nothing (ops.status.verify_verdict)."""
     now = time.time()
@@ -463,9 +467,11 @@ body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #1b1f24; }}
 table {{ border-collapse: collapse; width: 100%; }}
 th, td {{ border-bottom: 1px solid #d0d7de; padding: .5em .6em; text-align: left; vertical-align: top; }}
 th {{ background: #f0f3f6; }} td.ok {{ color: #1a7f37; }} td.bad {{ color: #cf222e; font-weight: bold; }}
+p.warn {{ background: #fff8c5; border: 1px solid #d4a72c; padding: .6em .8em; }}
 td.none {{ color: #6e7781; }} td.failed {{ color: #9a6700; font-weight: bold; }} small {{ color: #57606a; }}
 </style></head><body>
 <h2>statetable: state tables</h2>
+{f"<p class='warn'>{html.escape(notice)}</p>" if notice else ""}
 <table><tr><th>table</th><th>last batch</th><th>served</th><th>lag</th><th>newest snapshot</th><th>last restore-verify</th>
 <th>dead letters</th><th>DAGs</th></tr>
 {''.join(rows)}

@@ -2,13 +2,16 @@
 only bind it to Airflow (connections, XCom, skips, logs)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+from datetime import timedelta
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
+from airflow.triggers.base import StartTriggerArgs
 
 from statetable_airflow.hooks import KAFKA_CONN_ID, StateTableHook
 from statetable_airflow.errors import DrillNotExact, JobFailed, JobLeftNoResult
@@ -263,57 +266,116 @@ class BatchStatsOperator(_TableOperator):
 
 
 class TableBatchesOperator(_TableOperator):
-    """A whole incremental run in one task: the lag check, the batches (as a client of the Spark
-    Connect server), the due snapshots and the stats.
+    """A whole incremental run in one task: the lag check, the batches until caught up, the due
+    snapshots and the stats (ops.batch_service.run_table).
 
-    Each task of a run costs a process start, an executor slot and a scheduler round trip; with
-    four tasks per run, twenty tables at `*/5` spent most of each run queued for slots (65 s
-    waiting, 15 s working). The steps are the same functions the four tasks called, in the same
-    order, so a retry is as safe as before: a planned batch finishes from its plan. A run with
-    nothing to read is skipped at once and emits no Asset event.
+    With the stack's batch service (`service=True`, the default where the stack runs one), the
+    task starts in the triggerer: statetable_airflow.triggers.TableRunTrigger hands the run to the
+    service and awaits it holding no worker slot; a run with nothing new ends skipped there, a
+    failed one fails there (and is retried as any failure), and one that committed batches
+    resumes here, in `execute_complete`, for its Asset event, lineage, XCom and metrics. Without
+    it, `execute` runs the same steps in this task process, as a client of the Spark Connect
+    server. Either way a retry is as safe as before: a planned batch finishes from its plan. A
+    run with nothing to read is skipped at once and emits no Asset event.
     """
 
     template_fields = ("table",)
     ui_color = "#fde9d9"
     lineage_kind = "run"
+    start_trigger_args = StartTriggerArgs(trigger_cls="statetable_airflow.triggers.TableRunTrigger",
+                                          next_method="execute_complete", timeout=timedelta(hours=6))
+    start_from_trigger = False
 
-    def __init__(self, *, max_batches: int, conn_id: str = SPARK_CONNECT_CONN_ID, **kwargs) -> None:
+    def __init__(self, *, max_batches: int, conn_id: str = SPARK_CONNECT_CONN_ID, service: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.max_batches = max_batches
         self.conn_id = conn_id
+        self.service = service
+        if service:
+            # Replaced, not mutated: start_trigger_args is the class's, shared by every table.
+            self.start_from_trigger = True
+            self.start_trigger_args = dataclasses.replace(
+                self.start_trigger_args, trigger_kwargs={"table": self.table, "max_batches": max_batches})
 
     def execute(self, context) -> dict:
-        import time
-
-        from spark_jobs import jobs
-
         import os
 
+        from ops.batch_service import run_table
+
+        phases = RunPhases()
         rt = self.hook.runtime()
         os.environ["STATETABLE_KAFKA_BOOTSTRAP"] = rt.bootstrap     # as `--bootstrap` sets it for a job
-        lag = self.hook.lag(self.table)
-        if lag < 1:
-            raise AirflowSkipException(f"{self.table}: nothing new in its topic since the last batch")
-        self.log.info("%s: %d records to read", self.table, lag)
         use_spark_connect(self.conn_id)
-        started = time.monotonic()
-        commits = jobs.run(self.table, self.max_batches, until_caught_up=True, rt=rt, snapshots=False)
-        result = {"table": self.table, "batches": [jobs.commit_summary(c) for c in commits],
-                  "read": sum(c.counts["read"] for c in commits), "seconds": round(time.monotonic() - started, 3)}
-        snapshot = jobs.snapshot_if_due(self.table, rt)
+        outcome = run_table(self.table, self.max_batches, rt)
+        phases.mark("run")
+        if outcome["outcome"] == "skipped":
+            raise AirflowSkipException(outcome["reason"])
+        return self._finish(context, outcome, phases)
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """The service's answer for a run that committed batches (the trigger ended the others)."""
+        return self._finish(context, event, RunPhases())
+
+    def _finish(self, context, outcome: dict, phases: "RunPhases") -> dict:
+        result, snapshot = outcome["result"], outcome["snapshot"]
+        phases.add(outcome.get("phases", {}))
         if snapshot["partitions"]:
             self.log.info("%s: snapshot of partitions %s at batch %s in %.2fs", self.table, snapshot["partitions"],
                           snapshot["batch"], snapshot["seconds"])
-        stats = batch_stats(self.log, self.table, result, self.hook.lag(self.table))
-        emit_stats(self.table, stats, [c.seconds for c in commits])
+        stats = batch_stats(self.log, self.table, result, outcome["lag"])
+        emit_stats(self.table, stats, outcome["durations"])
+        phases.mark("stats")
         # The Asset event says what the batches did, so a downstream DAG (or a user reading the
         # Assets page) sees batch ids and counts without opening this task's log.
-        facts = {"table": self.table, "first_batch": commits[0].batch_id if commits else None,
+        facts = {"table": self.table, "first_batch": result["batches"][0]["batch"] if result["batches"] else None,
                  **{k: stats[k] for k in ("last_batch", "batches", "read", "dead_lettered", "late", "keys_changed",
                                           "lag", "seconds")}}
         for outlet in self.outlets or ():
             context["outlet_events"][outlet].extra = facts
-        return {**stats, "snapshot_partitions": snapshot["partitions"]}
+        self.log.info("%s: where the task's seconds went: %s", self.table, phases.line())
+        return {**stats, "snapshot_partitions": snapshot["partitions"], "phases": phases.as_dict()}
+
+
+class RunPhases:
+    """Where a run's seconds go inside its task: from the task process's start (the DAG file
+    parsed and the operator imported before `execute`) through each step, so a slow run says
+    whether Airflow's way in or the batch took the time (bench/tables_per_stack prints them)."""
+
+    def __init__(self) -> None:
+        import time
+
+        import psutil
+
+        self.process_started = psutil.Process().create_time()
+        self.execute_at = time.time()
+        self.stamps = [("process_to_execute", self.execute_at)]
+        self._last = self.execute_at
+
+    def add(self, measured: dict) -> None:
+        """Phases measured elsewhere (the run's steps, in this process or the batch service)."""
+        self.measured = dict(measured)
+
+    def mark(self, phase: str) -> None:
+        import time
+
+        now = time.time()
+        self.stamps.append((phase, now))
+        self._last = now
+
+    def as_dict(self) -> dict:
+        out = {"process_started": round(self.process_started, 3), "execute_at": round(self.execute_at, 3),
+               "process_to_execute": round(self.execute_at - self.process_started, 3)}
+        out.update(getattr(self, "measured", {}))
+        for (_, before), (phase, at) in zip(self.stamps, self.stamps[1:]):
+            out[phase] = round(at - before, 3)
+        out["returned_at"] = round(self._last, 3)
+        return out
+
+    def line(self) -> str:
+        d = self.as_dict()
+        return ", ".join(f"{k} {v:.2f}s" for k, v in d.items() if k not in ("process_started", "execute_at",
+                                                                              "returned_at"))
 
 
 class InjectFailureOperator(_TableOperator):

@@ -21,6 +21,7 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": "statetable", "python-modules": ["statetable_airflow.operators"]}],
         "sensors": [{"integration-name": "statetable", "python-modules": ["statetable_airflow.sensors"]}],
         "hooks": [{"integration-name": "statetable", "python-modules": ["statetable_airflow.hooks"]}],
+        "triggers": [{"integration-name": "statetable", "python-modules": ["statetable_airflow.triggers"]}],
         "connection-types": [{"connection-type": "statetable", "hook-class-name":
                               "statetable_airflow.hooks.StatetableApiHook", "hook-name": "statetable query API"}],
         "plugins": [{"name": "statetable", "plugin-class": "statetable_airflow.plugin.StatetablePlugin"}],

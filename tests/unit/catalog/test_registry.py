@@ -40,3 +40,26 @@ def test_a_lock_wait_setting_that_is_not_a_number_is_refused(monkeypatch):
     monkeypatch.setenv("STATETABLE_LOCK_WAIT_SECONDS", "soon")
     with pytest.raises(ValueError, match="STATETABLE_LOCK_WAIT_SECONDS='soon' is not a number"):
         registry.lock_patience()
+
+
+def test_loaded_definitions_parse_again_only_after_a_change_and_hand_out_copies(tmp_path, monkeypatch):
+    """A long-lived process asks for definitions on every run: it parses each change once, and a
+    caller that sets a field for its run (jobs.run's batch cap) changes nobody else's copy."""
+    from catalog import registry
+
+    sql = ("-- topic: t\n-- schema: k STRING, v DOUBLE\n-- schedule: */5 * * * *\n"
+           "CREATE TABLE t AS SELECT k, SUM(v) AS total FROM t GROUP BY k;\n")
+    (tmp_path / "t.sql").write_text(sql)
+    parses = []
+    real = registry.load_all
+    monkeypatch.setattr(registry, "load_all", lambda folder, broken: parses.append(1) or real(folder, broken=broken))
+    first, _ = registry.loaded_definitions(tmp_path)
+    first["t"].max_records_per_batch = 7
+    second, _ = registry.loaded_definitions(tmp_path)
+    assert len(parses) == 1 and second["t"].max_records_per_batch != 7
+    (tmp_path / "t.sql").write_text(sql.replace("*/5", "*/10"))
+    third, _ = registry.loaded_definitions(tmp_path)
+    assert len(parses) == 2 and third["t"].schedule == "*/10 * * * *"
+    (tmp_path / "u.sql").write_text("not sql")
+    _, broken = registry.loaded_definitions(tmp_path)
+    assert len(parses) == 3 and "u" in broken
