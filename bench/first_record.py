@@ -43,8 +43,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quiet-after", type=float, default=180)
     parser.add_argument("--port", type=int, default=25092)
+    parser.add_argument("--deployed", type=int, default=0,
+                        help="also deploy this many tables of the payments shape beside the shipped ones (#70: "
+                             "one record's wait with 100 tables on the stack), their topics idle")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-first-record-"))
+    if args.deployed:
+        from bench.tables_per_stack import TABLE_SQL
+        from catalog.settings import PROJECT_ROOT
+
+        tables = root / "tables"
+        shutil.copytree(PROJECT_ROOT / "dags" / "tables", tables)
+        for i in range(args.deployed):
+            (tables / f"pay_{i:03d}.sql").write_text(TABLE_SQL.format(table=f"pay_{i:03d}", topic=f"pay_{i:03d}"))
+        os.environ["STATETABLE_TABLES_DIR"] = str(tables)
     os.environ.update({
         "STATETABLE_STACK_DIR": str(root / "stack"),
         "STATETABLE_KAFKA_PORT": str(args.port), "STATETABLE_KAFKA_CONTROLLER_PORT": str(args.port + 1),
@@ -60,7 +72,7 @@ def main() -> None:
     from confluent_kafka import Producer
 
     cfg = settings.load()
-    out: dict = {"cores": os.cpu_count(), "dag": DAG, "phases": {}}
+    out: dict = {"cores": os.cpu_count(), "dag": DAG, "tables_deployed_beside": args.deployed, "phases": {}}
     started = time.monotonic()
     stack.up(cfg)
     out["stack_up_seconds"] = round(time.monotonic() - started, 1)
@@ -68,6 +80,9 @@ def main() -> None:
         api = AirflowApi(cfg)
         api.wait_for_dag(DAG, timeout=300)
         ensure_topic(cfg.kafka_bootstrap, "movie_ticket_sales", 4)
+        for i in range(args.deployed):
+            ensure_topic(cfg.kafka_bootstrap, f"pay_{i:03d}", 4)
+            api.wait_for_dag(f"pay_{i:03d}__incremental", timeout=600)
         producer = Producer({"bootstrap.servers": cfg.kafka_bootstrap})
         rt = Runtime.from_env()
         for phase, pause in (("right_after_stack_up", 0.0), ("quiet_stack", args.quiet_after)):

@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, nargs="+", default=[100])
     parser.add_argument("--waves", type=int, default=12, help="waves per table count (the first warms up)")
     parser.add_argument("--shapes", nargs="+", default=["together", "spread"], choices=["together", "spread"])
+    parser.add_argument("--spread-waves", type=int, help="run the spread shape in the first N waves only")
     parser.add_argument("--out", help="also write the JSON here (and a plot beside it, .png)")
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--port", type=int, default=25092)
@@ -101,7 +102,8 @@ def main() -> None:
                 groups[spread("*/5 * * * *", name).split()[0]].append(name)
             for wave in range(args.waves):
                 for shape, batches in (("together", [active]), ("spread", list(groups.values()))):
-                    if shape not in args.shapes:
+                    if shape not in args.shapes or shape == "spread" and args.spread_waves is not None \
+                            and wave >= args.spread_waves:
                         continue
                     result = {"tables": count, "wave": wave, "shape": shape, "groups": []}
                     cpu: dict = defaultdict(float)

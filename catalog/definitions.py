@@ -1249,7 +1249,8 @@ def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> 
                                   f"{other.value_columns}")
 
 
-def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[str, TableDefinition]:
+def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str | None = None
+             ) -> dict[str, TableDefinition]:
     """Every *.sql definition in `folder`, by table name; joined tables must exist.
 
     Without `broken`, the first bad definition raises. With it, a bad definition costs only
@@ -1260,6 +1261,8 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None) -> dict[s
     is parsed once the source tables are known."""
     tables: dict[str, TableDefinition] = {}
     paths = definition_files(Path(folder), broken)
+    if only is not None:        # one file, `<only>.sql`: a table on other tables does not load this way
+        paths = [p for p in paths if p.stem == only]
     parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
     sources = {t.name: t for t in reversed(parsed.values())
                if isinstance(t, TableDefinition) and t.kind == "source" and t.input_table is None}

@@ -27,11 +27,14 @@ log = logging.getLogger("statetable.catalog")
 
 def load_table(name: str, rt: Runtime) -> tuple[TableDefinition, dict[str, TableDefinition]]:
     """A table and the tables it may join; another table's broken definition does not stop this one."""
+    import copy
+
     tables, broken = loaded_definitions(rt.tables_dir)
     if name in broken:
         raise DefinitionError(broken[name])
     if name not in tables:
         raise DefinitionError(f"no table {name!r} in {rt.tables_dir}; defined tables: {sorted(tables)}")
+    tables[name] = copy.deepcopy(tables[name])      # the caller's own: a run may set a field of it (a batch cap)
     return tables[name], tables
 
 
@@ -43,17 +46,15 @@ def loaded_definitions(folder: Path) -> tuple[dict[str, TableDefinition], dict[s
     there changed. A run asks for its table's definition four or five times (lag, plan, batches,
     snapshots, lag left), and each parse read every table's file: 0.1 CPU s a time at 100 tables,
     a cost that grew with the tables on the stack, not with the run's own work. A long-lived
-    process (the batch service, the query server) now parses once per change; each caller gets
-    its own copy, as callers may set a field for their run (a batch cap)."""
-    import copy
-
+    process (the batch service, the query server) now parses once per change. The definitions
+    are shared: read them, never set a field (load_table hands its table out as the caller's own)."""
     signature = _folder_signature(Path(folder))
     held = _LOADED.get(str(folder))
     if held is None or held[0] != signature:
         broken: dict[str, str] = {}
         held = (signature, load_all(folder, broken=broken), broken)
         _LOADED[str(folder)] = held
-    return copy.deepcopy(held[1]), dict(held[2])
+    return dict(held[1]), dict(held[2])
 
 
 def _folder_signature(folder: Path) -> tuple:

@@ -50,7 +50,9 @@ DOWN = [f"kafka 127.0.0.1:{port(27092)} down", f"spark-connect sc://127.0.0.1:{p
         f"postgres 127.0.0.1:{port(27432)} down", f"airflow http://127.0.0.1:{port(27080)} down"]
 # After `make run` (stack up --cdc) the stack has a Kafka Connect worker too, with the demo's connector.
 CDC_DOWN = f"kafka-connect http://127.0.0.1:{port(27083)} down"
-DOWN_AFTER = DOWN[:3] + [CDC_DOWN] + DOWN[3:]
+# ... and the batch service Airflow's tasks hand their runs to (its folder stays: its token).
+BATCHES_DOWN = f"batches http://127.0.0.1:{port(27084)} down"
+DOWN_AFTER = DOWN[:3] + [CDC_DOWN] + DOWN[3:] + [BATCHES_DOWN]
 
 
 def quickstart_commands(readme: str) -> list[str]:
@@ -352,12 +354,14 @@ def _the_stack_is_up_warm_and_on_loopback(where: Path, env: dict, cfg, made: str
 
     status = _status(where, env)
     lines = status.stdout.splitlines()
-    assert status.returncode == 0 and len(lines) == 6, status.stdout + status.stderr
+    assert status.returncode == 0 and len(lines) == 7, status.stdout + status.stderr
     assert re.fullmatch(rf"spark-connect warmed in [0-9.]+s \({records} records\)", lines.pop(2)), status.stdout
+    assert re.fullmatch(rf"batches http://127\.0\.0\.1:{port(27084)} up \(\d+ slots, (idle|\d+ running, \d+ queued)\)",
+                        lines.pop()), status.stdout
     assert lines == [line.replace(" down", " up") for line in DOWN_AFTER[:3]] + \
         [CDC_DOWN.replace(" down", " up (connectors: shop)")] + [DOWN_AFTER[4].replace(" down", " up")], lines
     listening = _listening_addresses(_stack_family(cfg))
-    assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432, 27083)} <= listening, listening
+    assert {("127.0.0.1", port(p)) for p in (27092, 27093, 27080, 27002, 27432, 27083, 27084)} <= listening, listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, f"a stack server binds beyond loopback: {listening}"
 
     # The Spark Connect server runs its clients' Python: without the stack's token it refuses them.

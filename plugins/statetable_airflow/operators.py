@@ -19,6 +19,7 @@ from statetable_airflow.errors import DrillNotExact, JobFailed, JobLeftNoResult
 SPARK_CONN_ID = "spark_default"
 SPARK_CONNECT_CONN_ID = "spark_connect_default"
 MODE_ENV = "STATETABLE_SPARK_MODE"
+RUN_END_ENV = "STATETABLE_RUN_END"      # "trigger": a measured direction only (statetable_airflow.triggers)
 BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
 
 
@@ -295,8 +296,11 @@ class TableBatchesOperator(_TableOperator):
         if service:
             # Replaced, not mutated: start_trigger_args is the class's, shared by every table.
             self.start_from_trigger = True
+            import os
+
             self.start_trigger_args = dataclasses.replace(
-                self.start_trigger_args, trigger_kwargs={"table": self.table, "max_batches": max_batches})
+                self.start_trigger_args, trigger_kwargs={"table": self.table, "max_batches": max_batches,
+                                                         "end_here": os.environ.get(RUN_END_ENV) == "trigger"})
 
     def execute(self, context) -> dict:
         import os

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
 BATCHES_CONN_ID = "statetable_batches"
 ERROR_KEY = "error"          # the XCom key the drill's record reads a cause from (operators.ERROR_KEY)
@@ -22,13 +22,18 @@ ERROR_KEY = "error"          # the XCom key the drill's record reads a cause fro
 class TableRunTrigger(BaseTrigger):
     """Asks the batch service to run `table` (at most `max_batches`, until caught up) and waits."""
 
-    def __init__(self, table: str, max_batches: int, conn_id: str = BATCHES_CONN_ID) -> None:
+    def __init__(self, table: str, max_batches: int, conn_id: str = BATCHES_CONN_ID, end_here: bool = False,
+                 **newer: Any) -> None:
+        # `newer`: arguments a newer statetable's DAG file passes while this triggerer still runs
+        # the older module (an upgrade parses DAGs before it restarts the triggerer): ignored,
+        # rather than failing every run in between.
         super().__init__()
-        self.table, self.max_batches, self.conn_id = table, max_batches, conn_id
+        self.table, self.max_batches, self.conn_id, self.end_here = table, max_batches, conn_id, end_here
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__name__}",
-                {"table": self.table, "max_batches": self.max_batches, "conn_id": self.conn_id})
+                {"table": self.table, "max_batches": self.max_batches, "conn_id": self.conn_id,
+                 "end_here": self.end_here})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         import httpx
@@ -64,5 +69,14 @@ class TableRunTrigger(BaseTrigger):
         elif outcome["outcome"] == "failed":
             self.log.error("%s: %s", self.table, outcome["error"])
             yield TaskFailedEvent(xcoms={ERROR_KEY: outcome["error"][:2000]})
+        elif self.end_here:
+            # The measured direction of ending a run here, with no worker at all (STATETABLE_RUN_END=
+            # trigger, bench only): its stats and metrics, but no Asset event and no lineage, which
+            # only Airflow's task runner emits (see the README's "Tables per stack").
+            from statetable_airflow.operators import batch_stats, emit_stats
+
+            stats = batch_stats(self.log, self.table, outcome["result"], outcome["lag"])
+            emit_stats(self.table, stats, outcome["durations"])
+            yield TaskSuccessEvent(xcoms={"return_value": {**stats, "phases": phases}})
         else:
             yield TriggerEvent({k: v for k, v in outcome.items() if k != "log"})

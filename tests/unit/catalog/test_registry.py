@@ -53,10 +53,12 @@ def test_loaded_definitions_parse_again_only_after_a_change_and_hand_out_copies(
     parses = []
     real = registry.load_all
     monkeypatch.setattr(registry, "load_all", lambda folder, broken: parses.append(1) or real(folder, broken=broken))
-    first, _ = registry.loaded_definitions(tmp_path)
-    first["t"].max_records_per_batch = 7
-    second, _ = registry.loaded_definitions(tmp_path)
-    assert len(parses) == 1 and second["t"].max_records_per_batch != 7
+    rt = dataclasses.replace(Runtime.from_env(), tables_dir=tmp_path)
+    first, _ = registry.load_table("t", rt)
+    first.max_records_per_batch = 7
+    second, tables = registry.load_table("t", rt)
+    assert len(parses) == 1 and second.max_records_per_batch != 7 and tables["t"] is second
+    assert registry.loaded_definitions(tmp_path)[0]["t"].max_records_per_batch != 7
     (tmp_path / "t.sql").write_text(sql.replace("*/5", "*/10"))
     third, _ = registry.loaded_definitions(tmp_path)
     assert len(parses) == 2 and third["t"].schedule == "*/10 * * * *"
