@@ -143,8 +143,10 @@ def main() -> None:
         kafka_server.process(cfg).stop(timeout=25)
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(out, indent=1, default=str))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.out:           # each run's figures stay in the printed JSON; the file keeps each group's medians
+        kept = {**out, "waves": [{**w, "groups": [{k: v for k, v in g.items() if k != "runs"} for g in w["groups"]]}
+                                 for w in out["waves"]]}
+        Path(args.out).write_text(json.dumps(kept, indent=1, default=str) + "\n")
         _plot(out, Path(args.out).with_suffix(".png"))
 
 
@@ -180,8 +182,9 @@ def _phases(ti: dict, phases: dict | None) -> dict:
     if not phases:
         return {}
     out = {k: phases[k] for k in PHASES if k in phases}
-    out["to_process_s"] = round(phases["process_started"] - _stamp(ti["start_date"]), 2)
-    out["after_return_s"] = round(_stamp(ti["end_date"]) - phases["returned_at"], 2)
+    if "process_started" in phases:         # a task process ran it (else the run ended in the triggerer)
+        out["to_process_s"] = round(phases["process_started"] - _stamp(ti["start_date"]), 2)
+        out["after_return_s"] = round(_stamp(ti["end_date"]) - phases["returned_at"], 2)
     return out
 
 
