@@ -118,6 +118,7 @@ class BatchService:
         self.pool = ThreadPoolExecutor(slots, thread_name_prefix="batch")
         self.table_locks: dict[str, threading.Lock] = {}
         self.guard = threading.Lock()
+        self.session_lock = threading.Lock()
         self.running: dict[str, float] = {}
         self.queued = 0
         self.recent: deque = deque(maxlen=1000)
@@ -126,12 +127,30 @@ class BatchService:
         self.capacity = CapacityLog(rt, slots)
 
     def session(self):
-        with self.guard:
+        """The one Spark Connect client every run shares, made on first use (its own lock: a
+        server still starting must not hold up /health)."""
+        with self.session_lock:
             if self.spark is None:
                 from spark_jobs.engine import session
 
                 self.spark = session.get_or_create("statetable-batch-service")
             return self.spark
+
+    def warm(self, patience: float = 600.0) -> None:
+        """Make the client before the first run, once the Connect server answers: `stack up`
+        starts the service beside a server that is still starting. A run that comes first makes
+        it itself, or fails in one line if the server is down."""
+        deadline, problem = time.monotonic() + patience, None
+        while time.monotonic() < deadline:
+            try:
+                self.session()
+                for module in ("spark_jobs.jobs", "spark_jobs.batches.microbatch", "spark_jobs.batches.planning"):
+                    __import__(module)
+                return
+            except Exception as exc:        # noqa: BLE001 - not up yet; a run says it, with its table's name
+                problem = exc
+                time.sleep(1.0)
+        log.warning("the Spark Connect client is not warm after %.0fs: %s", patience, problem)
 
     def submit(self, table: str, max_batches: int) -> Future:
         with self.guard:
@@ -236,9 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     with open(path) as f:
         token = f.read().strip()
     service = BatchService(Runtime.from_env(), slots())
-    service.session()           # warm before the first run: the client, its session, pyspark's imports
-    for module in ("spark_jobs.jobs", "spark_jobs.batches.microbatch", "spark_jobs.batches.planning"):
-        __import__(module)
+    threading.Thread(target=service.warm, name="warm", daemon=True).start()
     log.warning("batch service on %s:%d, %d slots", args.host, args.port, service.slots)
     uvicorn.run(app(service, token), host=args.host, port=args.port, log_level="warning")
 
