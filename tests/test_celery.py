@@ -32,7 +32,7 @@ def celery_airflow(kafka, engine, stack_settings_, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("celery")
     settings = replace(stack_settings_, state_dir=root / "stack", airflow_port=stack_settings_.airflow_port + 3,
-                       postgres_port=stack_settings_.postgres_port + 3)
+                       postgres_port=stack_settings_.postgres_port + 3, batch_port=stack_settings_.batch_port + 3)
     token = settings.connect_dir / ".token"             # the session's Spark Connect server
     token.parent.mkdir(parents=True)
     shutil.copy(stack_settings_.connect_dir / ".token", token)

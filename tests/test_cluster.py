@@ -261,7 +261,7 @@ def cluster_airflow(cluster, kafka, stack_settings_):
 
     settings, _, s3_env = cluster
     settings = replace(settings, airflow_port=stack_settings_.airflow_port + 1,
-                       postgres_port=stack_settings_.postgres_port + 1)
+                       postgres_port=stack_settings_.postgres_port + 1, batch_port=stack_settings_.batch_port + 1)
     env = {**s3_env, **settings.as_env(), "STATETABLE_NAMESPACE": "cluster-",
            failures.BROKER_RESTART_ENV: f"env STATETABLE_STACK_DIR={stack_settings_.state_dir} {STATETABLE} "
                                         f"stack restart-broker"}
