@@ -130,6 +130,8 @@ class BatchService:
         """The one Spark Connect client every run shares, made on first use (its own lock: a
         server still starting must not hold up /health)."""
         with self.session_lock:
+            if self.spark is not None and getattr(getattr(self.spark, "client", None), "is_closed", False):
+                self.spark = None       # the Connect server restarted: its sessions are gone (a drill, a crash)
             if self.spark is None:
                 from spark_jobs.engine import session
 
@@ -170,7 +172,15 @@ class BatchService:
             with self.guard:
                 self.running[table] = time.time()
             try:
-                answer = run_table(table, max_batches, self.rt, self.session())
+                try:
+                    answer = run_table(table, max_batches, self.rt, self.session())
+                except Exception:
+                    if not self._client_lost():
+                        raise
+                    # The Connect server restarted during or before this run: a new client, and the
+                    # run again (a planned batch finishes from its plan, so nothing is applied twice).
+                    log.warning("%s: the Spark Connect server restarted; running again with a new client", table)
+                    answer = run_table(table, max_batches, self.rt, self.session())
             except Exception as exc:        # noqa: BLE001 - the task fails with it, in one line
                 log.warning("%s: run failed: %s", table, exc, exc_info=True)
                 answer = {"outcome": "failed", "error": one_line(exc), "type": type(exc).__name__}
@@ -188,6 +198,19 @@ class BatchService:
         self.capacity.record(table, arrived=time.time() - (time.monotonic() - submitted), ended=time.time(),
                              queued_s=started - submitted, interval_s=self._interval(table))
         return answer
+
+    def _client_lost(self) -> bool:
+        """Whether a client this process holds (the run's, or an Arrow pass's sibling) was closed
+        by a server restart; those are forgotten, so the next call makes new ones."""
+        from spark_jobs.engine import session
+
+        with self.session_lock:
+            lost = session.drop_closed()
+            client = getattr(self.spark, "client", None)
+            if lost or getattr(client, "is_closed", False):
+                self.spark = None
+                return True
+        return False
 
     def _interval(self, table: str) -> float | None:
         from catalog.registry import loaded_definitions

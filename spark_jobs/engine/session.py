@@ -293,7 +293,11 @@ def remote_session(url: str, purpose: str = "jobs", confs: dict[str, str] | None
 
     held = url if purpose == "jobs" else f"{url}#{purpose}"
     if held in _remote_sessions:
-        return _remote_sessions[held]
+        if not _remote_sessions[held].client.is_closed:
+            return _remote_sessions[held]
+        # The server restarted under a long-lived client (the batch service's): pyspark closed it
+        # when the server's session id changed, and every call would fail. A new client, then.
+        _remote_sessions.pop(held)
     guard = None
     if ";token=" in url:                # the token goes only to our own server (catalog.listeners)
         # A server not up yet is waited for by the client's retries, as before: none listens,
@@ -349,6 +353,16 @@ def _listener_guard(url: str):
         intercept_stream_unary = intercept_stream_stream = _checked
 
     return Guard()
+
+
+def drop_closed() -> bool:
+    """Forget this process's Connect clients that pyspark closed (their server restarted: its
+    session ids changed); True if there were any. A long-lived process (the batch service) then
+    makes new ones on its next call, where a task process would simply have ended."""
+    closed = [held for held, spark in _remote_sessions.items() if spark.client.is_closed]
+    for held in closed:
+        _remote_sessions.pop(held, None)
+    return bool(closed)
 
 
 def interrupt_all() -> None:

@@ -127,3 +127,33 @@ def test_a_run_longer_than_its_schedule_interval_is_over_capacity(rt, monkeypatc
     assert text.startswith("over capacity: 1 run(s)") and "fast, 75s of a 60s interval, 70s of it queued" in text
     assert capacity.warning(state, now=ended + capacity.WINDOW_S + 1) is None        # an hour later, it has cleared
     assert capacity.interval_seconds("* * * * *") == 60 and capacity.interval_seconds("0 9,17 * * *") == 8 * 3600
+
+
+def test_a_run_that_met_a_restarted_connect_server_runs_again_once_with_a_new_client(rt, monkeypatch):
+    """After the Connect server restarts (a kill_engine drill), pyspark closes every client of the
+    old server's sessions; a long-lived service must drop them and run the batch again (it
+    finishes from its plan), where a task process would simply have ended."""
+    import types
+
+    from spark_jobs.engine import session
+
+    closed = types.SimpleNamespace(client=types.SimpleNamespace(is_closed=True))
+    calls = []
+
+    def run(name, max_batches, rt, spark=None):
+        calls.append(spark)
+        if len(calls) == 1:
+            monkeypatch.setitem(session._remote_sessions, "sc://x#arrow-10", closed)   # what the restart did
+            raise RuntimeError("[NO_ACTIVE_SESSION] No active Spark session found")
+        return {"outcome": "done", "result": {"table": name}, "phases": {}}
+
+    fresh = object()
+    monkeypatch.setattr(session, "get_or_create", lambda app: fresh)
+    service = _service(rt, monkeypatch, run)
+    try:
+        answer = service.submit("a", 1).result(30)
+    finally:
+        logging.getLogger().removeHandler(service.logs)
+        service.pool.shutdown()
+    assert answer["outcome"] == "done" and len(calls) == 2 and calls[1] is fresh
+    assert "sc://x#arrow-10" not in session._remote_sessions
