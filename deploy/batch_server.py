@@ -56,6 +56,9 @@ def start(settings: StackSettings, env: dict[str, str]) -> None:
 
 
 def health(settings: StackSettings, timeout: float = 2.0) -> dict:
+    from catalog.listeners import check_ours
+
+    check_ours(settings.host, settings.batch_port, "the batch service")     # before its token is sent
     request = urllib.request.Request(f"{settings.batch_url}/health",
                                      headers={"Authorization": f"Bearer {token(settings)}"})
     with urllib.request.urlopen(request, timeout=timeout) as answer:
@@ -65,7 +68,7 @@ def health(settings: StackSettings, timeout: float = 2.0) -> dict:
 def is_healthy(settings: StackSettings) -> bool:
     try:
         return health(settings).get("status") == "ok" and process(settings).is_running()
-    except (OSError, ValueError):
+    except (OSError, ValueError):         # ForeignListener is a PermissionError: not ours, not healthy
         return False
 
 

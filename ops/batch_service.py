@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from pydantic import BaseModel, Field
@@ -121,7 +120,7 @@ class BatchService:
         self.session_lock = threading.Lock()
         self.running: dict[str, float] = {}
         self.queued = 0
-        self.recent: deque = deque(maxlen=1000)
+        self.answered = 0
         self.logs = _RunLogs()
         logging.getLogger().addHandler(self.logs)
         self.capacity = CapacityLog(rt, slots)
@@ -192,9 +191,7 @@ class BatchService:
         answer.setdefault("phases", {})["service_queue"] = round(started - submitted, 3)
         answer["phases"]["service_run"] = round(time.monotonic() - started, 3)
         with self.guard:
-            self.recent.append({"table": table, "outcome": answer["outcome"], "at": time.time(),
-                                "queued_s": answer["phases"]["service_queue"],
-                                "run_s": answer["phases"]["service_run"]})
+            self.answered += 1
         self.capacity.record(table, arrived=time.time() - (time.monotonic() - submitted), ended=time.time(),
                              queued_s=started - submitted, interval_s=self._interval(table))
         return answer
@@ -221,7 +218,7 @@ class BatchService:
     def health(self) -> dict:
         with self.guard:
             return {"status": "ok", "slots": self.slots, "queued": self.queued,
-                    "running": sorted(self.running), "runs_answered": len(self.recent),
+                    "running": sorted(self.running), "runs_answered": self.answered,
                     "over_capacity": capacity_warning(capacity_state(self.rt))}
 
 

@@ -355,6 +355,7 @@ class RunPhases:
         self.execute_at = time.time()
         self.stamps = [("process_to_execute", self.execute_at)]
         self._last = self.execute_at
+        self.measured: dict = {}
 
     def add(self, measured: dict) -> None:
         """Phases measured elsewhere (the run's steps, in this process or the batch service)."""
@@ -370,7 +371,7 @@ class RunPhases:
     def as_dict(self) -> dict:
         out = {"process_started": round(self.process_started, 3), "execute_at": round(self.execute_at, 3),
                "process_to_execute": round(self.execute_at - self.process_started, 3)}
-        out.update(getattr(self, "measured", {}))
+        out.update(self.measured)
         for (_, before), (phase, at) in zip(self.stamps, self.stamps[1:]):
             out[phase] = round(at - before, 3)
         out["returned_at"] = round(self._last, 3)

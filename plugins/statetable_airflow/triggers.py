@@ -43,6 +43,12 @@ class TableRunTrigger(BaseTrigger):
         url = f"{conn.schema or 'http'}://{conn.host}:{conn.port}/runs"
         problem, outcome = None, {}
         try:
+            # The token goes only to a listener of this user's (the stack's service), as every
+            # stack secret does (catalog.listeners): a port left free while the stack is down
+            # may be bound by another local user.
+            from catalog.listeners import ForeignListener, check_ours
+
+            check_ours(conn.host, int(conn.port), "the batch service")
             async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client:
                 answer = await client.post(url, json={"table": self.table, "max_batches": self.max_batches},
                                            headers={"Authorization": f"Bearer {conn.password}"})
@@ -50,7 +56,7 @@ class TableRunTrigger(BaseTrigger):
                 outcome = answer.json()
             else:
                 problem = f"HTTP {answer.status_code}: {answer.text[:300]}"
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, ForeignListener) as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if problem is not None:
             message = (f"{self.table}: the batch service at {url} did not run it ({problem}); "
