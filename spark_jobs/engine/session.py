@@ -356,13 +356,19 @@ def _listener_guard(url: str):
 
 
 def drop_closed() -> bool:
-    """Forget this process's Connect clients that pyspark closed (their server restarted: its
-    session ids changed); True if there were any. A long-lived process (the batch service) then
-    makes new ones on its next call, where a task process would simply have ended."""
-    closed = [held for held, spark in _remote_sessions.items() if spark.client.is_closed]
-    for held in closed:
-        _remote_sessions.pop(held, None)
-    return bool(closed)
+    """Forget this process's Connect clients once pyspark closed one of them (its server restarted:
+    the session ids changed); True if it had. Every client goes, not only the closed one: all of
+    them held sessions of the old server, and each would fail on its next call. A long-lived
+    process (the batch service) then makes new ones, where a task process would have ended."""
+    if not any(spark.client.is_closed for spark in _remote_sessions.values()):
+        return False
+    for held in list(_remote_sessions):
+        spark = _remote_sessions.pop(held)
+        try:
+            spark.client.close()
+        except Exception as exc:       # noqa: BLE001 - a client of a gone server has nothing to close
+            log.debug("closing the Spark Connect client %s: %s", held.split(";")[0], exc)
+    return True
 
 
 def interrupt_all() -> None:

@@ -137,13 +137,15 @@ def test_a_run_that_met_a_restarted_connect_server_runs_again_once_with_a_new_cl
 
     from spark_jobs.engine import session
 
-    closed = types.SimpleNamespace(client=types.SimpleNamespace(is_closed=True))
+    closed = types.SimpleNamespace(client=types.SimpleNamespace(is_closed=True, close=lambda: None))
+    stale = types.SimpleNamespace(client=types.SimpleNamespace(is_closed=False, close=lambda: None))
     calls = []
 
     def run(name, max_batches, rt, spark=None):
         calls.append(spark)
-        if len(calls) == 1:
-            monkeypatch.setitem(session._remote_sessions, "sc://x#arrow-10", closed)   # what the restart did
+        if len(calls) == 1:      # what the restart did: one client closed, the other's session gone too
+            monkeypatch.setitem(session._remote_sessions, "sc://x#arrow-10", closed)
+            monkeypatch.setitem(session._remote_sessions, "sc://x", stale)
             raise RuntimeError("[NO_ACTIVE_SESSION] No active Spark session found")
         return {"outcome": "done", "result": {"table": name}, "phases": {}}
 
@@ -156,4 +158,4 @@ def test_a_run_that_met_a_restarted_connect_server_runs_again_once_with_a_new_cl
         logging.getLogger().removeHandler(service.logs)
         service.pool.shutdown()
     assert answer["outcome"] == "done" and len(calls) == 2 and calls[1] is fresh
-    assert "sc://x#arrow-10" not in session._remote_sessions
+    assert "sc://x#arrow-10" not in session._remote_sessions and "sc://x" not in session._remote_sessions
