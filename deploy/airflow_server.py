@@ -211,6 +211,23 @@ def is_healthy(settings: StackSettings) -> bool:
     return all((report.get(p) or {}).get("status") == "healthy" for p in parts)
 
 
+def status_line(settings: StackSettings, timeout: float = 10.0) -> str:
+    """`airflow URL up`, or `down` with what is not: a busy machine can keep the API server
+    from answering within wait_healthy's 3 s, and a user asking once deserves the wait and
+    the cause rather than a bare `down`."""
+    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    try:
+        report = health(settings, timeout)
+    except OSError as exc:
+        if not any(process(settings, c).is_running() for c in components()):
+            return f"airflow {settings.airflow_url} down"
+        return f"airflow {settings.airflow_url} down (the API server did not answer in {timeout:.0f} s: {exc})"
+    sick = [p for p in parts if (report.get(p) or {}).get("status") != "healthy"]
+    if not sick:
+        return f"airflow {settings.airflow_url} up"
+    return f"airflow {settings.airflow_url} down ({', '.join(p.replace('_', '-') for p in sick)} not healthy)"
+
+
 def wait_healthy(settings: StackSettings, timeout: float = 180.0) -> None:
     wait_ready([process(settings, c) for c in components()], lambda: is_healthy(settings), timeout,
                what=f"airflow health at {settings.airflow_url}", interval=1.0)

@@ -53,7 +53,7 @@ def _stack(args) -> int:
     else:
         lines = stack.status_lines(cfg)
         print("\n".join(lines))
-        return EXIT_DOWN if any(line.endswith(" down") for line in lines) else EXIT_OK
+        return EXIT_DOWN if any(stack.is_down(line) for line in lines) else EXIT_OK
     return 0
 
 

@@ -211,7 +211,6 @@ def _kafka_lines(settings: StackSettings) -> list[str]:
 
 
 def status_lines(settings: StackSettings) -> list[str]:
-    airflow_up = airflow_server.is_healthy(settings)
     cluster = spark_cluster.status_lines(settings)
     if cluster:
         cluster.append(f"s3 {settings.s3_url} {'up' if object_store.is_healthy(settings) else 'down'}")
@@ -225,9 +224,14 @@ def status_lines(settings: StackSettings) -> list[str]:
         postgres_server.status_line(settings),
         *([schema_registry.status_line(settings)] if settings.registry_dir.exists() else []),
         *([cdc.status_line(settings)] if settings.cdc_dir.exists() else []),
-        f"airflow {settings.airflow_url} {'up' if airflow_up else 'down'}",
+        airflow_server.status_line(settings),
         *([batch_server.status_line(settings)] if settings.batch_dir.exists() else []),
     ]
+
+
+def is_down(line: str) -> bool:
+    """A status line that says `down`, bare or followed by its cause in brackets."""
+    return line.endswith(" down") or " down (" in line
 
 
 def _safe(check, settings: StackSettings) -> bool:

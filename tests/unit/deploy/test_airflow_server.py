@@ -51,3 +51,49 @@ def test_the_parse_interval_is_30_s_unless_the_deployment_sets_its_own(tmp_path,
     assert airflow_server.airflow_env(settings)[name] == "30"
     monkeypatch.setenv(name, "120")
     assert airflow_server.airflow_env(settings)[name] == "120"
+
+
+def _health_server(report: dict, delay: float = 0.0):
+    """A local HTTP server answering /api/v2/monitor/health with `report` after `delay` s."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(delay)
+            body = json.dumps(report).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("report, delay, expected", [
+    ({p: {"status": "healthy"} for p in ("metadatabase", "scheduler", "triggerer", "dag_processor")}, 0, "up"),
+    ({"metadatabase": {"status": "healthy"}, "scheduler": {"status": "unhealthy"},
+      "triggerer": {"status": "healthy"}, "dag_processor": {"status": None}}, 0,
+     "down (scheduler, dag-processor not healthy)"),
+    ({}, 2.0, "down (the API server did not answer in 1 s"),
+])
+def test_the_status_line_names_what_is_not_healthy(tmp_path, monkeypatch, report, delay, expected):
+    """`stack status` exits 3 on a line that says down, bare or with its cause, and on no other."""
+    from deploy import stack
+
+    server = _health_server(report, delay)
+    try:
+        settings = StackSettings("127.0.0.1", 29092, 29093, server.server_address[1], tmp_path / "stack")
+        monkeypatch.setattr(airflow_server, "process", lambda s, c: type("P", (), {"is_running": lambda self: True})())
+        line = airflow_server.status_line(settings, timeout=1.0)
+    finally:
+        server.shutdown()
+    assert line.startswith(f"airflow {settings.airflow_url} {expected}"), line
+    assert stack.is_down(line) == (expected != "up")
