@@ -73,7 +73,6 @@ def main() -> None:
     from deploy import airflow_server, connect_server, kafka_server, samples
     from deploy.airflow_api import AirflowApi
     from state.kafka_admin import ensure_topic
-    from statetable_airflow.timetables import spread
 
     cfg = settings.load()
     out: dict = {"events_per_table_per_wave": args.events, "cores": os.cpu_count(),
@@ -95,11 +94,8 @@ def main() -> None:
             for name in names[len(active):count]:
                 (tables_dir / f"{name}.sql").write_text(TABLE_SQL.format(table=name, topic=name))
             active = names[:count]
-            for name in active:
-                api.wait_for_dag(f"{name}__incremental", timeout=900)
-            groups = defaultdict(list)
-            for name in active:
-                groups[spread("*/5 * * * *", name).split()[0]].append(name)
+            groups = _minute_groups(api, active)
+            out.setdefault("minute_groups", {})[count] = {m: len(g) for m, g in sorted(groups.items())}
             for wave in range(args.waves):
                 for shape, batches in (("together", [active]), ("spread", list(groups.values()))):
                     if shape not in args.shapes or shape == "spread" and args.spread_waves is not None \
@@ -148,6 +144,26 @@ def main() -> None:
                                  for w in out["waves"]]}
         Path(args.out).write_text(json.dumps(kept, indent=1, default=str) + "\n")
         _plot(out, Path(args.out).with_suffix(".png"))
+
+
+def _minute_groups(api, names: list[str]) -> dict[str, list[str]]:
+    """The tables by the minute their deployed `*/5` cron fires, as Airflow's REST API shows the
+    schedule: read until two reads a parse interval apart agree, since a parse that ran while the
+    table files were being written saw fewer tables to spread over."""
+    for name in names:
+        api.wait_for_dag(f"{name}__incremental", timeout=900)
+    before = None
+    while True:
+        schedules = {n: api.wait_for_dag(f"{n}__incremental")["timetable_summary"] for n in names}
+        if schedules == before:
+            break
+        before = schedules
+        time.sleep(35)
+    groups = defaultdict(list)
+    for name, cron in schedules.items():
+        groups[cron.split()[0]].append(name)
+    print(json.dumps({"minute_groups": {m: len(g) for m, g in sorted(groups.items())}}), flush=True)
+    return groups
 
 
 def _wave(api, group: list[str], events: int) -> dict:

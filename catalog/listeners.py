@@ -33,7 +33,63 @@ def is_loopback(host: str) -> bool:
 
 
 def listener_uids(port: int) -> set[int]:
-    """The uids owning LISTEN sockets on `port` (any local address)."""
+    """The uids owning LISTEN sockets on `port` (any local address): the kernel's sock_diag
+    answer, else /proc/net/tcp{,6}.
+
+    A client checks before each call to its server (a reconnect may meet another listener), so
+    this runs hundreds of times a minute in the batch service. The /proc tables list every
+    socket of the host and cost ~16 ms to read with a thousand open (a 100-table stack has
+    that); sock_diag is asked for listening sockets only and answers in well under a
+    millisecond."""
+    try:
+        return _diag_listener_uids(port)
+    except OSError:
+        return _proc_listener_uids(port)
+
+
+class _DiagRefused(CatalogError, OSError):
+    """The kernel's sock_diag did not answer as expected: /proc/net is read instead."""
+
+
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
+_NLM_F_REQUEST, _NLM_F_DUMP, _NLMSG_ERROR, _NLMSG_DONE = 0x1, 0x300, 2, 3
+_TCP_LISTEN = 10
+
+
+def _diag_listener_uids(port: int) -> set[int]:
+    """linux/inet_diag.h: one dump request per address family for TCP sockets in LISTEN; each
+    answer is an inet_diag_msg, whose source port (big-endian) is at byte 4 and uid at 64."""
+    import socket
+    import struct
+
+    uids = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(2.0)
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
+            request = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
+            nl.send(struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP,
+                                seq, 0) + request)
+            done = False
+            while not done:
+                data = nl.recv(65536)
+                at = 0
+                while at + 16 <= len(data):
+                    length, kind, _, _, _ = struct.unpack_from("=IHHII", data, at)
+                    if length < 16:
+                        raise _DiagRefused("sock_diag: a malformed answer")
+                    if kind == _NLMSG_DONE:
+                        done = True
+                        break
+                    if kind == _NLMSG_ERROR:
+                        raise _DiagRefused("sock_diag refused the request")
+                    body = at + 16
+                    if struct.unpack_from("!H", data, body + 4)[0] == port:
+                        uids.add(struct.unpack_from("=I", data, body + 64)[0])
+                    at += (length + 3) & ~3
+    return uids
+
+
+def _proc_listener_uids(port: int) -> set[int]:
     uids = set()
     for table in _TABLES:
         try:

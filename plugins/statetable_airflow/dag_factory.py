@@ -99,7 +99,10 @@ def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefiniti
     """The table's cron, and for a table on other tables, also each commit of theirs: a chain
     settles in one pass instead of one schedule per link (Airflow's AssetOrTimeSchedule)."""
     upstream = upstream_tables(table, tables)
-    cron = spread(table.schedule, table.name)
+    # Balanced over the tables sharing the cron when this parse knows them all (the
+    # dag-processor's); a task's parse of its one table never schedules, so a hash will do there.
+    peers = [u.name for u in tables.values() if u.schedule == table.schedule] if len(tables) > 1 else None
+    cron = spread(table.schedule, table.name, peers)
     if not upstream:
         return cron
     assets = AssetAny(*[table_asset(u) for u in upstream])

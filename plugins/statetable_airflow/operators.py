@@ -8,7 +8,6 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.triggers.base import StartTriggerArgs
@@ -86,27 +85,11 @@ def spark_task(task_id: str, entry: str, application: str, app_name: str, applic
     if spark_mode() == "connect":
         return SparkConnectJobOperator(task_id=task_id, entry=entry, application_args=application_args, **kwargs)
     from spark_jobs.engine import session
+    from statetable_airflow.spark_submit import PrivateConfSparkSubmitOperator
 
     return PrivateConfSparkSubmitOperator(task_id=task_id, application=application, conn_id=SPARK_CONN_ID,
                                           **session.submit_options(app_name), application_args=application_args,
                                           **kwargs)
-
-
-class PrivateConfSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit with the conf in a private properties file (mode 600, removed after), not as
-    `--conf` on a command line every local user reads: STATETABLE_SPARK_CONF may hold a
-    deployment's credentials. Written when the task runs, on the host that runs it."""
-
-    def execute(self, context):
-        import tempfile
-
-        from spark_jobs.engine.session import java_properties
-
-        with tempfile.NamedTemporaryFile("w", suffix=".properties", prefix="statetable-") as conf_file:
-            conf_file.write(java_properties(self.conf or {}))
-            conf_file.flush()
-            self.properties_file, self.conf = conf_file.name, {}
-            return super().execute(context)
 
 
 class _Lineage:

@@ -160,3 +160,22 @@ def test_statetable_run_sends_no_token_to_another_users_listener(tmp_path):
     assert done.returncode != 0 and "uid 65534" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert got == b""
+
+
+@needs_root
+def test_the_kernels_sock_diag_answer_names_the_same_owners_as_its_proc_tables():
+    """The fast path (sock_diag) and the fallback (/proc/net/tcp) agree on every listening port
+    of the host, ours and another user's, over IPv4 and IPv6, and on a port nobody holds."""
+    fake = Fake(_free_port())
+    mine = socket.socket(socket.AF_INET6)
+    mine.bind(("::1", 0))
+    mine.listen(1)
+    try:
+        ports = {fake.port, mine.getsockname()[1], _free_port()}
+        for port in ports:
+            assert listeners._diag_listener_uids(port) == listeners._proc_listener_uids(port), port
+        assert listeners._diag_listener_uids(fake.port) == {65534}
+        assert listeners._diag_listener_uids(mine.getsockname()[1]) == {os.geteuid()}
+    finally:
+        mine.close()
+        fake.received()

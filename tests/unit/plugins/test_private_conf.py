@@ -7,7 +7,7 @@ import stat
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from plugins.statetable_airflow.operators import PrivateConfSparkSubmitOperator
+from plugins.statetable_airflow.spark_submit import PrivateConfSparkSubmitOperator
 
 
 def test_the_conf_goes_in_a_private_file_that_is_gone_after(monkeypatch):
