@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON here (and a plot beside it, .png)")
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--port", type=int, default=25092)
+    parser.add_argument("--celery-workers", type=int, default=0,
+                        help="run the tasks on N Celery workers (the stack's CeleryExecutor) instead of LocalExecutor")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="statetable-bench-tables-"))
     tables_dir = root / "tables"
@@ -69,6 +71,8 @@ def main() -> None:
         "STATETABLE_POSTGRES_PORT": str(args.port - 60), "STATETABLE_BATCH_PORT": str(args.port - 14),
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",     # the waves below are the schedule
     })
+    if args.celery_workers:
+        os.environ["STATETABLE_AIRFLOW_EXECUTOR"] = "celery"
     from catalog import settings
     from deploy import airflow_server, connect_server, kafka_server, samples
     from deploy.airflow_api import AirflowApi
@@ -87,7 +91,9 @@ def main() -> None:
         for name in names:
             ensure_topic(cfg.kafka_bootstrap, name, 4)
         airflow_server.start(cfg)
+        extra_workers = _more_celery_workers(cfg, args.celery_workers - 1)
         airflow_server.wait_healthy(cfg)
+        out["celery_workers"] = args.celery_workers
         api = AirflowApi(cfg)
         active: list[str] = []
         for count in sorted(args.tables):
@@ -134,6 +140,8 @@ def main() -> None:
                                              "how": f"300 s / the per-table cost of a together wave at "
                                                     f"{largest} tables (extrapolated beyond {largest})"}
     finally:
+        for worker in locals().get("extra_workers", []):
+            worker.stop(timeout=15)
         airflow_server.stop(cfg)
         connect_server.stop(cfg)
         kafka_server.process(cfg).stop(timeout=25)
@@ -144,6 +152,22 @@ def main() -> None:
                                  for w in out["waves"]]}
         Path(args.out).write_text(json.dumps(kept, indent=1, default=str) + "\n")
         _plot(out, Path(args.out).with_suffix(".png"))
+
+
+def _more_celery_workers(cfg, count: int) -> list:
+    """Celery workers beyond the stack's one, each its own process and Celery node name, as
+    another machine's worker would be (here they share this machine's cores)."""
+    from deploy import airflow_server
+    from deploy.processes import ManagedProcess
+
+    workers = []
+    for n in range(2, count + 2):
+        worker = ManagedProcess(f"airflow-celery-worker-{n}", cfg.airflow_home)
+        worker.start([str(airflow_server.VENV_BIN / "airflow"), "celery", "worker", "--skip-serve-logs",
+                      "--celery-hostname", f"worker{n}@%h"], env=airflow_server.airflow_env(cfg),
+                     cwd=cfg.airflow_home)
+        workers.append(worker)
+    return workers
 
 
 def _minute_groups(api, names: list[str]) -> dict[str, list[str]]:
