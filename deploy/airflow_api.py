@@ -60,6 +60,17 @@ class AirflowApi:
     def runs(self, dag_id: str) -> list[dict]:
         return self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
 
+    def runs_after(self, since: str) -> list[dict]:
+        """Every DAG's runs due at or after `since` (ISO 8601), all pages: one call per hundred
+        runs where a call per run would load the API server that serves the runs themselves."""
+        out: list[dict] = []
+        while True:
+            page = self._call("GET", f"/api/v2/dags/~/dagRuns?run_after_gte={urllib.parse.quote(since)}"
+                                     f"&limit=100&offset={len(out)}&order_by=run_after")
+            out += page["dag_runs"]
+            if not page["dag_runs"] or len(out) >= page["total_entries"]:
+                return out
+
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600.0, on_poll=None) -> dict:
         deadline = time.monotonic() + timeout
         while True:
