@@ -69,24 +69,29 @@ def _diag_listener_uids(port: int) -> set[int]:
             request = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
             nl.send(struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP,
                                 seq, 0) + request)
-            done = False
-            while not done:
-                data = nl.recv(65536)
-                at = 0
-                while at + 16 <= len(data):
-                    length, kind, _, _, _ = struct.unpack_from("=IHHII", data, at)
-                    if length < 16:
-                        raise _DiagRefused("sock_diag: a malformed answer")
-                    if kind == _NLMSG_DONE:
-                        done = True
-                        break
-                    if kind == _NLMSG_ERROR:
-                        raise _DiagRefused("sock_diag refused the request")
-                    body = at + 16
-                    if struct.unpack_from("!H", data, body + 4)[0] == port:
-                        uids.add(struct.unpack_from("=I", data, body + 64)[0])
-                    at += (length + 3) & ~3
+            for data, body in _diag_answers(nl):
+                if struct.unpack_from("!H", data, body + 4)[0] == port:
+                    uids.add(struct.unpack_from("=I", data, body + 64)[0])
     return uids
+
+
+def _diag_answers(nl):
+    """(buffer, offset of a message's body) for each message of one dump, until its DONE."""
+    import struct
+
+    while True:
+        data = nl.recv(65536)
+        at = 0
+        while at + 16 <= len(data):
+            length, kind, _, _, _ = struct.unpack_from("=IHHII", data, at)
+            if length < 16:
+                raise _DiagRefused("sock_diag: a malformed answer")
+            if kind == _NLMSG_DONE:
+                return
+            if kind == _NLMSG_ERROR:
+                raise _DiagRefused("sock_diag refused the request")
+            yield data, at + 16
+            at += (length + 3) & ~3
 
 
 def _proc_listener_uids(port: int) -> set[int]:

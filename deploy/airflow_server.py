@@ -202,27 +202,30 @@ def health(settings: StackSettings, timeout: float = 3.0) -> dict:
         return json.load(resp)
 
 
+HEALTH_PARTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+
+
+def _not_healthy(report: dict) -> list[str]:
+    return [p for p in HEALTH_PARTS if (report.get(p) or {}).get("status") != "healthy"]
+
+
 def is_healthy(settings: StackSettings) -> bool:
     try:
-        report = health(settings)
+        return not _not_healthy(health(settings))
     except OSError:
         return False
-    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
-    return all((report.get(p) or {}).get("status") == "healthy" for p in parts)
 
 
 def status_line(settings: StackSettings, timeout: float = 10.0) -> str:
     """`airflow URL up`, or `down` with what is not: a busy machine can keep the API server
     from answering within wait_healthy's 3 s, and a user asking once deserves the wait and
     the cause rather than a bare `down`."""
-    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
     try:
-        report = health(settings, timeout)
+        sick = _not_healthy(health(settings, timeout))
     except OSError as exc:
         if not any(process(settings, c).is_running() for c in components()):
             return f"airflow {settings.airflow_url} down"
         return f"airflow {settings.airflow_url} down (the API server did not answer in {timeout:.0f} s: {exc})"
-    sick = [p for p in parts if (report.get(p) or {}).get("status") != "healthy"]
     if not sick:
         return f"airflow {settings.airflow_url} up"
     return f"airflow {settings.airflow_url} down ({', '.join(p.replace('_', '-') for p in sick)} not healthy)"

@@ -21,7 +21,7 @@ from deploy import samples
 from catalog.definitions import load_all
 from ops.failures import FAILURES
 from catalog.runtime import Runtime
-from statetable_airflow.timetables import daily_minute, spread
+from statetable_airflow.timetables import daily_minute, places, spread
 from tests.browser import screenshots
 from tests.table_env import read_topic
 from tests.tamper import corrupt_value
@@ -45,8 +45,8 @@ def test_dagbag_has_three_dags_per_table_with_the_expected_graph():
         assert _edges(rv) == {("inject_failure", "restore"), ("restore", "verify"), ("verify", "record_result")}
         assert inc.max_active_runs == 1 and inc.catchup is False
         timetable = getattr(inc.timetable, "timetable", inc.timetable)    # AssetOrTimeSchedule wraps the cron
-        peers = [u.name for u in tables.values() if u.schedule == table.schedule]
-        assert timetable.expression == spread(table.schedule, name, peers)
+        assert timetable.expression == spread(table.schedule, name,
+                                              places({u.name: u.schedule for u in tables.values()})[name])
         assert [a.uri for a in inc.get_task("run_batches").outlets] == [f"statetable://tables/{name}"]
         upstream = [u.name for u in tables.values() if u.output_topic and u.output_topic == table.topic]
         upstream += [j.table for j in table.joins] if table.table_join else []    # a join of tables: its joined one
@@ -79,13 +79,20 @@ def test_the_tables_on_one_cron_share_its_minutes_evenly_and_a_new_table_moves_o
     """A hash put 26 of 100 tables on one minute of `*/5` and 16 on another; the busiest minute
     is what a wave waits for."""
     names = [f"pay_{i:03d}" for i in range(100)]
-    minutes = Counter(spread("*/5 * * * *", n, names).split()[0] for n in names)
+    minutes = Counter(spread("*/5 * * * *", n, _place(n, names)).split()[0] for n in names)
     assert sorted(minutes.values()) == [20] * 5
-    assert Counter(spread("*/15 * * * *", n, names[:22]).split()[0] for n in names[:22]).most_common(1)[0][1] == 2
+    assert Counter(spread("*/15 * * * *", n, _place(n, names[:22])).split()[0]
+                   for n in names[:22]).most_common(1)[0][1] == 2
     grown = names + ["pay_050a"]
-    moved = [n for n in names if spread("*/5 * * * *", n, names) != spread("*/5 * * * *", n, grown)]
+    moved = [n for n in names
+             if spread("*/5 * * * *", n, _place(n, names)) != spread("*/5 * * * *", n, _place(n, grown))]
     assert moved == [n for n in names if n > "pay_050a"]
-    assert spread("*/5 * * * *", "other", names) == spread("*/5 * * * *", "other")      # not a peer: its hash
+    assert spread("*/5 * * * *", "other", _place("other", names)) == spread("*/5 * * * *", "other")   # no place: its hash
+
+
+def _place(name: str, names: list[str]) -> int | None:
+    """`name`'s place among `names`, all on one cron, as the DAG factory computes it."""
+    return places({n: "*/5 * * * *" for n in names}).get(name)
 
 
 def test_a_new_drill_waits_for_its_first_time_and_then_follows_its_cron():

@@ -22,7 +22,7 @@ from statetable_airflow.operators import (
     TableBatchesOperator, result_file, spark_job, spark_mode,
 )
 from statetable_airflow.sensors import OffsetLagSensor
-from statetable_airflow.timetables import BackfillOnlyTimetable, daily_drill, spread
+from statetable_airflow.timetables import BackfillOnlyTimetable, daily_drill, places, spread
 
 START = datetime(2026, 1, 1)
 
@@ -95,14 +95,14 @@ def upstream_tables(table: TableDefinition, tables: dict[str, TableDefinition]) 
                                                        or u.name in joined) and u.name != table.name)
 
 
-def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefinition]):
+def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefinition],
+                         minute_places: dict[str, int] | None = None):
     """The table's cron, and for a table on other tables, also each commit of theirs: a chain
-    settles in one pass instead of one schedule per link (Airflow's AssetOrTimeSchedule)."""
+    settles in one pass instead of one schedule per link (Airflow's AssetOrTimeSchedule).
+    `minute_places` (timetables.places over every table) balances the `*/N` minutes; a task's
+    parse of its one table has none and never schedules, so a hash will do there."""
     upstream = upstream_tables(table, tables)
-    # Balanced over the tables sharing the cron when this parse knows them all (the
-    # dag-processor's); a task's parse of its one table never schedules, so a hash will do there.
-    peers = [u.name for u in tables.values() if u.schedule == table.schedule] if len(tables) > 1 else None
-    cron = spread(table.schedule, table.name, peers)
+    cron = spread(table.schedule, table.name, (minute_places or {}).get(table.name))
     if not upstream:
         return cron
     assets = AssetAny(*[table_asset(u) for u in upstream])
@@ -111,12 +111,13 @@ def incremental_schedule(table: TableDefinition, tables: dict[str, TableDefiniti
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=assets)
 
 
-def incremental_dag(table: TableDefinition, tables: dict[str, TableDefinition] | None = None) -> DAG:
+def incremental_dag(table: TableDefinition, tables: dict[str, TableDefinition] | None = None,
+                    minute_places: dict[str, int] | None = None) -> DAG:
     t = table.name
     upstream = upstream_tables(table, tables or {})
     with DAG(
         dag_id=f"{t}__incremental",
-        schedule=incremental_schedule(table, tables or {}),
+        schedule=incremental_schedule(table, tables or {}, minute_places),
         start_date=START,
         catchup=False,
         max_active_runs=1,
@@ -235,9 +236,10 @@ def build_all(tables_dir=None, broken: dict[str, str] | None = None) -> dict[str
     if not tables:
         tables = load_all(folder, broken={} if broken is None else broken)
     dags = {}
+    minute_places = places({t.name: t.schedule for t in tables.values()}) if len(tables) > 1 else None
     for table in tables.values():
         recomputable = table.bronze or table.kind == "source" or table.over_table   # the last two: from their topic
-        builds = [functools.partial(incremental_dag, tables=tables)]
+        builds = [functools.partial(incremental_dag, tables=tables, minute_places=minute_places)]
         builds += [rebuild_dag, restore_verify_dag] if recomputable else []
         for build, suffix in zip(builds, ("incremental", "rebuild", "restore_verify")):
             if wanted is None or wanted == f"{table.name}__{suffix}":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow.timetables.trigger import CronTriggerTimetable
@@ -11,10 +11,19 @@ from airflow.timetables.trigger import CronTriggerTimetable
 _EVERY_N_MINUTES = re.compile(r"^\*/(\d+)(\s.*)$")
 
 
-def spread(cron: str | None, table: str, peers: Iterable[str] | None = None) -> str | None:
+def places(schedules: Mapping[str, str | None]) -> dict[str, int]:
+    """Each table's place, in name order, among the tables with the same schedule: computed once
+    per parse for all of them (a table's own count of its peers would grow with the square)."""
+    by_cron: dict[str | None, list[str]] = {}
+    for name in sorted(schedules):
+        by_cron.setdefault(schedules[name], []).append(name)
+    return {name: i for names in by_cron.values() for i, name in enumerate(names)}
+
+
+def spread(cron: str | None, table: str, place: int | None = None) -> str | None:
     """`*/N ...` moved to a minute of its own within every N: `k-59/N ...`. k is the table's
-    place among `peers` (the tables with the same cron) in name order, modulo N; without peers,
-    a stable hash of its name modulo N.
+    `place` among the tables with the same cron (`places`) modulo N; without one, a stable hash
+    of its name modulo N.
 
     Every table's `*/N` fired in the same second, so twenty tables queued twenty runs at once
     while the other minutes stayed idle. A hash spread them, but unevenly: of 100 tables on
@@ -29,8 +38,7 @@ def spread(cron: str | None, table: str, peers: Iterable[str] | None = None) -> 
     n = int(match.group(1))
     if n < 2 or 60 % n:
         return cron
-    ordered = sorted(set(peers or ()))
-    offset = ordered.index(table) % n if table in ordered else zlib.crc32(table.encode()) % n
+    offset = (place if place is not None else zlib.crc32(table.encode())) % n
     return f"{offset}-59/{n}{match.group(2)}" if offset else cron
 
 
