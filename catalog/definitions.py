@@ -526,6 +526,7 @@ class _Scope:
         self.joined_refs: list[tuple[str, str, str]] = []    # (qualified name, joined table, "line:col")
         self.derived: dict[str, str] = {}                     # "_x0" -> an aggregate argument's expression
         self.hidden: dict[str, str] = {}                      # an aggregate's SQL -> its hidden column "_h0"
+        self.key_sql: dict[str, str] = {}                     # a computed key's SQL -> its column
 
     def argument(self, node: exp.Expression) -> str:
         """An aggregate's input: a column, or an expression computed per event before the
@@ -840,10 +841,16 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         raise _fail(path, select, "an aggregate without GROUP BY")
     keys, window, key_types = [], None, {}
     event_time = common.get("event_time")
-    selected = {p.this.unnest().sql(dialect="spark"): p.alias for p in select.expressions
+    projections = _projections(path, select, schema)
+    selected = {p.this.unnest().sql(dialect="spark"): p.alias for p in projections
                 if isinstance(p, exp.Alias) and not isinstance(p.this, exp.Column)}
-    by_alias = {p.alias: p.this for p in select.expressions if isinstance(p, exp.Alias)}
-    for item in group.expressions:
+    by_alias = {p.alias: p.this for p in projections if isinstance(p, exp.Alias)}
+    # `SELECT data AS new_key ... GROUP BY data` renames the key (ksqlDB's rows show new_key); with
+    # data also selected as itself, new_key is a copy of it, computed when a row is shown.
+    plain = {p.sql(dialect="spark") for p in projections if isinstance(p, exp.Column)}
+    renamed = {p.this.sql(dialect="spark"): p.alias for p in projections if isinstance(p, exp.Alias)
+               and isinstance(p.this, exp.Column) and p.alias != p.this.name and p.this.sql(dialect="spark") not in plain}
+    for item in (part for listed in group.expressions for part in _grouping_set(listed)):
         item = item.unnest()                    # GROUP BY (a + b) groups by a + b
         if isinstance(item, exp.Column) and not item.table and item.name not in scope.stream_fields \
                 and item.name in by_alias and not isinstance(by_alias[item.name], exp.Column):
@@ -853,7 +860,11 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
                 raise _invalid(path, item, "a table has at most one window in GROUP BY")
             event_time, window = _window(scope, item)
             continue
-        if isinstance(item, exp.Column):
+        if isinstance(item, exp.Column) and item.sql(dialect="spark") in renamed:
+            scope.column(item, "a GROUP BY key")
+            key = _computed_key(scope, item, renamed)
+            key_types[key] = _key_type(path, item, schema)
+        elif isinstance(item, exp.Column):
             key = scope.column(item, "a GROUP BY key")
         elif not _is_aggregate_call(item) and not item.find(exp.AggFunc):
             key = _computed_key(scope, item, selected)
@@ -869,8 +880,11 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     if len(key_names) != len(shown_keys):
         raise _invalid(path, group, f"GROUP BY keys {keys} share a column name; rows would show one of them")
     aggregates, seen, computed_nodes = [], {}, {}
-    for projection in select.expressions:
+    for projection in projections:
         target = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(projection, exp.Alias) and projection.alias in key_types \
+                and scope.derived[projection.alias] == projection.this.unnest().sql(dialect="spark"):
+            continue                            # a computed or renamed GROUP BY key
         if isinstance(target, exp.Column) and window is not None and not target.table \
                 and target.name in ("window_start", SESSION_LAST) and target.name not in scope.stream_fields:
             alias = projection.alias if isinstance(projection, exp.Alias) else target.name
@@ -881,13 +895,14 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
             if scope.column(target, "a selected column") not in keys:
                 raise _fail(path, target, f"column {target.sql()} outside GROUP BY and outside an aggregate")
             if isinstance(projection, exp.Alias) and projection.alias != target.name:
-                raise _fail(path, projection, f"renaming the key column {target.sql()}", "the key's own name")
+                if projection.alias in key_names or projection.alias in computed_nodes:
+                    raise _invalid(path, projection, f"column alias {projection.alias!r} is used twice; rows would "
+                                                     f"show only one of them")
+                computed_nodes[projection.alias] = projection      # a copy of the key beside it
             continue
         if not isinstance(projection, exp.Alias):
             raise _fail(path, projection, f"aggregate {projection.sql()} without an alias", "AGG(...) AS name")
         alias = projection.alias
-        if alias in key_types:
-            continue                            # a computed GROUP BY key
         if alias in key_names:
             raise _invalid(path, projection, f"aggregate alias {alias!r} is also a key column; rows would show "
                                              f"only one of them. Rename the aggregate")
@@ -901,11 +916,11 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
             computed_nodes[alias] = projection
     computed = {alias: _computed(scope, projection, key_names, seen, aggregates, window)
                 for alias, projection in computed_nodes.items()}
-    if not aggregates:
-        raise _fail(path, select, "a GROUP BY without aggregates")
     having = select.args.get("having")
     having_sql = _having(path, having.this, key_names | set(computed), seen, scope, aggregates) \
         if having is not None else None
+    if not aggregates:          # GROUP BY alone: the distinct keys, each held by a hidden count
+        _hidden_aggregate(scope, exp.Count(this=exp.Star()), aggregates)
     where = select.args.get("where")
     if where is not None:
         scope.check_expression(where.this)
@@ -935,35 +950,66 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     )
 
 
-# What WHERE may use: Spark evaluates it (the Spark-SQL pass takes a WHERE the Arrow pass cannot
-# translate), so anything here must mean the same in Spark SQL on every batch: no subqueries, no
-# clocks, no randomness.
-WHERE_FUNCTIONS = {
-    "arithmetic": (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren),
-    "comparisons and logic": (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not, exp.Is,
-                              exp.In, exp.Between, exp.Like, exp.ILike),
-    "CASE, IF, CAST, TRY_CAST, COALESCE, NULLIF, GREATEST, LEAST": (exp.Case, exp.If, exp.Cast, exp.TryCast,
-                                                                    exp.Coalesce, exp.Nullif, exp.Greatest,
-                                                                    exp.Least),
-    "UPPER, LOWER, LENGTH, SUBSTRING, CONCAT, ||, TRIM, REPLACE": (exp.Upper, exp.Lower, exp.Length, exp.Substring,
-                                                                   exp.Concat, exp.DPipe, exp.Trim, exp.Replace),
-    "ABS, ROUND, FLOOR, CEIL": (exp.Abs, exp.Round, exp.Floor, exp.Ceil),
-    "YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC": (exp.Year, exp.Month, exp.Day, exp.Hour,
-                                                                       exp.Minute, exp.DayOfWeek, exp.TsOrDsToDate,
-                                                                       exp.TimestampTrunc, exp.DateTrunc),
-}
+def _projections(path: Path, select: exp.Select, schema: list[tuple[str, str]]) -> list[exp.Expression]:
+    """SELECT's list with `*` spelled out as the stream's fields (ksqlDB allows `SELECT *, COUNT(*)`
+    when every field is in GROUP BY; one that is not fails as any selected column outside it)."""
+    projections = []
+    for projection in select.expressions:
+        if isinstance(projection, exp.Star):
+            if select.args.get("joins"):
+                raise _fail(path, projection, "SELECT * with a JOIN", "name the columns")
+            for name, _ in schema:
+                projections.append(exp.column(name))
+                projections[-1].meta.update(projection.meta)      # errors point at the *
+        else:
+            projections.append(projection)
+    return projections
+
+
+def _grouping_set(item: exp.Expression) -> list[exp.Expression]:
+    """`GROUP BY (a, b)`, a single grouping set, groups by a and b; `GROUP BY (a + b)` by a + b."""
+    return list(item.expressions) if isinstance(item, exp.Tuple) else [item]
+
+
+# What an event-level expression (WHERE, a computed GROUP BY key, an aggregate's argument) may
+# use: Spark evaluates it (the Spark-SQL pass takes a WHERE the Arrow pass cannot translate), on
+# every batch and again in verify and rebuild, so it must give the same answer each time. Any
+# scalar function sqlglot's Spark dialect knows does; these do not.
+NOT_REPEATABLE = "aggregates, generators (EXPLODE, ...), subqueries, window functions, clocks, random values, " \
+                 "the session's user or catalog, and functions Spark's SQL does not define"
+_NOT_REPEATABLE_NAMES = ("Current", "Local", "Rand", "Uuid", "AI", "Generate", "ExplodingGenerate")
+_CLOCK_WITHOUT_ARGUMENTS = (exp.StrToUnix, exp.TimeStrToUnix, exp.TimeToUnix)   # UNIX_TIMESTAMP() is now
 _WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.DataType, exp.DataTypeParam, exp.Var,
-                exp.Star)
-_ALLOWED = tuple(cls for group in WHERE_FUNCTIONS.values() for cls in group) + _WHERE_PARTS
+                exp.Star, exp.Paren, exp.Binary, exp.Unary, exp.Predicate, exp.Case, exp.If, exp.Cast, exp.Interval,
+                exp.Tuple, exp.Escape, exp.Bracket)
+
+
+def _repeatable(node: exp.Expression) -> bool:
+    if isinstance(node, exp.In) and node.args.get("query") or isinstance(node, (exp.Query, exp.Window)):
+        return False
+    if isinstance(node, exp.Func):
+        name = type(node).__name__
+        return not (isinstance(node, (exp.AggFunc, exp.UDTF, exp.Anonymous)) or name.startswith(_NOT_REPEATABLE_NAMES)
+                    or isinstance(node, _CLOCK_WITHOUT_ARGUMENTS) and node.this is None)
+    return isinstance(node, _WHERE_PARTS)
 
 
 def _check_functions(path: Path, node: exp.Expression, where: str) -> None:
-    """Every node of an event-level expression (WHERE, an aggregate's argument) is one Spark
-    evaluates alike on every batch; `where` says where it is ("in WHERE")."""
+    """Every node of an event-level expression (WHERE, an aggregate's argument, a computed key) is
+    one Spark evaluates alike on every batch; `where` says where it is ("in WHERE")."""
+    from catalog.expressions import backslash_escaped
+
     for child in node.walk():
-        if isinstance(child, exp.In) and child.args.get("query") or not isinstance(child, _ALLOWED):
+        if not _repeatable(child):
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
-            raise _fail(path, child, f"{what} {where}", f"{where}: columns, literals, " + "; ".join(WHERE_FUNCTIONS))
+            raise _fail(path, child, f"{what} {where}",
+                        f"{where}: columns, literals, operators and Spark's scalar functions; not {NOT_REPEATABLE}")
+        escape = child.expression if isinstance(child, exp.Escape) else None
+        if isinstance(escape, exp.Literal) and isinstance(child.this.expression, exp.Literal):
+            try:        # Spark would refuse it mid-batch, every batch
+                backslash_escaped(child.this.expression.this, escape.this)
+            except ValueError as exc:
+                raise _invalid(path, child, f"{exc} {where}") from None
 
 
 KEY_TYPES = ("STRING", "BIGINT", "INT", "DOUBLE", "BOOLEAN")
@@ -980,6 +1026,7 @@ def _computed_key(scope: "_Scope", node: exp.Expression, selected: dict[str, str
     scope.check_expression(node)
     _check_functions(scope.path, node, "in GROUP BY")
     scope.derived[selected[text]] = text
+    scope.key_sql[text] = selected[text]
     return selected[text]
 
 
@@ -1023,6 +1070,8 @@ def _computed(scope: "_Scope", projection: exp.Alias, key_names: set[str], named
         if _is_aggregate_call(child):
             text = child.sql(dialect="spark")
             return exp.column(by_sql[text] if text in by_sql else _hidden_aggregate(scope, child, aggregates))
+        if child.sql(dialect="spark") in scope.key_sql:        # INITCAP(c) when GROUP BY INITCAP(c): its key
+            return exp.column(scope.key_sql[child.sql(dialect="spark")])
         if isinstance(child, exp.Column) and child.name == SESSION_LAST and window is not None \
                 and not window.session and child.name not in scope.stream_fields:
             # A TUMBLE or HOP window ends size after it starts (rows keep only the start).
@@ -1066,6 +1115,8 @@ def _having(path: Path, node: exp.Expression, key_names: set[str], aggregates: d
                 raise _fail(path, child, f"HAVING over {child.sql()}, an aggregate SELECT does not name",
                             f"{HAVING_SUPPORTED}; name it in SELECT (AGG(...) AS name)")
             return exp.column(alias)
+        if child.sql(dialect="spark") in scope.key_sql:
+            return exp.column(scope.key_sql[child.sql(dialect="spark")])
         if isinstance(child, exp.Column):
             return exp.column(child.name)
         return child

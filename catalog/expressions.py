@@ -21,7 +21,8 @@ from catalog.errors import UnsupportedSql
 SUPPORTED = ("column names (the key columns and the aggregates' aliases), the aggregates SELECT names, numbers, "
              "strings, TRUE/FALSE/NULL, = != <> < <= > >=, + - * / %, AND, OR, NOT, IS [NOT] NULL, IN (...), "
              "BETWEEN, CASE, IF, CAST and TRY_CAST (to STRING, BIGINT, INT, DOUBLE, FLOAT, BOOLEAN), COALESCE, "
-             "NULLIF, GREATEST, LEAST, ABS, ROUND, FLOOR, CEIL, UPPER, LOWER, LENGTH, TRIM, SUBSTRING, CONCAT, ||, "
+             "NULLIF, GREATEST, LEAST, ABS, ROUND, FLOOR, CEIL, UPPER, LOWER, INITCAP, LENGTH, TRIM, SUBSTRING, "
+             "CONCAT, ||, "
              "REPLACE, and YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC over epoch milliseconds "
              "(window_start, window_end) or ISO text")
 
@@ -636,11 +637,38 @@ def _absolute(value):
     return _wrap64(abs(value)) if isinstance(value, int) else abs(value)
 
 
+def backslash_escaped(pattern: str, escape: str | None) -> str:
+    """A LIKE pattern with its ESCAPE character (`LIKE 'a!%' ESCAPE '!'`) in the form where a
+    backslash escapes (Arrow's match_like, Spark's default). Raises what Spark would refuse
+    mid-batch: an escape of more than one character, or one before anything but %, _ or itself."""
+    if escape is None:
+        return pattern
+    if len(escape) != 1:
+        raise ValueError(f"ESCAPE {escape!r}: one character")
+    out, chars = [], iter(pattern)
+    for char in chars:
+        if char == escape:
+            escaped = next(chars, None)
+            if escaped not in ("%", "_", escape):
+                raise ValueError(f"LIKE {pattern!r} ESCAPE {escape!r}: {escape!r} must come before %, _ or "
+                                 f"itself, not {'the end' if escaped is None else repr(escaped)}")
+            out.append("\\" + escaped)
+        else:
+            out.append("\\" + char if char == "\\" else char)
+    return "".join(out)
+
+
+def _initcap(text: str) -> str:
+    """Spark's INITCAP: lower case, then each letter after a space (and the first) upper case."""
+    return " ".join(word[:1].upper() + word[1:] for word in text.lower().split(" "))
+
+
 _CASTS = {"TEXT": _to_text, "VARCHAR": _to_text, "CHAR": _to_text, "BIGINT": _to_int, "INT": _to_int32,
           "SMALLINT": _to_int32, "TINYINT": _to_int32, "DOUBLE": _to_float, "FLOAT": _to_float32,
           "BOOLEAN": _to_bool}
 _ONE_ARGUMENT = {exp.Upper: lambda v: _to_text(v).upper(), exp.Lower: lambda v: _to_text(v).lower(),
                  exp.Length: lambda v: len(_to_text(v)), exp.Trim: lambda v: _to_text(v).strip(" "),
+                 exp.Initcap: lambda v: _initcap(_to_text(v)),
                  exp.Abs: _absolute, exp.Floor: lambda v: _floor_or_ceil(v, False),
                  exp.Ceil: lambda v: _floor_or_ceil(v, True)}
 

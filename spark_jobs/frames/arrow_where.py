@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.definitions import TableDefinition
+from catalog.expressions import backslash_escaped
 from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import date_days, timestamp_ms
 
@@ -83,14 +84,22 @@ def where_expression(table: TableDefinition):
             low = literal_for(node.args["low"], column_type(target))
             high = literal_for(node.args["high"], column_type(target))
             return (_expr(convert(target)) >= _expr(low)) & (_expr(convert(target)) <= _expr(high))
+        escape = None
+        if isinstance(node, exp.Escape) and isinstance(node.this, (exp.Like, exp.ILike)):
+            escape, node = node.expression, node.this
+            if not (isinstance(escape, exp.Literal) and escape.is_string):
+                raise ArrowUnsupported(f"ESCAPE {escape.sql()}")
         if isinstance(node, (exp.Like, exp.ILike)):
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
                 raise ArrowUnsupported(f"LIKE {pattern.sql()}")
+            try:
+                text = backslash_escaped(pattern.this, escape and escape.this)
+            except ValueError as exc:
+                raise ArrowUnsupported(str(exc)) from None
             # sqlglot keeps NOT LIKE as Like(negate=True) rather than Not(Like): honour it.
             matched = pc.Expression._call("match_like", [_expr(convert(node.this))],
-                                          pc.MatchSubstringOptions(pattern.this,
-                                                                   ignore_case=isinstance(node, exp.ILike)))
+                                          pc.MatchSubstringOptions(text, ignore_case=isinstance(node, exp.ILike)))
             return ~matched if node.args.get("negate") else matched
         raise ArrowUnsupported(f"{node.key.upper()} in WHERE")
 
