@@ -14,7 +14,7 @@ export UV_LINK_MODE := copy
 # numpy and pyspark from source in each process).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: setup run test stack-down bench bench-peers clean chromium jvm-archive
+.PHONY: setup run test stack-down bench bench-peers bench-nexmark clean chromium jvm-archive
 
 setup: $(VENV)/.synced .cache/jars/.fetched
 
@@ -76,6 +76,10 @@ bench-peers: setup
 
 bench: bench-peers
 	$(VENV)/bin/python -m bench.run_all $(BENCH_ARGS)
+
+# Nexmark over Kafka beside Flink SQL, every answer checked against pandas (bench/nexmark).
+bench-nexmark: bench-peers
+	$(VENV)/bin/python -m bench.nexmark --out docs/benchmarks/nexmark.json $(NEXMARK_ARGS)
 
 clean:
 	rm -rf $(VENV) .tools .cache .stack .bench

@@ -74,3 +74,38 @@ def test_cpu_by_kind_counts_each_process_from_its_first_reading_or_from_zero():
     after = {(1, "10"): ("kafka broker", 7.5, "java kafka.Kafka"), (2, "11"): ("pyspark python workers", 1.5, "py"),
              (3, "12"): ("pyspark python workers", 2.0, "py"), (2, "13"): ("other python", 0.25, "a reused pid")}
     assert cpu_by_kind(before, after) == {"kafka broker": 2.5, "pyspark python workers": 2.5, "other python": 0.25}
+
+
+def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
+    """pandas' answers to Nexmark's SQL over a handful of bids, the shape both systems' rows take,
+    and the check that fails a run (bench/nexmark)."""
+    import pandas as pd
+
+    from bench.nexmark.__main__ import _flink_rows, _ms
+    from bench.nexmark.statetable_queries import answers, differing, expected
+
+    bids = pd.DataFrame([
+        {"auction": 1, "bidder": 7, "price": 50, "channel": "A", "url": "u1", "dateTime": "2026-12-01T10:00:00.001Z", "extra": ""},
+        {"auction": 1, "bidder": 7, "price": 20_000, "channel": "B", "url": "u2", "dateTime": "2026-12-01T10:01:00.002Z", "extra": "x"},
+        {"auction": 1, "bidder": 8, "price": 2_000_000, "channel": "A", "url": "u3", "dateTime": "2026-12-01T10:02:00.003Z", "extra": ""},
+        {"auction": 2, "bidder": 8, "price": 7, "channel": "A", "url": "u4", "dateTime": "2026-12-02T00:00:00.004Z", "extra": ""},
+    ])
+    frames = {"bid": bids, "auction": pd.DataFrame({"id": [1], "seller": [9], "category": [10]}),
+              "person": pd.DataFrame({"id": [9], "name": ["p"], "city": ["c"], "state": ["OR"]})}
+    want = expected(frames)
+    # total, rank1-3 of bids; of distinct bidders; of distinct auctions
+    assert want["q15"][("2026-12-01",)] == (3, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1)
+    assert want["q16"][("A", "2026-12-01")] == ("10:02", 2, 1, 0, 1, 2, 1, 0, 1, 1, 1, 0, 1)
+    assert want["q17"][(1, "2026-12-01")] == (3, 1, 1, 1, 50, 2_000_000, 2_020_050 // 3, 2_020_050)
+    assert want["q18"][(7, 1)] == (20_000, "B", "u2", _ms("2026-12-01T10:01:00.002Z"), "x")
+    assert want["q18"][(8, 2)][0] == 7
+    assert want["q19"][(1,)] == ((2_000_000, 20_000, 50),)
+    assert want["q3"] == {(1,): (9, 10, "p", "c", "OR")}
+
+    flink_top = _flink_rows("q19", [{"auction": 1, "rank_number": r, "price": p}
+                                    for r, p in ((2, 20_000), (1, 2_000_000), (3, 50))])
+    statetable_top = [{"auction": 1, "top": [[50, 7], [2_000_000, 8], [20_000, 7]]}]
+    assert answers("q19", flink_top) == answers("q19", statetable_top) == {(1,): want["q19"][(1,)]}
+    assert differing(answers("q19", statetable_top), {(1,): want["q19"][(1,)]}) == "ok"
+    wrong = differing({(1,): ((2_000_000,),), (3,): ((1,),)}, {(1,): want["q19"][(1,)]})
+    assert wrong["differing_keys"] == [[1], [3]] and wrong["rows"] == [2, 1]

@@ -1,0 +1,245 @@
+"""Nexmark over Kafka with checked answers: statetable beside Flink SQL, query by query.
+
+    .venv/bin/python -m bench.nexmark [--events 2000000] [--rate 1000] [--out docs/benchmarks/nexmark.json]
+    (or `make bench-nexmark`)
+
+One private broker; the generator (bench/nexmark/generator.py) writes the events once, as JSON,
+into `nexmark-person`, `nexmark-auction` and `nexmark-bid`; every system reads those same
+records. The events are read back with a plain Kafka consumer, and pandas computes each query's
+answer from them (statetable_queries.expected): statetable's final table and Flink's final
+output (the last value per key of its upsert-kafka topic) must both equal it, or the run fails
+and prints the first differing keys. Per query and system: processing seconds, bid events per
+second, the peak RSS of the system's processes, and the ratio to Flink. The bid topic's bytes
+are also parsed by pyarrow.json alone, the ceiling a JSON reader sets on the same machine.
+
+The event-time rate defaults to 1,000 events a second, not Nexmark's 10M: each event then has a
+millisecond of its own, so "the last bid" (q18) and every window are decided by the data, not
+by the order ties happen to arrive in. Writes the JSON and a Markdown report beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.nexmark.generator import Config, produce
+from bench.nexmark.statetable_queries import (
+    QUERIES, SOURCES, _frames, _got, answers, differing, expected,
+)
+
+PEER_QUERIES = ("q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
+
+
+class PeakRss:
+    """The largest summed RSS of a process tree, sampled every 0.2 s while the block runs."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid, self.peak, self._stop = pid or os.getpid(), 0, threading.Event()
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mb(self) -> int:
+        return round(self.peak / 2**20)
+
+
+def json_ceiling(bootstrap: str, topic: str) -> dict:
+    """pyarrow.json over the topic's value bytes, one record a line: the parse alone."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from tests.table_env import read_topic
+
+    data = b"\n".join(m.value() for m in read_topic(bootstrap, topic))
+    best = None
+    for _ in range(3):
+        started = time.perf_counter()
+        table = pj.read_json(pa.BufferReader(data))
+        best = min(best or 1e9, time.perf_counter() - started)
+    return {"records": table.num_rows, "bytes": len(data), "seconds": round(best, 3),
+            "records_per_s": round(table.num_rows / best), "mb_per_s": round(len(data) / best / 1e6, 1)}
+
+
+def run_statetable(bootstrap: str, produced: dict, root: Path) -> dict:
+    from catalog.runtime import Runtime
+    from spark_jobs import jobs
+    from spark_jobs.engine import session
+
+    tables = root / "tables"
+    tables.mkdir(parents=True)
+    for name, text in {**SOURCES, **QUERIES}.items():
+        header = "-- max_records_per_batch: 5000000\n" if name.startswith("q") and name != "q3" else ""
+        (tables / f"{name}.sql").write_text(header + text.format(prefix="nexmark-"))
+    rt = Runtime(bootstrap=bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data" / "s"),
+                 tables_dir=tables, namespace="nexmark.")
+    out = {}
+    with PeakRss() as rss:
+        started = time.monotonic()
+        spark = session.get_or_create("bench-nexmark")
+        out["_session_seconds"] = round(time.monotonic() - started, 2)
+        for query in ("auction", "person", *QUERIES):
+            started = time.monotonic()
+            done = jobs.run(query, until_caught_up=True, spark=spark, rt=rt, snapshots=False)
+            seconds = time.monotonic() - started
+            if query in SOURCES:
+                continue
+            out[query] = {"seconds": round(seconds, 2), "batches": len(done), "answers": _got(query, rt)}
+            print(f"statetable {query}: {seconds:.2f} s", flush=True)
+        spark.stop()
+    out["_peak_rss_mb"] = rss.mb
+    return out
+
+
+def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
+    from bench.compare.peers import _venv_python
+    from deploy import jars
+
+    connector = next((p for p in jars.jars("flink") if "flink-sql-connector-kafka" in p.name), None)
+    if connector is None:
+        raise SystemExit("Flink's Kafka connector jar is missing; run `make bench-peers`")
+    work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for query in queries:       # a process per query: its peak RSS and its JVM start are its own
+        command = [str(_venv_python("flink")), str(Path(__file__).parents[1] / "peers" / "flink" / "nexmark.py"),
+                   "--bootstrap", bootstrap, "--prefix", "nexmark-", "--out", str(work), "--connector-jar",
+                   str(connector), "--queries", query]
+        started = time.monotonic()
+        process = subprocess.Popen(command)
+        with PeakRss(process.pid) as rss:
+            if process.wait() != 0:
+                raise SystemExit(f"flink {query} failed (exit {process.returncode})")
+        whole = time.monotonic() - started
+        result = json.loads((work / "result.json").read_text())
+        done = result["queries"][query]
+        out[query] = {"seconds": done["seconds"], "whole_seconds": round(whole, 2), "peak_rss_mb": rss.mb,
+                      "answers": answers(query, _flink_rows(query, done["rows"]))}
+        out["_version"] = result["version"]
+    return out
+
+
+def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
+    """Flink's rows in statetable's shape: q18's time as epoch milliseconds, q19's ten rows per
+    auction as one list of [price]."""
+    if query == "q18":
+        return [{**r, "dateTime": _ms(r["dateTime"])} for r in rows]
+    if query == "q19":
+        tops: dict = {}
+        for r in rows:
+            tops.setdefault(r["auction"], []).append([r["price"]])
+        return [{"auction": a, "top": top} for a, top in tops.items()]
+    return rows
+
+
+def _ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "")).replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def report(result: dict) -> str:
+    lines = [
+        "# Nexmark over Kafka, with checked answers",
+        "",
+        f"Generated by `python -m bench.nexmark --events {result['events']} --rate {result['rate']}` on "
+        f"{result['cores']} cores ({result['date']}). Every system reads the same "
+        f"{result['produced']['counts']['bid']:,} bids ({result['produced']['bytes']['bid'] / 1e6:.0f} MB of JSON) "
+        f"of {result['events']:,} events; each answer is checked against pandas over the events read back.",
+        "",
+        "| query | statetable s | events/s | Flink SQL s (whole process) | events/s | statetable / Flink | "
+        "peak RSS statetable / Flink MB | answers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for q in result["queries"]:
+        flink = q.get("flink") or {}
+        ratio = f"{q['ratio_to_flink']:.2f}x" if q.get("ratio_to_flink") else "-"
+        lines.append(
+            f"| {q['query']} | {q['statetable']['seconds']} | {q['statetable']['events_per_s']:,} | "
+            f"{flink.get('seconds', '-')} ({flink.get('whole_seconds', '-')}) | "
+            f"{flink.get('events_per_s', 0):,} | {ratio} | {result['statetable_peak_rss_mb']} / "
+            f"{flink.get('peak_rss_mb', '-')} | statetable {q['statetable']['check']}, Flink {flink.get('check', '-')} |")
+    ceiling = result["json_ceiling"]
+    lines += ["", f"JSON ceiling: pyarrow.json parses the bid topic's {ceiling['bytes'] / 1e6:.0f} MB at "
+                  f"{ceiling['records_per_s']:,} records/s ({ceiling['mb_per_s']} MB/s) on one core.",
+              "", "statetable's seconds are its batches (jobs.run until caught up, one local Spark session "
+                  f"started once in {result['statetable_session_seconds']} s); Flink's are the job's, and in "
+                  "brackets its process with the JVM start. Events/s counts the bids a query reads "
+                  "(q3: auctions)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
+    parser.add_argument("--port", type=int, default=29792)
+    parser.add_argument("--peers", nargs="*", default=["flink"], choices=["flink"])
+    parser.add_argument("--out", help="write the JSON here and the Markdown report beside it (.md)")
+    args = parser.parse_args()
+
+    from bench.broker import private_broker
+
+    root = Path(tempfile.mkdtemp(prefix="bench-nexmark-"))
+    with private_broker(args.port) as cfg:
+        produced = produce(cfg.kafka_bootstrap, Config(events=args.events, rate=args.rate), prefix="nexmark-")
+        print(f"produced {json.dumps(produced['counts'])} in {produced['seconds']} s", flush=True)
+        reference = expected(_frames(cfg.kafka_bootstrap, produced["topics"]))
+        ceiling = json_ceiling(cfg.kafka_bootstrap, produced["topics"]["bid"])
+        flink = run_flink(cfg.kafka_bootstrap, root / "flink", PEER_QUERIES) if "flink" in args.peers else {}
+        ours = run_statetable(cfg.kafka_bootstrap, produced, root / "statetable")
+    queries, failed = [], []
+    for query in QUERIES:
+        read = produced["counts"]["auction" if query == "q3" else "bid"]
+        want = reference[query]
+        row = {"query": query, "rows": len(want),
+               "statetable": {"seconds": ours[query]["seconds"], "batches": ours[query]["batches"],
+                              "events_per_s": round(read / ours[query]["seconds"]),
+                              "check": differing(ours[query]["answers"], want)}}
+        if query in flink:
+            f = flink[query]
+            row["flink"] = {"seconds": f["seconds"], "whole_seconds": f["whole_seconds"],
+                            "events_per_s": round(read / f["seconds"]), "peak_rss_mb": f["peak_rss_mb"],
+                            "check": differing(f["answers"], want)}
+            row["ratio_to_flink"] = round(f["seconds"] / ours[query]["seconds"], 2)
+        failed += [f"{query} {system}" for system in ("statetable", "flink")
+                   if row.get(system, {}).get("check", "ok") != "ok"]
+        queries.append(row)
+    result = {"events": args.events, "rate": args.rate, "cores": os.cpu_count(),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "produced": produced,
+              "json_ceiling": ceiling, "statetable_session_seconds": ours["_session_seconds"],
+              "statetable_peak_rss_mb": ours["_peak_rss_mb"], "flink_version": flink.get("_version"),
+              "queries": queries, "failed_checks": failed}
+    text = json.dumps(result, indent=1, default=str)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        Path(args.out).with_suffix(".md").write_text(report(result))
+    if failed:
+        sys.exit(f"nexmark: answers differ: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

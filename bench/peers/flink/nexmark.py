@@ -1,0 +1,153 @@
+"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q15-q19),
+over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints, mini-batch.
+
+The Nexmark texts read views over one union topic and write to a blackhole; here the `bid` view
+is a Kafka source over `<prefix>bid` (bounded at the offsets present at start, so each job ends
+by itself) and each query writes to an upsert-kafka topic keyed by its primary key, read back
+afterwards (last value per key) for the answer check. The SELECTs are Nexmark's, unchanged.
+Writes <out>/result.json: per query the seconds and the rows. Standalone on purpose: it imports
+nothing of statetable's (it runs in its own venv, .bench/venvs/flink).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyflink.table import EnvironmentSettings, TableEnvironment
+from pyflink.version import __version__ as flink_version
+
+COUNTS = """
+     count(*) AS total_bids,
+     count(*) filter (where price < 10000) AS rank1_bids,
+     count(*) filter (where price >= 10000 and price < 1000000) AS rank2_bids,
+     count(*) filter (where price >= 1000000) AS rank3_bids"""
+DISTINCTS = """,
+     count(distinct bidder) AS total_bidders,
+     count(distinct bidder) filter (where price < 10000) AS rank1_bidders,
+     count(distinct bidder) filter (where price >= 10000 and price < 1000000) AS rank2_bidders,
+     count(distinct bidder) filter (where price >= 1000000) AS rank3_bidders,
+     count(distinct auction) AS total_auctions,
+     count(distinct auction) filter (where price < 10000) AS rank1_auctions,
+     count(distinct auction) filter (where price >= 10000 and price < 1000000) AS rank2_auctions,
+     count(distinct auction) filter (where price >= 1000000) AS rank3_auctions"""
+RANKS = "rank1_{0} BIGINT, rank2_{0} BIGINT, rank3_{0} BIGINT"
+# (sink columns with the primary key, Nexmark's SELECT)
+QUERIES = {
+    "q15": ("`day` VARCHAR, total_bids BIGINT, " + RANKS.format("bids") + ", total_bidders BIGINT, "
+            + RANKS.format("bidders") + ", total_auctions BIGINT, " + RANKS.format("auctions")
+            + ", PRIMARY KEY (`day`) NOT ENFORCED",
+            "SELECT DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') as `day`," + COUNTS + DISTINCTS
+            + " FROM bid GROUP BY DATE_FORMAT(`dateTime`, 'yyyy-MM-dd')"),
+    "q16": ("channel VARCHAR, `day` VARCHAR, `minute` VARCHAR, total_bids BIGINT, " + RANKS.format("bids")
+            + ", total_bidders BIGINT, " + RANKS.format("bidders") + ", total_auctions BIGINT, "
+            + RANKS.format("auctions") + ", PRIMARY KEY (channel, `day`) NOT ENFORCED",
+            "SELECT channel, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') as `day`, "
+            "max(DATE_FORMAT(`dateTime`, 'HH:mm')) as `minute`," + COUNTS + DISTINCTS
+            + " FROM bid GROUP BY channel, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd')"),
+    "q17": ("auction BIGINT, `day` VARCHAR, total_bids BIGINT, " + RANKS.format("bids") + ", min_price BIGINT, "
+            "max_price BIGINT, avg_price BIGINT, sum_price BIGINT, PRIMARY KEY (auction, `day`) NOT ENFORCED",
+            "SELECT auction, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') as `day`," + COUNTS + ", min(price) AS min_price, "
+            "max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price "
+            "FROM bid GROUP BY auction, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd')"),
+    "q18": ("auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, `dateTime` TIMESTAMP_LTZ(3), "
+            "extra VARCHAR, PRIMARY KEY (bidder, auction) NOT ENFORCED",
+            "SELECT auction, bidder, price, channel, url, `dateTime`, extra FROM (SELECT *, ROW_NUMBER() OVER "
+            "(PARTITION BY bidder, auction ORDER BY `dateTime` DESC) AS rank_number FROM bid) WHERE rank_number <= 1"),
+    "q19": ("auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, `dateTime` TIMESTAMP_LTZ(3), "
+            "extra VARCHAR, rank_number BIGINT, PRIMARY KEY (auction, rank_number) NOT ENFORCED",
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number "
+            "FROM bid) WHERE rank_number <= 10"),
+}
+KEYS = {"q15": ("day",), "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"),
+        "q19": ("auction", "rank_number")}
+
+
+def run(query: str, args) -> dict:
+    out_topic = f"{args.prefix}{query}-flink-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    admin.create_topics([NewTopic(out_topic, 4, 1, config={"cleanup.policy": "compact"})])[out_topic].result()
+    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    conf = t_env.get_config()
+    for key, value in {
+        "pipeline.jars": Path(args.connector_jar).resolve().as_uri(),
+        "parallelism.default": str(args.parallelism),
+        "table.local-time-zone": "UTC",
+        "state.backend.type": "rocksdb",
+        "restart-strategy.type": "none",        # a failure ends the run, not a restart loop
+        "execution.checkpointing.interval": "10s",
+        "execution.checkpointing.mode": "EXACTLY_ONCE",
+        "execution.checkpointing.dir": (Path(args.out) / "checkpoints" / query).resolve().as_uri(),
+        # Flink's documented tuning for aggregations (mini-batch, two-phase, split distinct)
+        "table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1s",
+        "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE",
+        "table.optimizer.distinct-agg.split.enabled": "true",
+    }.items():
+        conf.set(key, value)
+    t_env.execute_sql(f"""
+        CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR,
+                          `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR) WITH (
+          'connector' = 'kafka', 'topic' = '{args.prefix}bid',
+          'properties.bootstrap.servers' = '{args.bootstrap}', 'properties.group.id' = '{out_topic}',
+          'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+          'format' = 'json', 'json.timestamp-format.standard' = 'ISO-8601')""")
+    columns, select = QUERIES[query]
+    t_env.execute_sql(f"""
+        CREATE TABLE sink ({columns}) WITH (
+          'connector' = 'upsert-kafka', 'topic' = '{out_topic}',
+          'properties.bootstrap.servers' = '{args.bootstrap}',
+          'key.format' = 'json', 'value.format' = 'json', 'value.json.timestamp-format.standard' = 'ISO-8601')""")
+    started = time.perf_counter()
+    t_env.execute_sql(f"INSERT INTO sink {select}").wait()
+    seconds = time.perf_counter() - started
+    rows = read_upserts(args.bootstrap, out_topic, KEYS[query])
+    return {"seconds": round(seconds, 3), "rows": rows}
+
+
+def read_upserts(bootstrap: str, topic: str, key: tuple[str, ...]) -> list[dict]:
+    """The last value of every key in the job's output topic, read to its end (tombstones delete)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False})
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    ends = {}
+    for p in meta.partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if high > low:
+            ends[p] = high
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    latest: dict[bytes, dict | None] = {}
+    while ends:
+        for msg in consumer.consume(10000, timeout=5):
+            if msg.error():
+                raise RuntimeError(msg.error())
+            latest[msg.key()] = json.loads(msg.value()) if msg.value() is not None else None
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+    consumer.close()
+    rows = []
+    for raw_key, value in latest.items():
+        if value is not None:
+            rows.append({**json.loads(raw_key), **value})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for flag in ("--bootstrap", "--prefix", "--out", "--connector-jar"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--queries", nargs="+", default=list(QUERIES))
+    parser.add_argument("--parallelism", type=int, default=2)
+    args = parser.parse_args()
+    results = {}
+    for query in args.queries:
+        results[query] = run(query, args)
+        print(f"flink {query}: {results[query]['seconds']} s, {len(results[query]['rows'])} rows", flush=True)
+    Path(args.out, "result.json").write_text(json.dumps(
+        {"system": "Apache Flink SQL (mini-batch)", "version": flink_version, "queries": results}))
+
+
+if __name__ == "__main__":
+    main()
