@@ -44,7 +44,7 @@ HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
-    "format", "value_schema",
+    "format", "value_schema", "window_retention",
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
@@ -162,7 +162,9 @@ class TableDefinition:
             "where": self.where, "joins": [[j.table, j.alias, j.kind, j.stream_column, j.table_column]
                                            for j in self.joins],
             "window": None if self.window is None else [self.window.size_ms, self.window.advance,
-                                                        self.window.grace_ms] + (["session"] if self.window.session else []),
+                                                        self.window.grace_ms] + (["session"] if self.window.session else [])
+            # a retention of its own (window_retention), kept out when it is the default: fingerprints stay
+            + (["retention", self.window.retention_ms] if self.window.retention_ms != self.window.size_ms else []),
             "event_time": self.event_time, "value_columns": list(self.value_columns),
             **({"key_format": self.key_format} if self.key_format != "plain" else {}),
             **({"format": self.format} if self.format != "json" else {}),
@@ -411,6 +413,20 @@ def _ttl(path: Path, header: _Header, table: "TableDefinition") -> None:
                               f"the ttl's own; rename that column")
     table.ttl_ms = ttl
     table.aggregates.append(AggregateColumn(TTL_AGGREGATE, "max", (EVENT_MS,), hidden=True))
+
+
+def _window_retention(path: Path, header: _Header, table: "TableDefinition") -> None:
+    """`-- window_retention: 1d` (default: the window's size, a session's gap): how long a window
+    stays in the table after it closes (its end plus grace), as ksqlDB's RETENTION and Kafka
+    Streams' window store retention keep it. Counted in event time, so verify and rebuild purge
+    exactly what the batches purged."""
+    retention = _duration_option(path, header, "window_retention", None, table.name)
+    if retention is None:
+        return
+    if table.window is None:
+        raise DefinitionError(f"{header.where(path, 'window_retention')}: table {table.name!r} has no window; "
+                              f"remove window_retention (a key without a window stays until a ttl or a tombstone)")
+    table.window = replace(table.window, retention_ms=retention)
 
 
 def _bronze_retention(path: Path, header: _Header, table: "TableDefinition") -> None:
@@ -687,6 +703,7 @@ def _parse(path: Path, text: str) -> TableDefinition:
     table.emit = _emit(path, header, table)
     _value_format(path, header, table)
     _ttl(path, header, table)
+    _window_retention(path, header, table)
     if table.delta_retention_ms < 3_600_000:
         raise DefinitionError(f"{header.where(path, 'delta_retention')}: table {table.name!r}: delta_retention must be "
                               f"at least 1h: a batch's files are written before its Delta commit, and a reader may "

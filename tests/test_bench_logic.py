@@ -109,3 +109,13 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
     assert differing(answers("q19", statetable_top), {(1,): want["q19"][(1,)]}) == "ok"
     wrong = differing({(1,): ((2_000_000,),), (3,): ((1,),)}, {(1,): want["q19"][(1,)]})
     assert wrong["differing_keys"] == [[1], [3]] and wrong["rows"] == [2, 1]
+
+
+def test_nexmark_sessions_split_after_more_than_the_gap_and_count_exact_gaps_apart():
+    import pandas as pd
+
+    from bench.nexmark.statetable_queries import _sessions, exact_gaps
+
+    bids = pd.DataFrame({"bidder": [1, 1, 1, 1, 2], "ms": [0, 10_000, 20_001, 20_002, 5]})
+    assert _sessions(bids, 10_000) == {(1, 0): (2, 10_000), (1, 20_001): (2, 20_002), (2, 5): (1, 5)}
+    assert exact_gaps(bids) == 1

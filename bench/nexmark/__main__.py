@@ -31,10 +31,10 @@ from pathlib import Path
 
 from bench.nexmark.generator import Config, produce
 from bench.nexmark.statetable_queries import (
-    QUERIES, SOURCES, _frames, _got, answers, differing, expected,
+    QUERIES, SESSION_GAP_MS, _frames, answers, differing, exact_gaps, expected, pd_ms,
 )
 
-PEER_QUERIES = ("q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
+PEER_QUERIES = ("q11", "q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
 
 
 class PeakRss:
@@ -86,34 +86,21 @@ def json_ceiling(bootstrap: str, topic: str) -> dict:
             "records_per_s": round(table.num_rows / best), "mb_per_s": round(len(data) / best / 1e6, 1)}
 
 
-def run_statetable(bootstrap: str, produced: dict, root: Path) -> dict:
-    from catalog.runtime import Runtime
-    from spark_jobs import jobs
-    from spark_jobs.engine import session
-
-    tables = root / "tables"
-    tables.mkdir(parents=True)
-    for name, text in {**SOURCES, **QUERIES}.items():
-        header = "-- max_records_per_batch: 5000000\n" if name.startswith("q") and name != "q3" else ""
-        (tables / f"{name}.sql").write_text(header + text.format(prefix="nexmark-"))
-    rt = Runtime(bootstrap=bootstrap, data_dir=root / "data", snapshot_uri=str(root / "data" / "s"),
-                 tables_dir=tables, namespace="nexmark.")
-    out = {}
-    with PeakRss() as rss:
-        started = time.monotonic()
-        spark = session.get_or_create("bench-nexmark")
-        out["_session_seconds"] = round(time.monotonic() - started, 2)
-        for query in ("auction", "person", *QUERIES):
-            started = time.monotonic()
-            done = jobs.run(query, until_caught_up=True, spark=spark, rt=rt, snapshots=False)
-            seconds = time.monotonic() - started
-            if query in SOURCES:
-                continue
-            out[query] = {"seconds": round(seconds, 2), "batches": len(done), "answers": _got(query, rt)}
-            print(f"statetable {query}: {seconds:.2f} s", flush=True)
-        spark.stop()
-    out["_peak_rss_mb"] = rss.mb
-    return out
+def run_statetable(bootstrap: str, root: Path) -> dict:
+    """statetable in a process of its own (bench/nexmark/statetable_run.py), as Flink runs in
+    its own: the peak RSS is its tree's, not this process's pandas."""
+    out_file = root / "statetable.json"
+    root.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen([sys.executable, "-m", "bench.nexmark.statetable_run", "--bootstrap", bootstrap,
+                                "--root", str(root), "--out", str(out_file)])
+    with PeakRss(process.pid) as rss:
+        if process.wait() != 0:
+            raise SystemExit(f"statetable's run failed (exit {process.returncode})")
+    done = json.loads(out_file.read_text())
+    for query in QUERIES:
+        done[query]["answers"] = answers(query, done[query].pop("rows"))
+    done["_peak_rss_mb"] = rss.mb
+    return done
 
 
 def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
@@ -144,8 +131,11 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
 
 
 def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
-    """Flink's rows in statetable's shape: q18's time as epoch milliseconds, q19's ten rows per
+    """Flink's rows in statetable's shape: times as epoch milliseconds, q19's ten rows per
     auction as one list of [price]."""
+    if query == "q11":          # Flink's session ends a gap after its last bid; statetable's at it
+        return [{"bidder": r["bidder"], "starttime": _ms(r["starttime"]), "bid_count": r["bid_count"],
+                 "last_bid": _ms(r["endtime"]) - SESSION_GAP_MS} for r in rows]
     if query == "q18":
         return [{**r, "dateTime": _ms(r["dateTime"])} for r in rows]
     if query == "q19":
@@ -160,6 +150,14 @@ def _ms(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "")).replace(tzinfo=timezone.utc).timestamp() * 1000)
 
 
+def _check(check) -> str:
+    return check if isinstance(check, str) else "DIFFERS"
+
+
+def _slowest(step_ms: dict, top: int = 3) -> str:
+    return ", ".join(f"{name} {ms / 1000:.1f}" for name, ms in sorted(step_ms.items(), key=lambda s: -s[1])[:top])
+
+
 def report(result: dict) -> str:
     lines = [
         "# Nexmark over Kafka, with checked answers",
@@ -170,8 +168,8 @@ def report(result: dict) -> str:
         f"of {result['events']:,} events; each answer is checked against pandas over the events read back.",
         "",
         "| query | statetable s | events/s | Flink SQL s (whole process) | events/s | statetable / Flink | "
-        "peak RSS statetable / Flink MB | answers |",
-        "|---|---|---|---|---|---|---|---|",
+        "peak RSS statetable / Flink MB | answers | statetable's pass: slowest steps (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for q in result["queries"]:
         flink = q.get("flink") or {}
@@ -180,7 +178,8 @@ def report(result: dict) -> str:
             f"| {q['query']} | {q['statetable']['seconds']} | {q['statetable']['events_per_s']:,} | "
             f"{flink.get('seconds', '-')} ({flink.get('whole_seconds', '-')}) | "
             f"{flink.get('events_per_s', 0):,} | {ratio} | {result['statetable_peak_rss_mb']} / "
-            f"{flink.get('peak_rss_mb', '-')} | statetable {q['statetable']['check']}, Flink {flink.get('check', '-')} |")
+            f"{flink.get('peak_rss_mb', '-')} | statetable {_check(q['statetable']['check'])}, Flink "
+            f"{_check(flink.get('check', '-'))} | {q['statetable']['engine']}: {_slowest(q['statetable']['step_ms'])} |")
     ceiling = result["json_ceiling"]
     lines += ["", f"JSON ceiling: pyarrow.json parses the bid topic's {ceiling['bytes'] / 1e6:.0f} MB at "
                   f"{ceiling['records_per_s']:,} records/s ({ceiling['mb_per_s']} MB/s) on one core.",
@@ -206,17 +205,21 @@ def main() -> None:
     with private_broker(args.port) as cfg:
         produced = produce(cfg.kafka_bootstrap, Config(events=args.events, rate=args.rate), prefix="nexmark-")
         print(f"produced {json.dumps(produced['counts'])} in {produced['seconds']} s", flush=True)
-        reference = expected(_frames(cfg.kafka_bootstrap, produced["topics"]))
+        frames = _frames(cfg.kafka_bootstrap, produced["topics"])
+        reference = expected(frames)
+        gaps = exact_gaps(frames["bid"].assign(ms=pd_ms(frames["bid"]["dateTime"])))
+        del frames
         ceiling = json_ceiling(cfg.kafka_bootstrap, produced["topics"]["bid"])
         flink = run_flink(cfg.kafka_bootstrap, root / "flink", PEER_QUERIES) if "flink" in args.peers else {}
-        ours = run_statetable(cfg.kafka_bootstrap, produced, root / "statetable")
+        ours = run_statetable(cfg.kafka_bootstrap, root / "statetable")
     queries, failed = [], []
     for query in QUERIES:
         read = produced["counts"]["auction" if query == "q3" else "bid"]
         want = reference[query]
         row = {"query": query, "rows": len(want),
                "statetable": {"seconds": ours[query]["seconds"], "batches": ours[query]["batches"],
-                              "events_per_s": round(read / ours[query]["seconds"]),
+                              "events_per_s": round(read / ours[query]["seconds"]), "engine": ours[query]["engine"],
+                              "step_ms": ours[query]["step_ms"],
                               "check": differing(ours[query]["answers"], want)}}
         if query in flink:
             f = flink[query]
@@ -229,7 +232,8 @@ def main() -> None:
         queries.append(row)
     result = {"events": args.events, "rate": args.rate, "cores": os.cpu_count(),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "produced": produced,
-              "json_ceiling": ceiling, "statetable_session_seconds": ours["_session_seconds"],
+              "json_ceiling": ceiling, "q11_bids_exactly_a_session_gap_apart": gaps,
+              "statetable_session_seconds": ours["_session_seconds"],
               "statetable_peak_rss_mb": ours["_peak_rss_mb"], "flink_version": flink.get("_version"),
               "queries": queries, "failed_checks": failed}
     text = json.dumps(result, indent=1, default=str)

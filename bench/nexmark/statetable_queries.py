@@ -24,6 +24,9 @@ QUERIES = {
     # auction with its seller's name, city and state. statetable alone: Flink joins the streams.
     "q3": "CREATE TABLE q3 AS SELECT a.id, a.seller, a.category, p.name, p.city, p.state "
           "FROM auction a JOIN person p ON a.seller = p.id;",
+    # q11 (user sessions): each bidder's bids per session, a session ending after 10 s without one
+    "q11": BID + "-- window_retention: 30d\nCREATE TABLE q11 AS SELECT bidder, COUNT(*) AS bid_count, window_start AS starttime, "
+                 "window_end AS last_bid FROM bid GROUP BY bidder, SESSION(dateTime, INTERVAL '10' SECOND);",
     # q15 (bidding statistics per day)
     "q15": BID + f"CREATE TABLE q15 AS SELECT {DAY} AS day, {COUNTS}{DISTINCTS} FROM bid GROUP BY {DAY};",
     # q16 (channel statistics per day)
@@ -43,6 +46,7 @@ QUERIES = {
 }
 COLUMNS = {      # the columns each query's check compares, after its key columns
     "q3": (("id",), ("seller", "category", "name", "city", "state")),
+    "q11": (("bidder", "starttime"), ("bid_count", "last_bid")),
     "q15": (("day",), tuple(f"{r}_{c}" for c in ("bids", "bidders", "auctions") for r in ("total", "rank1", "rank2", "rank3"))),
     "q16": (("channel", "day"), ("minute",) + tuple(f"{r}_{c}" for c in ("bids", "bidders", "auctions")
                                                    for r in ("total", "rank1", "rank2", "rank3"))),
@@ -93,6 +97,7 @@ def expected(frames: dict) -> dict:
     def per(groups, values) -> dict:
         return {key if isinstance(key, tuple) else (key,): values(f) for key, f in groups}
 
+    out["q11"] = _sessions(bid, SESSION_GAP_MS)
     out["q15"] = per(bid.groupby("day"), lambda f: counts(f) + distincts(f))
     out["q16"] = per(bid.groupby(["channel", "day"]), lambda f: (f.minute.max(),) + counts(f) + distincts(f))
     out["q17"] = per(bid.groupby(["auction", "day"]), lambda f: counts(f) + (
@@ -101,6 +106,26 @@ def expected(frames: dict) -> dict:
     out["q18"] = {(r.bidder, r.auction): (r.price, r.channel, r.url, r.ms, r.extra) for r in last.itertuples()}
     out["q19"] = per(bid.groupby("auction"), lambda f: (tuple(sorted(f.price.tolist(), reverse=True)[:10]),))
     return out
+
+
+SESSION_GAP_MS = 10_000
+
+
+def _sessions(bid, gap_ms: int) -> dict:
+    """q11 by pandas: per bidder, runs of bids no more than the gap apart (inclusive, as statetable
+    and ksqlDB close a session; Flink's differs only for a gap of exactly 10 s, counted apart)."""
+    ordered = bid.sort_values(["bidder", "ms"], kind="stable")
+    new = (ordered["bidder"] != ordered["bidder"].shift()) | (ordered["ms"] - ordered["ms"].shift() > gap_ms)
+    groups = ordered.assign(session=new.cumsum()).groupby("session")
+    return {(int(f.bidder.iloc[0]), int(f.ms.iloc[0])): (len(f), int(f.ms.iloc[-1])) for _, f in groups}
+
+
+def exact_gaps(bid, gap_ms: int = SESSION_GAP_MS) -> int:
+    """Consecutive bids of a bidder exactly the session gap apart: the one case where Flink's
+    half-open session windows and statetable's inclusive gap part ways."""
+    ordered = bid.sort_values(["bidder", "ms"], kind="stable")
+    same = ordered["bidder"] == ordered["bidder"].shift()
+    return int(((ordered["ms"] - ordered["ms"].shift() == gap_ms) & same).sum())
 
 
 def pd_ms(text):
@@ -119,14 +144,6 @@ def answers(query: str, rows: list[dict]) -> dict:
             got = (tuple(sorted((e[0] if isinstance(e, (list, tuple)) else e for e in row["top"]), reverse=True)),)
         out[tuple(row[c] for c in keys)] = got
     return out
-
-
-def _got(query: str, rt) -> dict:
-    from catalog.mapping import row_of
-    from spark_jobs import jobs
-
-    table = jobs.load_table(query, rt)[0]
-    return answers(query, [row_of(table, k, v) for k, v in jobs.state_rows(query, rt).items()])
 
 
 def differing(got: dict, want: dict) -> dict | str:

@@ -1,9 +1,9 @@
-"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q15-q19),
+"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q11, q15-q19),
 over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints, mini-batch.
 
 The Nexmark texts read views over one union topic and write to a blackhole; here the `bid` view
 is a Kafka source over `<prefix>bid` (bounded at the offsets present at start, so each job ends
-by itself) and each query writes to an upsert-kafka topic keyed by its primary key, read back
+by itself, and with Nexmark's watermark, 4 s behind the newest event time) and each query writes to an upsert-kafka topic keyed by its primary key, read back
 afterwards (last value per key) for the answer check. The SELECTs are Nexmark's, unchanged.
 Writes <out>/result.json: per query the seconds and the rows. Standalone on purpose: it imports
 nothing of statetable's (it runs in its own venv, .bench/venvs/flink).
@@ -38,6 +38,11 @@ DISTINCTS = """,
 RANKS = "rank1_{0} BIGINT, rank2_{0} BIGINT, rank3_{0} BIGINT"
 # (sink columns with the primary key, Nexmark's SELECT)
 QUERIES = {
+    "q11": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP_LTZ(3), endtime TIMESTAMP_LTZ(3), "
+            "PRIMARY KEY (bidder, starttime) NOT ENFORCED",
+            "SELECT B.bidder, count(*) as bid_count, SESSION_START(B.`dateTime`, INTERVAL '10' SECOND) as starttime, "
+            "SESSION_END(B.`dateTime`, INTERVAL '10' SECOND) as endtime FROM bid B "
+            "GROUP BY B.bidder, SESSION(B.`dateTime`, INTERVAL '10' SECOND)"),
     "q15": ("`day` VARCHAR, total_bids BIGINT, " + RANKS.format("bids") + ", total_bidders BIGINT, "
             + RANKS.format("bidders") + ", total_auctions BIGINT, " + RANKS.format("auctions")
             + ", PRIMARY KEY (`day`) NOT ENFORCED",
@@ -63,7 +68,7 @@ QUERIES = {
             "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number "
             "FROM bid) WHERE rank_number <= 10"),
 }
-KEYS = {"q15": ("day",), "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"),
+KEYS = {"q11": ("bidder", "starttime"), "q15": ("day",), "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"),
         "q19": ("auction", "rank_number")}
 
 
@@ -90,7 +95,8 @@ def run(query: str, args) -> dict:
         conf.set(key, value)
     t_env.execute_sql(f"""
         CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR,
-                          `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR) WITH (
+                          `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR,
+                          WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND) WITH (
           'connector' = 'kafka', 'topic' = '{args.prefix}bid',
           'properties.bootstrap.servers' = '{args.bootstrap}', 'properties.group.id' = '{out_topic}',
           'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',

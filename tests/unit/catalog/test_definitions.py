@@ -367,3 +367,18 @@ def test_a_like_escape_character_becomes_the_backslash_arrow_and_spark_read(patt
     unescaped = pattern.replace("!!", "\0").replace("!", "").replace("\0", "!") if escape else pattern
     literal = [v == unescaped for v in values] if escape else [v.startswith("50") for v in values]
     assert pc.match_like(pa.array(values), backslash_escaped(pattern, escape)).to_pylist() == literal
+
+
+def test_window_retention_keeps_closed_windows_that_long_and_needs_a_window(tmp_path):
+    base = "-- schema: k STRING, ts TIMESTAMP\n{}CREATE TABLE t AS SELECT k, COUNT(*) AS n FROM s GROUP BY k{}"
+    path = tmp_path / "t.sql"
+    path.write_text(base.format("", ", SESSION(ts, INTERVAL '10' SECOND)"))
+    default = parse(path)
+    path.write_text(base.format("-- window_retention: 30d\n", ", SESSION(ts, INTERVAL '10' SECOND)"))
+    kept = parse(path)
+    assert (default.window.retention_ms, kept.window.retention_ms) == (10_000, 30 * 86_400_000)
+    assert kept.window.expiry_horizon(100 * 86_400_000) == 70 * 86_400_000 - 10_000
+    assert kept.fingerprint != default.fingerprint
+    path.write_text(base.format("-- window_retention: 30d\n", ""))
+    with pytest.raises(DefinitionError, match=r"t.sql:2:1: table 't' has no window; remove window_retention"):
+        parse(path)
