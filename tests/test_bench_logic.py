@@ -119,3 +119,26 @@ def test_nexmark_sessions_split_after_more_than_the_gap_and_count_exact_gaps_apa
     bids = pd.DataFrame({"bidder": [1, 1, 1, 1, 2], "ms": [0, 10_000, 20_001, 20_002, 5]})
     assert _sessions(bids, 10_000) == {(1, 0): (2, 10_000), (1, 20_001): (2, 20_002), (2, 5): (1, 5)}
     assert exact_gaps(bids) == 1
+
+
+def test_nexmark_q7_is_each_windows_highest_price_and_its_bids_in_every_systems_rows():
+    import pandas as pd
+
+    from bench.nexmark.__main__ import _flink_rows
+    from bench.nexmark.statetable_queries import answers, expected
+
+    bids = pd.DataFrame({"auction": [1, 2, 3, 4], "bidder": [7, 8, 9, 7], "price": [5, 9, 9, 3],
+                         "channel": "A", "url": "u", "extra": "",
+                         "dateTime": ["2026-12-01T00:00:01.000Z", "2026-12-01T00:00:02.000Z",
+                                      "2026-12-01T00:00:09.999Z", "2026-12-01T00:00:10.000Z"]})
+    frames = {"bid": bids, "auction": pd.DataFrame({"id": [], "seller": [], "category": []}),
+              "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": []})}
+    want = expected(frames)["q7"]
+    first = 1796083200000          # 2026-12-01T00:00:00Z
+    assert want == {(first,): (9, ((2, 8), (3, 9))), (first + 10_000,): (3, ((4, 7),))}
+    statetable = [{"window_start": first, "maxprice": 9, "top": [[9, 2, 8], [9, 3, 9], [5, 1, 7]]},
+                  {"window_start": first + 10_000, "maxprice": 3, "top": [[3, 4, 7]]}]
+    flink = [{"auction": a, "price": p, "bidder": b, "dateTime": t} for a, p, b, t in (
+        (3, 9, 9, "2026-12-01T00:00:09.999Z"), (2, 9, 8, "2026-12-01T00:00:02.000Z"),
+        (4, 3, 7, "2026-12-01T00:00:10.000Z"))]
+    assert answers("q7", statetable) == answers("q7", _flink_rows("q7", flink)) == want

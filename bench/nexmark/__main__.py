@@ -31,10 +31,10 @@ from pathlib import Path
 
 from bench.nexmark.generator import Config, produce
 from bench.nexmark.statetable_queries import (
-    QUERIES, SESSION_GAP_MS, _frames, answers, differing, exact_gaps, expected, pd_ms,
+    Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, answers, differing, exact_gaps, expected, pd_ms,
 )
 
-PEER_QUERIES = ("q11", "q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
+PEER_QUERIES = ("q7", "q11", "q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
 
 
 class PeakRss:
@@ -133,6 +133,14 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
 def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
     """Flink's rows in statetable's shape: times as epoch milliseconds, q19's ten rows per
     auction as one list of [price]."""
+    if query == "q7":           # its bids at each window's highest price, by the window they fall in
+        windows: dict = {}
+        for r in rows:
+            ms = _ms(r["dateTime"])
+            top = windows.setdefault(ms - ms % Q7_WINDOW_MS, [r["price"], []])
+            top[1].append((r["auction"], r["bidder"]))
+        return [{"window_start": w, "maxprice": price, "bids": tuple(sorted(bids))}
+                for w, (price, bids) in windows.items()]
     if query == "q11":          # Flink's session ends a gap after its last bid; statetable's at it
         return [{"bidder": r["bidder"], "starttime": _ms(r["starttime"]), "bid_count": r["bid_count"],
                  "last_bid": _ms(r["endtime"]) - SESSION_GAP_MS} for r in rows]
