@@ -13,13 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from pyflink.table import EnvironmentSettings, TableEnvironment
 from pyflink.version import __version__ as flink_version
+
+from flink_job import latest_by_key, output_topic, table_env
 
 
 def main() -> None:
@@ -29,24 +27,11 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--mini-batch", action="store_true")
     args = parser.parse_args()
-    out_topic = f"{args.topic}-flink-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    admin.create_topics([NewTopic(out_topic, 4, 1, config={"cleanup.policy": "compact"})])[out_topic].result()
-
-    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = t_env.get_config()
-    for key, value in {
-        "pipeline.jars": Path(args.connector_jar).resolve().as_uri(),
-        "parallelism.default": str(args.parallelism),
-        "state.backend.type": "rocksdb",
-        "execution.checkpointing.interval": "10s",
-        "execution.checkpointing.mode": "EXACTLY_ONCE",
-        "execution.checkpointing.dir": Path(args.checkpoints).resolve().as_uri(),
-        **({"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1s",
-            "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE"}
-           if args.mini_batch else {}),
-    }.items():
-        conf.set(key, value)
+    out_topic = output_topic(args.bootstrap, args.topic)
+    t_env = table_env(args.connector_jar, args.parallelism, Path(args.checkpoints), **(
+        {"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1s",
+         "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE"}
+        if args.mini_batch else {}))
     t_env.execute_sql(f"""
         CREATE TABLE events (k STRING, v BIGINT) WITH (
           'connector' = 'kafka', 'topic' = '{args.topic}',
@@ -69,26 +54,8 @@ def main() -> None:
 
 def read_upserts(bootstrap: str, topic: str) -> dict[str, tuple[int, int]]:
     """The last value of every key in the job's output topic, read to its end."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False})
-    meta = consumer.list_topics(topic, timeout=10).topics[topic]
-    ends = {}
-    for p in meta.partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        if high > low:
-            ends[p] = high
-    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-    latest: dict[str, tuple[int, int]] = {}
-    while ends:
-        for msg in consumer.consume(10000, timeout=5):
-            if msg.error():
-                raise RuntimeError(msg.error())
-            if msg.value() is not None:
-                row = json.loads(msg.value())
-                latest[row["k"]] = (row["n"], row["s"])
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
-    consumer.close()
-    return latest
+    rows = (json.loads(value) for value in latest_by_key(bootstrap, topic).values() if value is not None)
+    return {row["k"]: (row["n"], row["s"]) for row in rows}
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from pyflink.table import EnvironmentSettings, TableEnvironment
 from pyflink.version import __version__ as flink_version
+
+from flink_job import latest_by_key, output_topic, table_env
 
 COUNTS = """
      count(*) AS total_bids,
@@ -77,31 +75,20 @@ QUERIES = {
             "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number "
             "FROM bid) WHERE rank_number <= 10"),
 }
-KEYS = {"q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",), "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"),
-        "q19": ("auction", "rank_number")}
+KEYS = {"q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
+        "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"), "q19": ("auction", "rank_number")}
 
 
 def run(query: str, args) -> dict:
-    out_topic = f"{args.prefix}{query}-flink-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    admin.create_topics([NewTopic(out_topic, 4, 1, config={"cleanup.policy": "compact"})])[out_topic].result()
-    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = t_env.get_config()
-    for key, value in {
-        "pipeline.jars": Path(args.connector_jar).resolve().as_uri(),
-        "parallelism.default": str(args.parallelism),
+    out_topic = output_topic(args.bootstrap, f"{args.prefix}{query}")
+    t_env = table_env(args.connector_jar, args.parallelism, Path(args.out) / "checkpoints" / query, **{
         "table.local-time-zone": "UTC",
-        "state.backend.type": "rocksdb",
         "restart-strategy.type": "none",        # a failure ends the run, not a restart loop
-        "execution.checkpointing.interval": "10s",
-        "execution.checkpointing.mode": "EXACTLY_ONCE",
-        "execution.checkpointing.dir": (Path(args.out) / "checkpoints" / query).resolve().as_uri(),
         # Flink's documented tuning for aggregations (mini-batch, two-phase, split distinct)
         "table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1s",
         "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE",
         "table.optimizer.distinct-agg.split.enabled": "true",
-    }.items():
-        conf.set(key, value)
+    })
     t_env.execute_sql(f"""
         CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR,
                           `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR,
@@ -122,34 +109,14 @@ def run(query: str, args) -> dict:
     started = time.perf_counter()
     t_env.execute_sql(f"INSERT INTO sink {select}").wait()
     seconds = time.perf_counter() - started
-    rows = read_upserts(args.bootstrap, out_topic, KEYS[query])
+    rows = read_upserts(args.bootstrap, out_topic)
     return {"seconds": round(seconds, 3), "rows": rows}
 
 
-def read_upserts(bootstrap: str, topic: str, key: tuple[str, ...]) -> list[dict]:
-    """The last value of every key in the job's output topic, read to its end (tombstones delete)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False})
-    meta = consumer.list_topics(topic, timeout=10).topics[topic]
-    ends = {}
-    for p in meta.partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        if high > low:
-            ends[p] = high
-    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-    latest: dict[bytes, dict | None] = {}
-    while ends:
-        for msg in consumer.consume(10000, timeout=5):
-            if msg.error():
-                raise RuntimeError(msg.error())
-            latest[msg.key()] = json.loads(msg.value()) if msg.value() is not None else None
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
-    consumer.close()
-    rows = []
-    for raw_key, value in latest.items():
-        if value is not None:
-            rows.append({**json.loads(raw_key), **value})
-    return rows
+def read_upserts(bootstrap: str, topic: str) -> list[dict]:
+    """The job's rows: every key's last value in its output topic, key columns included."""
+    return [{**json.loads(key), **json.loads(value)} for key, value in latest_by_key(bootstrap, topic).items()
+            if value is not None]
 
 
 def main() -> None:
