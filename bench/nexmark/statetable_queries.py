@@ -123,7 +123,7 @@ Q7_WINDOW_MS = 10_000
 
 def _sessions(bid, gap_ms: int) -> dict:
     """q11 by pandas: per bidder, runs of bids no more than the gap apart (inclusive, as statetable
-    and ksqlDB close a session; Flink's differs only for a gap of exactly 10 s, counted apart)."""
+    and ksqlDB close a session, and as Flink's session windows merge when they touch)."""
     ordered = bid.sort_values(["bidder", "ms"], kind="stable")
     new = (ordered["bidder"] != ordered["bidder"].shift()) | (ordered["ms"] - ordered["ms"].shift() > gap_ms)
     groups = ordered.assign(session=new.cumsum()).groupby("session")
@@ -131,8 +131,8 @@ def _sessions(bid, gap_ms: int) -> dict:
 
 
 def exact_gaps(bid, gap_ms: int = SESSION_GAP_MS) -> int:
-    """Consecutive bids of a bidder exactly the session gap apart: the one case where Flink's
-    half-open session windows and statetable's inclusive gap part ways."""
+    """Consecutive bids of a bidder exactly the session gap apart: the boundary every system must
+    agree on (one session), counted so a run shows it was exercised."""
     ordered = bid.sort_values(["bidder", "ms"], kind="stable")
     same = ordered["bidder"] == ordered["bidder"].shift()
     return int(((ordered["ms"] - ordered["ms"].shift() == gap_ms) & same).sum())
