@@ -21,62 +21,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.compare.measure import run_peer
 from bench.nexmark.generator import Config, produce
 from bench.nexmark.statetable_queries import (
-    Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, answers, differing, exact_gaps, expected, pd_ms,
+    Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, _values, answers, differing, exact_gaps, expected, pd_ms,
 )
 
 PEER_QUERIES = ("q7", "q11", "q15", "q16", "q17", "q18", "q19")      # Nexmark's texts Flink runs here
 
 
-class PeakRss:
-    """The largest summed RSS of a process tree, sampled every 0.2 s while the block runs."""
-
-    def __init__(self, pid: int | None = None) -> None:
-        self.pid, self.peak, self._stop = pid or os.getpid(), 0, threading.Event()
-
-    def _sample(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-                self.peak = max(self.peak, total)
-            except psutil.Error:
-                pass
-            self._stop.wait(0.2)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def mb(self) -> int:
-        return round(self.peak / 2**20)
-
-
-def json_ceiling(bootstrap: str, topic: str) -> dict:
+def json_ceiling(values: list[bytes]) -> dict:
     """pyarrow.json over the topic's value bytes, one record a line: the parse alone."""
     import pyarrow as pa
     import pyarrow.json as pj
 
-    from tests.table_env import read_topic
-
-    data = b"\n".join(m.value() for m in read_topic(bootstrap, topic))
+    data = b"\n".join(values)
     best = None
     for _ in range(3):
         started = time.perf_counter()
@@ -87,19 +52,14 @@ def json_ceiling(bootstrap: str, topic: str) -> dict:
 
 
 def run_statetable(bootstrap: str, root: Path) -> dict:
-    """statetable in a process of its own (bench/nexmark/statetable_run.py), as Flink runs in
-    its own: the peak RSS is its tree's, not this process's pandas."""
-    out_file = root / "statetable.json"
-    root.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "bench.nexmark.statetable_run", "--bootstrap", bootstrap,
-                                "--root", str(root), "--out", str(out_file)])
-    with PeakRss(process.pid) as rss:
-        if process.wait() != 0:
-            raise SystemExit(f"statetable's run failed (exit {process.returncode})")
-    done = json.loads(out_file.read_text())
+    """statetable as a peer of its own (bench/nexmark/statetable_run.py, measured by
+    bench.compare.measure like every peer): the peak RSS is its tree's, not this process's pandas."""
+    run = run_peer("statetable", [sys.executable, "-m", "bench.nexmark.statetable_run", "--bootstrap", bootstrap,
+                                  "--root", root, "--out", root / "result.json"], root)
+    done = run.result
     for query in QUERIES:
         done[query]["answers"] = answers(query, done[query].pop("rows"))
-    done["_peak_rss_mb"] = rss.mb
+    done["_peak_rss_mb"] = run.peak_rss_mb
     return done
 
 
@@ -110,23 +70,15 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
     connector = next((p for p in jars.jars("flink") if "flink-sql-connector-kafka" in p.name), None)
     if connector is None:
         raise SystemExit("Flink's Kafka connector jar is missing; run `make bench-peers`")
-    work.mkdir(parents=True, exist_ok=True)
     out = {}
     for query in queries:       # a process per query: its peak RSS and its JVM start are its own
-        command = [str(_venv_python("flink")), str(Path(__file__).parents[1] / "peers" / "flink" / "nexmark.py"),
-                   "--bootstrap", bootstrap, "--prefix", "nexmark-", "--out", str(work), "--connector-jar",
-                   str(connector), "--queries", query]
-        started = time.monotonic()
-        process = subprocess.Popen(command)
-        with PeakRss(process.pid) as rss:
-            if process.wait() != 0:
-                raise SystemExit(f"flink {query} failed (exit {process.returncode})")
-        whole = time.monotonic() - started
-        result = json.loads((work / "result.json").read_text())
-        done = result["queries"][query]
-        out[query] = {"seconds": done["seconds"], "whole_seconds": round(whole, 2), "peak_rss_mb": rss.mb,
+        run = run_peer(f"flink {query}", [_venv_python("flink"), Path(__file__).parents[1] / "peers" / "flink" /
+                                          "nexmark.py", "--bootstrap", bootstrap, "--prefix", "nexmark-", "--out",
+                                          work / query, "--connector-jar", connector, "--queries", query], work / query)
+        done = run.result["queries"][query]
+        out[query] = {"seconds": done["seconds"], "whole_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
                       "answers": answers(query, _flink_rows(query, done["rows"]))}
-        out["_version"] = result["version"]
+        out["_version"] = run.result["version"]
     return out
 
 
@@ -213,11 +165,12 @@ def main() -> None:
     with private_broker(args.port) as cfg:
         produced = produce(cfg.kafka_bootstrap, Config(events=args.events, rate=args.rate), prefix="nexmark-")
         print(f"produced {json.dumps(produced['counts'])} in {produced['seconds']} s", flush=True)
-        frames = _frames(cfg.kafka_bootstrap, produced["topics"])
+        values = {kind: _values(cfg.kafka_bootstrap, topic) for kind, topic in produced["topics"].items()}
+        frames = _frames(values)
         reference = expected(frames)
         gaps = exact_gaps(frames["bid"].assign(ms=pd_ms(frames["bid"]["dateTime"])))
-        del frames
-        ceiling = json_ceiling(cfg.kafka_bootstrap, produced["topics"]["bid"])
+        ceiling = json_ceiling(values["bid"])        # the same bytes, read once
+        del frames, values
         flink = run_flink(cfg.kafka_bootstrap, root / "flink", PEER_QUERIES) if "flink" in args.peers else {}
         ours = run_statetable(cfg.kafka_bootstrap, root / "statetable")
     queries, failed = [], []

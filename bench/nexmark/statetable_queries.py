@@ -68,17 +68,18 @@ SOURCES = {
 }
 
 
-def _frames(bootstrap: str, topics: dict) -> dict:
-    """Each kind's events as pandas, in partition and offset order (read back, not regenerated)."""
-    import pandas as pd
-
+def _values(bootstrap: str, topic: str) -> list[bytes]:
+    """A topic's values in partition and offset order (read back, not regenerated)."""
     from tests.table_env import read_topic
 
-    out = {}
-    for kind, topic in topics.items():
-        records = sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset()))
-        out[kind] = pd.DataFrame([json.loads(m.value()) for m in records])
-    return out
+    return [m.value() for m in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset()))]
+
+
+def _frames(values: dict[str, list[bytes]]) -> dict:
+    """Each kind's events as pandas, from its values (_values)."""
+    import pandas as pd
+
+    return {kind: pd.DataFrame([json.loads(v) for v in kind_values]) for kind, kind_values in values.items()}
 
 
 def expected(frames: dict) -> dict:

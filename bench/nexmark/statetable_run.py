@@ -28,7 +28,7 @@ def main() -> None:
 
     root = Path(args.root)
     tables = root / "tables"
-    tables.mkdir(parents=True)
+    tables.mkdir(parents=True, exist_ok=True)
     for name, text in {**SOURCES, **QUERIES}.items():
         header = "-- max_records_per_batch: 5000000\n" if name.startswith("q") and name != "q3" else ""
         (tables / f"{name}.sql").write_text(header + text.format(prefix="nexmark-"))
