@@ -1001,6 +1001,18 @@ _WHERE_PARTS = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, 
                 exp.Tuple, exp.Escape, exp.Bracket)
 
 
+# Arguments an event must not supply, or one record could stall or fail every run of its batch: a
+# regular expression (invalid, or exponential to match) and the size of a string a function builds.
+_LITERAL_ARGUMENTS = {exp.Repeat: "times", exp.Space: "this", exp.Pad: "expression"}
+
+
+def _event_supplied(node: exp.Expression) -> exp.Expression | None:
+    """The argument of `node` that must be a literal and is not (see _LITERAL_ARGUMENTS)."""
+    name = "expression" if type(node).__name__.startswith("Regexp") else _LITERAL_ARGUMENTS.get(type(node))
+    argument = node.args.get(name) if name else None
+    return argument if argument is not None and argument.find(exp.Column) is not None else None
+
+
 def _repeatable(node: exp.Expression) -> bool:
     if isinstance(node, exp.In) and node.args.get("query") or isinstance(node, (exp.Query, exp.Window)):
         return False
@@ -1021,6 +1033,11 @@ def _check_functions(path: Path, node: exp.Expression, where: str) -> None:
             what = child.sql(dialect="spark") if len(child.sql()) < 60 else child.key.upper()
             raise _fail(path, child, f"{what} {where}",
                         f"{where}: columns, literals, operators and Spark's scalar functions; not {NOT_REPEATABLE}")
+        supplied = _event_supplied(child)
+        if supplied is not None:
+            raise _invalid(path, supplied, f"{child.sql(dialect='spark')} {where} takes {supplied.sql()} from each "
+                                           f"event: one event could make every run of its batch fail or stall; "
+                                           f"write it as a literal")
         escape = child.expression if isinstance(child, exp.Escape) else None
         if isinstance(escape, exp.Literal) and isinstance(child.this.expression, exp.Literal):
             try:        # Spark would refuse it mid-batch, every batch

@@ -22,8 +22,8 @@ SUPPORTED = ("column names (the key columns and the aggregates' aliases), the ag
              "strings, TRUE/FALSE/NULL, = != <> < <= > >=, + - * / %, AND, OR, NOT, IS [NOT] NULL, IN (...), "
              "BETWEEN, CASE, IF, CAST and TRY_CAST (to STRING, BIGINT, INT, DOUBLE, FLOAT, BOOLEAN), COALESCE, "
              "NULLIF, GREATEST, LEAST, ABS, ROUND, FLOOR, CEIL, UPPER, LOWER, INITCAP, LENGTH, TRIM, SUBSTRING, "
-             "CONCAT, ||, REPLACE, and YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC over epoch milliseconds "
-             "(window_start, window_end) or ISO text")
+             "CONCAT, ||, REPLACE, and YEAR, MONTH, DAY, HOUR, MINUTE, DAYOFWEEK, TO_DATE, DATE_TRUNC over epoch "
+             "milliseconds (window_start, window_end) or ISO text")
 
 _COMPARE = {exp.EQ: lambda c: c == 0, exp.NEQ: lambda c: c != 0, exp.GT: lambda c: c > 0,
             exp.GTE: lambda c: c >= 0, exp.LT: lambda c: c < 0, exp.LTE: lambda c: c <= 0}

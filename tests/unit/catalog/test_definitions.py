@@ -345,6 +345,12 @@ def test_the_sql_a_ksqldb_user_writes_parses_as_ksqldb_reads_it(tmp_path):
      "UUID() in GROUP BY is not supported"),
     ("k STRING", "SELECT k, COUNT(*) AS n FROM s WHERE MY_UDF(k) GROUP BY k", "MY_UDF(k) in WHERE is not supported"),
     ("k STRING", "SELECT k, COUNT(*) AS n FROM s WHERE k IN (SELECT 1) GROUP BY k", "in WHERE is not supported"),
+    ("k STRING, p STRING", "SELECT k, COUNT(*) AS n FROM s WHERE k RLIKE p GROUP BY k",
+     "takes p from each event"),
+    ("k STRING, n INT", "SELECT REPEAT(k, n) AS r, COUNT(*) AS c FROM s GROUP BY REPEAT(k, n)",
+     "takes n from each event"),
+    ("k STRING, n INT", "SELECT k, COUNT(DISTINCT LPAD(k, n + 1, 'x')) AS c FROM s GROUP BY k",
+     "takes n + 1 from each event"),
     ("k STRING", "SELECT k, COUNT(*) AS n FROM s WHERE k LIKE 'a!b' ESCAPE '!' GROUP BY k",
      "'!' must come before %, _ or itself, not 'b' in WHERE"),
 ])
