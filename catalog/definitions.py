@@ -552,7 +552,7 @@ class _Scope:
         self.check_expression(node)
         _check_functions(self.path, node, "in an aggregate's argument")
         name = f"_x{len(self.derived)}"
-        self.derived[name] = node.sql(dialect="spark")
+        self.derived[name] = _guarded(node).sql(dialect="spark")
         return name
 
     def column(self, node: exp.Expression, what: str = "an aggregate input") -> str:
@@ -961,7 +961,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         input_table=input_table.name if input_table is not None else None,
         key_format=input_table.key_format if input_table is not None else "plain",
         key_columns=keys, aggregates=aggregates, joins=joins, window=window, stream_alias=stream_alias,
-        where=where.this.sql(dialect="spark") if where else None, joined_refs=scope.joined_refs, having=having_sql,
+        where=_guarded(where.this).sql(dialect="spark") if where else None, joined_refs=scope.joined_refs,
+        having=having_sql,
         derived=scope.derived, computed=computed, key_types=key_types,
         **common,
     )
@@ -1013,6 +1014,25 @@ def _event_supplied(node: exp.Expression) -> exp.Expression | None:
     return argument if argument is not None and argument.find(exp.Column) is not None else None
 
 
+def _guarded(node: exp.Expression) -> exp.Expression:
+    """`node` with each LIKE whose pattern comes from the event made NULL (the event filtered, or
+    the value null) where the pattern is not one Spark accepts: Spark fails the whole batch on one
+    such pattern (an escape before anything but %, _ or itself), and so every run of it after."""
+    import re
+
+    def guard(child: exp.Expression) -> exp.Expression:
+        like, escape = (child.this, child.expression) if isinstance(child, exp.Escape) else (child, None)
+        if not isinstance(like, (exp.Like, exp.ILike)) or isinstance(like.expression, exp.Literal) \
+                or escape is not None and not isinstance(escape, exp.Literal):
+            return child
+        mark = re.escape(escape.this if escape is not None else "\\")
+        valid = exp.RegexpLike(this=like.expression.copy(),
+                               expression=exp.Literal.string(f"^([^{mark}]|{mark}[%_{mark}])*$"))
+        return exp.Case(ifs=[exp.If(this=valid, true=child.copy())])
+
+    return node.copy().transform(guard)
+
+
 def _repeatable(node: exp.Expression) -> bool:
     if isinstance(node, exp.In) and node.args.get("query") or isinstance(node, (exp.Query, exp.Window)):
         return False
@@ -1059,7 +1079,7 @@ def _computed_key(scope: "_Scope", node: exp.Expression, selected: dict[str, str
                                          f"SELECT {node.sql()} AS name, ...; the rows show it under that name")
     scope.check_expression(node)
     _check_functions(scope.path, node, "in GROUP BY")
-    scope.derived[selected[text]] = text
+    scope.derived[selected[text]] = _guarded(node).sql(dialect="spark")
     scope.key_sql[text] = selected[text]
     return selected[text]
 

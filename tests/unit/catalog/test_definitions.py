@@ -388,3 +388,15 @@ def test_window_retention_keeps_closed_windows_that_long_and_needs_a_window(tmp_
     path.write_text(base.format("-- window_retention: 30d\n", ""))
     with pytest.raises(DefinitionError, match=r"t.sql:2:1: table 't' has no window; remove window_retention"):
         parse(path)
+
+
+def test_a_like_pattern_from_the_event_that_spark_would_refuse_filters_the_event_not_the_batch(tmp_path):
+    """Spark fails a whole batch on one pattern with a bad escape: a pattern taken from the event
+    is guarded, a literal one is checked when the table loads."""
+    sql = "SELECT id, COUNT(*) AS n FROM s WHERE {} GROUP BY id"
+    schema = "id INT, val STRING, pattern STRING"
+    assert _parsed(tmp_path, schema, sql.format("val LIKE pattern ESCAPE '!'")).where == \
+        "CASE WHEN pattern RLIKE '^([^!]|![%_!])*$' THEN val LIKE pattern ESCAPE '!' END"
+    assert _parsed(tmp_path, schema, sql.format("val NOT LIKE pattern")).where == \
+        "CASE WHEN pattern RLIKE '^([^\\\\\\\\]|\\\\\\\\[%_\\\\\\\\])*$' THEN val NOT LIKE pattern END"
+    assert _parsed(tmp_path, schema, sql.format("val LIKE 'a%'")).where == "val LIKE 'a%'"
