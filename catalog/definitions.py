@@ -75,6 +75,7 @@ TOPK_MAX = 1000                                   # a TOPK state is one changelo
 TTL_AGGREGATE = "_last_event_ms"                  # a TTL table's hidden MAX of its event time
 SESSION_LAST = "window_end"                       # a session's last event time: a MAX the rows show
 EVENT_MS = "_event_ms"                            # ... both over this per-event column (event time as epoch ms)
+POSITION = "rowposition"                          # a stream's row: its record's "partition:offset" (see stream_side)
 
 
 class _DefinitionSQL(Spark):
@@ -150,6 +151,9 @@ class TableDefinition:
     value_columns: list[str] = field(default_factory=list)   # source tables
     event_time_skew_ms: int = DEFAULT_EVENT_TIME_SKEW_MS      # how far ahead of the clock an event time may be
     joined_refs: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
+    stream_schema: list[tuple[str, str]] = field(default_factory=list)   # a join whose left side is a stream
+                                               # (`-- schema:` fields): its rows are the stream's records
+    stream: bool = False                       # stream_side's definition: every record is a row of its own
 
     def meaning(self) -> dict:
         """What the table's rows mean, normalised: two definitions with the same meaning serve the
@@ -172,6 +176,7 @@ class TableDefinition:
             **({"join_columns": [list(c) for c in self.join_columns]} if self.join_columns else {}),
             **({"derived": dict(self.derived)} if self.derived else {}),
             **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
+            **({"stream_schema": [list(c) for c in self.stream_schema]} if self.stream_schema else {}),
         }
 
     @property
@@ -181,8 +186,9 @@ class TableDefinition:
 
     @property
     def table_join(self) -> bool:
-        """A join of two tables, keyed by the left one's key (spark_jobs/steps/table_join.py)."""
-        return self.kind == "source" and self.input_table is not None
+        """A join of two tables, keyed by the left one's key (spark_jobs/steps/table_join.py); the
+        left one may be a stream, each record a row keyed by its position (stream_side)."""
+        return self.kind == "source" and (self.input_table is not None or bool(self.stream_schema))
 
     @property
     def timed(self) -> bool:
@@ -819,6 +825,15 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     input_table = _INPUT_TABLES.get().get(stream.name) if not schema_raw else None
     if input_table is not None and select.args.get("group") is None and select.args.get("joins"):
         return _join_table(path, header, common, name, select, input_table)
+    if schema_raw and select.args.get("group") is None and select.args.get("joins"):
+        fields = _parse_schema(header.where(path, "schema"), schema_raw)
+        if any(f == POSITION for f, _ in fields):
+            raise DefinitionError(f"{header.where(path, 'schema')}: table {name!r}: field {POSITION!r} is the name "
+                                  f"of a stream's record position in a join; rename the field")
+        left = TableDefinition(name=stream.name, path=path, kind="source", topic=header.get("topic", stream.name),
+                               schema=[(POSITION, "STRING"), *fields], key_columns=[POSITION],
+                               value_columns=[POSITION, *(f for f, _ in fields)], stream=True)
+        return _join_table(path, header, common, name, select, left)
     if input_table is not None:
         _check_over_table(path, header, name, select, input_table)
         schema = list(input_table.schema)
@@ -1212,6 +1227,8 @@ def as_change_topic_source(join: TableDefinition) -> TableDefinition:
 
 def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
     """The source table an aggregate over a table or a join of tables reads."""
+    if table.stream_schema:
+        return stream_side(table)
     source = tables[table.input_table]
     return as_change_topic_source(source) if source.table_join else source
 
@@ -1229,7 +1246,8 @@ OVER_TABLE = ("an aggregate over a source table's rows: SELECT keys, COUNT/SUM/A
 
 
 TABLE_JOIN = ("a join of two tables: SELECT a.col [AS name], b.col [AS name], ... FROM a [alias] [LEFT] JOIN b [alias] "
-              "ON a.col = b.<b's primary key>, with a and b source tables; the rows have a's key")
+              "ON a.col = b.<b's primary key> [WHERE condition over a.col, b.col], with a and b source tables; the "
+              "rows have a's key")
 
 
 def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.Select,
@@ -1237,15 +1255,13 @@ def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.S
     """A join of two tables (`FROM a JOIN b ON a.fk = b.id`): a row per row of `a`, keyed by a's
     key, with b's columns from the row whose key a's column names (a foreign key, or a's own key
     for a primary-key join). A change on either side updates exactly the rows it touches."""
-    for option in ("topic", "schema", "event_time", "ttl", "emit", "key_format"):
+    for option in ("event_time", "ttl", "emit", "key_format") + (() if left.stream else ("topic", "schema")):
         if option in header:
             raise DefinitionError(f"{header.where(path, option)}: table {name!r} joins tables, so option {option!r} "
                                   f"does not apply (it reads {left.name}'s topic {left.topic!r} with its schema); "
                                   f"remove it")
-    for unsupported in ("where", "having"):
-        if select.args.get(unsupported):
-            raise _fail(path, select.args[unsupported], f"table {name!r}: {unsupported.upper()} in a join of tables",
-                        TABLE_JOIN)
+    if select.args.get("having"):
+        raise _fail(path, select.args["having"], f"table {name!r}: HAVING in a join of tables", TABLE_JOIN)
     source = select.args.get("from") or select.args.get("from_")
     left_alias = source.this.alias or source.this.name
     (join,) = select.args["joins"] if len(select.args["joins"]) == 1 else (None,)
@@ -1254,8 +1270,10 @@ def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.S
     right_node = join.this
     right = _INPUT_TABLES.get().get(right_node.name) if isinstance(right_node, exp.Table) else None
     if right is None:
-        raise _fail(path, join, f"table {name!r}: JOIN {right_node.sql()} (not a source table defined beside it)",
-                    TABLE_JOIN)
+        problem = _fail(path, join, f"table {name!r}: JOIN {right_node.sql()} (not a source table defined beside it)",
+                        TABLE_JOIN)
+        # load_all parses once before it knows the source tables: a stream's join is parsed again then
+        raise _NeedsSchema(str(problem), right_node.name) if left.stream else problem
     kind = (join.side or "").lower() or "inner"
     if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
         raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
@@ -1295,15 +1313,58 @@ def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.S
             raise _invalid(path, projection, f"column {out!r} is selected twice; rename one with AS")
         columns.append((f"{side}.{col}", out))
         schema.append((out, dict(sides[side].schema)[col]))
+    where = select.args.get("where")
+    where = _join_where(path, name, where.this, sides, column) if where else None
     key = f"{left_alias}.{left.key_columns[0]}"
+    if left.stream and not any(source_column == key for source_column, _ in columns):
+        columns.insert(0, (key, POSITION))          # a stream's rows are keyed by their record's position
+        schema.insert(0, (POSITION, "STRING"))
     if not any(source_column == key and out == left.key_columns[0] for source_column, out in columns):
         raise _invalid(path, select, f"table {name!r}: SELECT {key} (under its own name): the rows of a join of "
                                      f"tables have {left.name}'s key")
     return TableDefinition(
         name=name, path=path, kind="source", topic=left.topic, schema=schema, key_columns=list(left.key_columns),
-        value_columns=[o for _, o in columns], key_format=left.key_format, input_table=left.name,
+        value_columns=[o for _, o in columns], key_format=left.key_format,
+        input_table=None if left.stream else left.name, stream_schema=left.schema[1:] if left.stream else [],
         joins=[JoinSpec(right.name, right_alias, kind, f"{left_alias}.{a[1]}", b[1])], stream_alias=left_alias,
-        join_columns=columns, **{**common, "bronze": False, "event_time": None})
+        join_columns=columns, where=where, **{**common, "bronze": False, "event_time": None})
+
+
+def stream_side(join: TableDefinition) -> TableDefinition:
+    """The stream a join's left side reads (`-- topic:` and `-- schema:` on the join, as on an
+    aggregate over a stream), as a source table whose rows are its records: each keyed by its
+    position (POSITION, "partition:offset"), never changed or deleted, so two equal events are
+    two rows, and a tombstone is a dead letter, not a delete."""
+    return TableDefinition(name=join.name, path=join.path, kind="source", topic=join.topic,
+                           schema=[(POSITION, "STRING"), *join.stream_schema], key_columns=[POSITION],
+                           value_columns=[POSITION, *(f for f, _ in join.stream_schema)], stream=True,
+                           partitions=join.partitions, format=join.format, value_schema=join.value_schema,
+                           event_time_skew_ms=join.event_time_skew_ms)
+
+
+def _join_where(path: Path, name: str, node: exp.Expression, sides: dict, column) -> str:
+    """A join's WHERE over the joined row, both sides' columns (`a.category = 10 AND b.ts BETWEEN
+    a.ts AND a.expires`): a joined row that does not pass is no row, and a change on either side
+    that makes it pass or fail adds or deletes it. Evaluated per joined row with
+    catalog.expressions (spark_jobs/steps/table_join.JoinShape), so it is written with the names
+    `alias.column` as the row dict holds them; TIMESTAMP columns compare as epoch milliseconds."""
+    from catalog.expressions import SUPPORTED, compile_predicate
+
+    def qualified(child: exp.Expression) -> exp.Expression:
+        if isinstance(child, exp.Column):
+            side, col = column(child)
+            return exp.column(f"{side}.{col}", quoted=True)
+        return child
+
+    rewritten = node.copy().transform(qualified)
+    names = {f"{alias}.{col}" for alias, table in sides.items() for col, _ in table.schema}
+    try:
+        compile_predicate(rewritten, names)
+    except UnsupportedSql as exc:
+        raise DefinitionError(f"{path}:{_position(node)}: table {name!r}: WHERE {node.sql(dialect='spark')}: "
+                              f"{exc.node.sql(dialect='spark').replace(chr(96), '')} is not supported in a join's "
+                              f"WHERE (evaluated per joined row). Supported: {SUPPORTED}") from None
+    return rewritten.sql(dialect="spark")
 
 
 def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, input_table: TableDefinition) -> None:
@@ -1340,7 +1401,7 @@ def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", agg
 def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
     for join in table.joins:
         other = tables.get(join.table)
-        if other is None or other.kind != "source" or other.input_table is not None:
+        if other is None or other.kind != "source" or other.table_join:
             raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
                                   f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
         if join.table_column not in other.key_columns:
@@ -1370,7 +1431,7 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
         paths = [p for p in paths if p.stem == only]
     parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
     sources = {t.name: t for t in reversed(parsed.values())
-               if isinstance(t, TableDefinition) and t.kind == "source" and t.input_table is None}
+               if isinstance(t, TableDefinition) and t.kind == "source" and not t.table_join}
     token = _INPUT_TABLES.set(sources)
     try:
         # Twice: a join of tables reads source tables, and is read through its change topic by the

@@ -33,7 +33,8 @@ def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     meaning = table.meaning()
     # The input's rows, whatever the aggregate makes of them: a rebuild adopting a changed
     # aggregate (another GROUP BY or column) keeps this stage as it is.
-    rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format")
+    rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format",
+                                                                          "stream_schema")
                                 if k in meaning}}
     if table.table_join:        # its schema is the join's output; the rows are a's, indexed by the join column
         rows.pop("schema")

@@ -244,7 +244,8 @@ def snapshot_age_seconds(table: TableDefinition, rt: Runtime) -> float | None:
 def shape(table: TableDefinition) -> str:
     """What the table is, in the words its SQL would use."""
     if table.table_join:
-        return f"join of tables ({table.input_table} with {', '.join(j.table for j in table.joins)})"
+        left = table.input_table or f"stream {table.topic}"
+        return f"join of tables ({left} with {', '.join(j.table for j in table.joins)})"
     if table.over_table:
         return f"aggregate over table {table.input_table}"
     window = table.window

@@ -33,6 +33,8 @@ def _table(name: str, rt: Runtime) -> TableDefinition:
 
 
 def input_topic(table: TableDefinition) -> str:
+    if table.stream_schema:         # a join's left side is a stream: its records are the join's input
+        return table.topic
     if table.table_join or table.over_table:
         raise UserError(f"table {table.name!r} reads table {table.input_table!r}'s changes, not a topic of its own; "
                          f"produce to {table.input_table!r}'s topic instead")

@@ -30,8 +30,13 @@ JOINS = {   # name -> (SQL, right table, left column, right column, how, output 
                     "notes", "id", "inner", ["id", "amount", "note"]),
     "orders_note_left": ("SELECT o.id, n.note, o.amount FROM orders o LEFT JOIN notes n ON n.id = o.id",
                          "notes", "id", "left", ["id", "note", "amount"]),
+    # WHERE over both sides of the joined row: a change on either side adds or deletes the row
+    "orders_gold": ("SELECT o.id, o.amount, c.tier FROM orders o LEFT JOIN customers c ON o.cust = c.id "
+                    "WHERE o.amount > 30 AND (c.tier = 'gold' OR c.tier IS NULL)",
+                    "customers", "cust", "left", ["id", "amount", "tier"]),
 }
 OUTPUT_NAMES = {"orders_tier_left": ["id", "customer", "tier"]}
+WHERE = {"orders_gold": lambda row: row["amount"] > 30 and row["tier"] in ("gold", None)}
 
 
 def expected(name: str, frames: dict) -> dict:
@@ -44,8 +49,9 @@ def expected(name: str, frames: dict) -> dict:
     out = {}
     for _, row in merged.iterrows():
         values = [row[c] if c in a.columns and c not in ("tier", "note") else row.get(f"r_{c}") for c in columns]
-        out[int(row["id"])] = {n: (None if v is None or (isinstance(v, float) and pd.isna(v)) else v)
-                               for n, v in zip(names, values)}
+        shown = {n: (None if v is None or (isinstance(v, float) and pd.isna(v)) else v) for n, v in zip(names, values)}
+        if WHERE.get(name, bool)(shown):
+            out[int(row["id"])] = shown
     return out
 
 
@@ -156,8 +162,14 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
      r"ON o.<column> = c.id \(b's primary key\)"),
     ("SELECT o.amount, c.tier FROM orders o JOIN customers c ON o.cust = c.id",
      r"SELECT o.id \(under its own name\): the rows of a join of tables have orders's key"),
-    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE o.amount > 3",
-     r"WHERE in a join of tables is not supported"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE amount > 3",
+     r"amount \(columns are named alias.column, aliases \['c', 'o'\]\) is not supported"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE o.amount > 3 HAVING c.tier = 'x'",
+     r"HAVING in a join of tables is not supported"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE o.note = 'x'",
+     r"unknown column o.note"),
+    ("SELECT o.id, c.tier FROM orders o JOIN customers c ON o.cust = c.id WHERE REGEXP_LIKE(c.tier, 'g.*')",
+     r"table 'j': WHERE c.tier RLIKE 'g.\*': c.tier RLIKE 'g.\*' is not supported in a join's WHERE"),
     ("SELECT o.id, c.nope FROM orders o JOIN customers c ON o.cust = c.id",
      r"unknown column c.nope: table 'customers' has columns \['id', 'tier'\]"),
     ("SELECT o.id, n.x FROM orders o JOIN nothing n ON o.cust = n.id",
@@ -193,4 +205,9 @@ def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
     assert inner.row((1, 8, 50), b_rows) is None and inner.row((1, None, 50), b_rows) is None
     assert left.row((1, 8, 50), b_rows) == (1, 8, None) and left.row((1, None, 50), b_rows) == (1, None, None)
     assert left.row(None, b_rows) is None
+    # WHERE over both sides, NULL as SQL has it: a left join's missing b passes only `IS NULL`
+    gold = JoinShape(tables["orders_gold"], tables["orders"], tables["customers"])
+    assert gold.row((1, 7, 50), b_rows) == (1, 50, "gold") and gold.row((1, 7, 30), b_rows) is None
+    assert gold.row((1, 8, 50), b_rows) == (1, 50, None) and gold.row((1, 7, 50), {7: (7, "silver")}) is None
+    assert gold.row((1, 7, None), b_rows) is None
     assert changed_keys({1: (1, "a"), 2: (2, "b"), 3: (3, "c")}, {1: (1, "a"), 2: (2, "x"), 4: (4, "d")}) == [2, 3, 4]

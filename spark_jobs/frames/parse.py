@@ -100,7 +100,8 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
     fields, the source coordinates and a `reason` column (null for good rows).
     `now_ms` is the batch's clock for future event times (None: no such check).
     `rows`: the records are a table's rows (Pass.rows): the Kafka key must name the row's key,
-    and a null value deletes it (a tombstone).
+    and a null value deletes it (a tombstone); a stream's records (catalog.definitions.stream_side)
+    are rows keyed by their position, whatever their Kafka key, and a null value is a dead letter.
     `schemas`: a registry's schemas by id, for a table in Confluent's wire format (frames/formats)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
@@ -183,7 +184,7 @@ def classify(raw, table: TableDefinition, key_fields: list[str], max_value_bytes
         if now_ms is not None:
             reason = reason.when(F.unix_millis(event_time) > F.lit(now_ms + table.event_time_skew_ms),
                                  F.lit("future_event_time"))
-    if rows:
+    if rows and not table.stream:
         pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
         kafka_key = kafka_key_text(table)
         # A key in the wire format that could not be read (key_unknown_schema_id, ...): the record

@@ -311,18 +311,25 @@ def latest_rows(classified, table: TableDefinition):
     pk, pk_type = table.key_columns[0], dict(table.schema)[table.key_columns[0]]
     key_expr = F.when(F.col("reason") == "null_value", parse.kafka_key_text(table).try_cast(pk_type)) \
         .otherwise(F.col(f"_parsed.`{pk}`"))
+    if table.stream:            # each record its own row, named by its position; none is ever deleted
+        key_expr = F.concat_ws(":", F.col("_partition").cast("string"), F.col("_offset").cast("string"))
     kinds = dict(table.schema)
 
     def stored(name: str):
         """A value as the state keeps it (state_columns' rule): a TIMESTAMP or a DATE as a number,
         which the codec holds; a date object it cannot, and the row was refused."""
         col = F.col(f"_parsed.`{name}`")
+        if table.stream and name == pk:
+            return key_expr
         return F.unix_millis(col) if kinds.get(name) == "TIMESTAMP" else \
             F.unix_date(col) if kinds.get(name) == "DATE" else col
 
-    frame = classified.where(F.col("reason").isNull() | (F.col("reason") == "null_value")).select(
-        key_expr.alias("_k0"), (F.col("reason") == "null_value").alias("_del"), F.col("_offset"),
+    deletes = F.lit(False) if table.stream else F.col("reason") == "null_value"
+    frame = classified.where(F.col("reason").isNull() | deletes).select(
+        key_expr.alias("_k0"), deletes.alias("_del"), F.col("_offset"),
         F.col("_partition"), *[stored(c).alias(f"_v{i}") for i, c in enumerate(table.value_columns)])
+    if table.stream:            # positions are unique: nothing to pick
+        return frame.drop("_offset", "_partition")
     latest = Window.partitionBy("_k0").orderBy(F.desc("_partition"), F.desc("_offset"))
     return (frame.where(F.col("_k0").isNotNull()).withColumn("_rn", F.row_number().over(latest))
             .where("_rn = 1").drop("_rn", "_offset", "_partition"))

@@ -24,9 +24,11 @@ import logging
 import time
 
 import pyarrow as pa
+import sqlglot
+from sqlglot import exp
 
 from catalog.definitions import TableDefinition, input_definition
-from catalog.mapping import rows_spec, state_spec
+from catalog.mapping import compiled, rows_spec, state_spec
 from catalog.runtime import arrow_filesystem
 from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
@@ -47,21 +49,38 @@ class JoinShape:
         join = table.joins[0]
         self.inner = join.kind == "inner"
         self.fk = left.value_columns.index(join.stream_column.split(".")[-1])
-        self.picks = []
-        for qualified, _ in table.join_columns:
-            alias, column = qualified.split(".")
-            side = "a" if alias == table.stream_alias else "b"
-            self.picks.append((side, (left if side == "a" else right).value_columns.index(column)))
+        self.picks = [self._pick(table, left, right, qualified) for qualified, _ in table.join_columns]
+        self.where, self.where_picks = None, []
+        if table.where:
+            names = {f"{alias}.{c}" for alias, side in ((table.stream_alias, left), (join.alias, right))
+                     for c in side.value_columns}
+            self.where = compiled("compile_predicate", table.where, names)
+            referenced = {c.name for c in sqlglot.parse_one(table.where, dialect="spark").find_all(exp.Column)}
+            self.where_picks = [(name, *self._pick(table, left, right, name)) for name in sorted(referenced)]
+
+    @staticmethod
+    def _pick(table: TableDefinition, left: TableDefinition, right: TableDefinition, qualified: str) -> tuple:
+        """("a" or "b", the column's place in that side's rows) of `alias.column`."""
+        alias, column = qualified.split(".")
+        side = "a" if alias == table.stream_alias else "b"
+        return side, (left if side == "a" else right).value_columns.index(column)
 
     def row(self, a_row: tuple | None, b_rows: dict) -> tuple | None:
-        """The joined row of one a-row (None: no row: a has none, or an inner join found no b)."""
+        """The joined row of one a-row (None: no row: a has none, an inner join found no b, or
+        the WHERE does not pass)."""
         if a_row is None:
             return None
         fk = a_row[self.fk]
         b_row = None if fk is None else b_rows.get(fk)
         if b_row is None and self.inner:
             return None
-        return tuple(a_row[i] if side == "a" else (None if b_row is None else b_row[i]) for side, i in self.picks)
+
+        def value(side: str, i: int):
+            return a_row[i] if side == "a" else (None if b_row is None else b_row[i])
+
+        if self.where is not None and not self.where({name: value(side, i) for name, side, i in self.where_picks}):
+            return None
+        return tuple(value(side, i) for side, i in self.picks)
 
 
 _PINNED: dict[str, dict] = {}      # pinned file -> b's rows by key, once per worker process

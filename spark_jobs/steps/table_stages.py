@@ -87,18 +87,25 @@ def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
     table, rt = table_run.table, table_run.rt
     with clock.step("read"):
         raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
-        classified = parse.classify(raw, source, source.key_columns, now_ms=int(plan.created_at * 1000), rows=True,
+        classified = parse.classify(raw, source, _key_fields(source), now_ms=int(plan.created_at * 1000), rows=True,
                                     schemas=schemas_for(source)) \
             .persist(StorageLevel.MEMORY_AND_DISK)
         reasons = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
     read_count = sum(reasons.values())
-    reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)      # tombstones are deletes, not errors
+    if not source.stream:       # a table's tombstones are deletes, not errors; a stream's are dead letters
+        reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)
     log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
              read_count, source.name, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
-        dead = parse.dead_letters(classified, plan.topic).where(F.col("reason") != "null_value")
+        dead = parse.dead_letters(classified, plan.topic)
+        dead = dead if source.stream else dead.where(F.col("reason") != "null_value")
         dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
     return InputRead(classified, reasons, read_count, dead_count)
+
+
+def _key_fields(source: TableDefinition) -> list[str]:
+    """The fields a record must carry (missing_key otherwise): a stream's key is its position."""
+    return [] if source.stream else source.key_columns
 
 
 def input_history(frames, bootstrap: str, last, source: TableDefinition):
@@ -108,7 +115,7 @@ def input_history(frames, bootstrap: str, last, source: TableDefinition):
     from spark_jobs.steps.offsets import OffsetRange, spark_reader
 
     full = OffsetRange(frames.table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()})
-    classified = parse.classify(spark_reader(frames.spark, bootstrap, full), source, source.key_columns,
+    classified = parse.classify(spark_reader(frames.spark, bootstrap, full), source, _key_fields(source),
                                 rows=True, schemas=schemas_for(source))
     return latest_rows(classified, source)
 
