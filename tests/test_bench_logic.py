@@ -90,7 +90,11 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
         {"auction": 1, "bidder": 8, "price": 2_000_000, "channel": "A", "url": "u3", "dateTime": "2026-12-01T10:02:00.003Z", "extra": ""},
         {"auction": 2, "bidder": 8, "price": 7, "channel": "A", "url": "u4", "dateTime": "2026-12-02T00:00:00.004Z", "extra": ""},
     ])
-    frames = {"bid": bids, "auction": pd.DataFrame({"id": [1], "seller": [9], "category": [10]}),
+    auctions = pd.DataFrame({"id": [1, 2], "itemName": ["i1", "i2"], "initialBid": [5, 6], "reserve": [8, 9],
+                             "dateTime": ["2026-12-01T10:00:00.000Z", "2026-12-01T23:00:00.000Z"],
+                             "expires": ["2026-12-01T10:01:30.000Z", "2026-12-02T01:00:00.000Z"],
+                             "seller": [9, 9], "category": [10, 11], "extra": ["", ""]})
+    frames = {"bid": bids, "auction": auctions,
               "person": pd.DataFrame({"id": [9], "name": ["p"], "city": ["c"], "state": ["OR"]})}
     want = expected(frames)
     # total, rank1-3 of bids; of distinct bidders; of distinct auctions
@@ -100,7 +104,15 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
     assert want["q18"][(7, 1)] == (20_000, "B", "u2", _ms("2026-12-01T10:01:00.002Z"), "x")
     assert want["q18"][(8, 2)][0] == 7
     assert want["q19"][(1,)] == ((2_000_000, 20_000, 50),)
-    assert want["q3"] == {(1,): (9, 10, "p", "c", "OR")}
+    assert want["q3"] == {(1,): ("p", "c", "OR")}           # auction 2 is not category 10
+    # q4: auction 1's highest bid inside its window (the 2,000,000 came after it expired); auction 2's one bid
+    assert want["q4"] == {(10,): (20_000,), (11,): (7,)}
+    assert want["q20"] == {(1, b, price, ch, _ms(t), "i1", 5, 8, 9, 10): 1 for b, price, ch, t in (
+        (7, 50, "A", "2026-12-01T10:00:00.001Z"), (7, 20_000, "B", "2026-12-01T10:01:00.002Z"),
+        (8, 2_000_000, "A", "2026-12-01T10:02:00.003Z"))}
+    q20_row = {"auction": 1, "bidder": 7, "price": 50, "channel": "A", "dateTime": _ms("2026-12-01T10:00:00.001Z"),
+               "itemName": "i1", "initialBid": 5, "reserve": 8, "seller": 9, "category": 10}
+    assert answers("q20", [q20_row, dict(q20_row)]) == {tuple(q20_row.values()): 2}     # equal rows counted
 
     flink_top = _flink_rows("q19", [{"auction": 1, "rank_number": r, "price": p}
                                     for r, p in ((2, 20_000), (1, 2_000_000), (3, 50))])
@@ -131,7 +143,8 @@ def test_nexmark_q7_is_each_windows_highest_price_and_its_bids_in_every_systems_
                          "channel": "A", "url": "u", "extra": "",
                          "dateTime": ["2026-12-01T00:00:01.000Z", "2026-12-01T00:00:02.000Z",
                                       "2026-12-01T00:00:09.999Z", "2026-12-01T00:00:10.000Z"]})
-    frames = {"bid": bids, "auction": pd.DataFrame({"id": [], "seller": [], "category": []}),
+    frames = {"bid": bids, "auction": pd.DataFrame({c: [] for c in ("id", "seller", "category", "dateTime", "expires",
+                                                                   "itemName", "initialBid", "reserve")}),
               "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": []})}
     want = expected(frames)["q7"]
     first = 1796083200000          # 2026-12-01T00:00:00Z

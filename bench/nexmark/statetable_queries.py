@@ -20,10 +20,14 @@ DISTINCTS = "".join(f", COUNT(DISTINCT {col}) AS total_{col}s" + "".join(
 # same answer written in statetable's dialect (FILTER (WHERE ...) as CASE, ROW_NUMBER's top 1 as
 # LATEST_BY_OFFSET, its top 10 as TOPK).
 QUERIES = {
-    # q3 (local item suggestion), without Nexmark's WHERE (a join of tables takes none yet): every
-    # auction with its seller's name, city and state. statetable alone: Flink joins the streams.
-    "q3": "CREATE TABLE q3 AS SELECT a.id, a.seller, a.category, p.name, p.city, p.state "
-          "FROM auction a JOIN person p ON a.seller = p.id;",
+    # q3 (local item suggestion): category 10's auctions by sellers in Oregon, Idaho or California
+    "q3": "CREATE TABLE q3 AS SELECT a.id, p.name, p.city, p.state FROM auction a JOIN person p ON a.seller = p.id "
+          "WHERE a.category = 10 AND (p.state = 'OR' OR p.state = 'ID' OR p.state = 'CA');",
+    # q4 (average closing price per category): the bids inside their auction's open window, the
+    # highest per auction, averaged per category (Flink's AVG of a BIGINT is a BIGINT, truncated).
+    # Nexmark's nested SELECT is a chain of tables here (CHAINS: q4_join, q4_final, q4_auctions).
+    "q4": "CREATE TABLE q4 AS SELECT category, CAST(SUM(final) / COUNT(*) AS BIGINT) AS avg_final "
+          "FROM q4_auctions GROUP BY category;",
     # q7 (highest bid per 10-second window): the top bids of each tumbling window, those at its
     # highest price being Nexmark's answer (TOPK keeps 10, ties beyond that would be cut)
     "q7": BID + "-- window_retention: 30d\nCREATE TABLE q7 AS SELECT window_start, MAX(price) AS maxprice, "
@@ -47,9 +51,27 @@ QUERIES = {
                  "FROM bid GROUP BY bidder, auction;",
     # q19 (the 10 highest bids of each auction)
     "q19": BID + "CREATE TABLE q19 AS SELECT auction, TOPK(10, price, bidder) AS top FROM bid GROUP BY auction;",
+    # q20 (expanded bids of category 10): each bid with its auction; a bid before its auction joins when it comes
+    "q20": BID + "CREATE TABLE q20 AS SELECT b.auction, b.bidder, b.price, b.channel, b.dateTime, a.itemName, "
+                 "a.initialBid, a.reserve, a.seller, a.category FROM bid b JOIN auction a ON b.auction = a.id "
+                 "WHERE a.category = 10;",
+}
+# The tables a query's table reads, in the order they run (each on the one before's change topic);
+# the query's seconds are the chain's.
+CHAINS = {
+    "q4": {
+        "q4_join": BID + "-- output_topic: {prefix}q4-join\nCREATE TABLE q4_join AS SELECT b.auction, b.price, "
+                         "a.category FROM bid b JOIN auction a ON b.auction = a.id "
+                         "WHERE b.dateTime BETWEEN a.dateTime AND a.expires;",
+        "q4_final": "-- output_topic: {prefix}q4-final\nCREATE TABLE q4_final AS SELECT auction, "
+                    "MAX(category) AS category, MAX(price) AS final FROM q4_join GROUP BY auction;",
+        "q4_auctions": "-- key_format: json\nCREATE TABLE q4_auctions (auction BIGINT PRIMARY KEY, category BIGINT, "
+                       "final BIGINT) WITH (topic='{prefix}q4-final');",
+    },
 }
 COLUMNS = {      # the columns each query's check compares, after its key columns
-    "q3": (("id",), ("seller", "category", "name", "city", "state")),
+    "q3": (("id",), ("name", "city", "state")),
+    "q4": (("category",), ("avg_final",)),
     "q7": (("window_start",), ("maxprice", "bids")),
     "q11": (("bidder", "starttime"), ("bid_count", "last_bid")),
     "q15": (("day",), tuple(f"{r}_{c}" for c in ("bids", "bidders", "auctions") for r in ("total", "rank1", "rank2", "rank3"))),
@@ -59,10 +81,14 @@ COLUMNS = {      # the columns each query's check compares, after its key column
                                  "avg_price", "sum_price")),
     "q18": (("bidder", "auction"), ("price", "channel", "url", "dateTime", "extra")),
     "q19": (("auction",), ("top",)),
+    "q20": ((), ("auction", "bidder", "price", "channel", "dateTime", "itemName", "initialBid", "reserve", "seller",
+                 "category")),
 }
+MULTISETS = ("q20",)     # rows without a key of their own (a bid's join): compared as {row: how many}
 SOURCES = {
-    "auction": "CREATE TABLE auction (id BIGINT PRIMARY KEY, itemName STRING, initialBid BIGINT, reserve BIGINT, "
-               "dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT) WITH (topic='{prefix}auction');",
+    "auction": "CREATE TABLE auction (id BIGINT PRIMARY KEY, itemName STRING, description STRING, initialBid BIGINT, "
+               "reserve BIGINT, dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT, extra STRING) "
+               "WITH (topic='{prefix}auction');",
     "person": "CREATE TABLE person (id BIGINT PRIMARY KEY, name STRING, city STRING, state STRING, dateTime TIMESTAMP) "
               "WITH (topic='{prefix}person');",
 }
@@ -90,7 +116,15 @@ def expected(frames: dict) -> dict:
                      rank3=bid["price"] >= 1_000_000, ms=pd_ms(bid["dateTime"]))
     out = {}
     joined = auction.merge(person, left_on="seller", right_on="id", suffixes=("", "_p"))
-    out["q3"] = {(r.id,): (r.seller, r.category, r.name, r.city, r.state) for r in joined.itertuples()}
+    joined = joined[(joined["category"] == 10) & joined["state"].isin(["OR", "ID", "CA"])]
+    out["q3"] = {(r.id,): (r.name, r.city, r.state) for r in joined.itertuples()}
+    a = auction.assign(a_ms=pd_ms(auction["dateTime"]), expires_ms=pd_ms(auction["expires"]))
+    bids = bid.merge(a.drop(columns=["dateTime"]), left_on="auction", right_on="id", suffixes=("", "_a"))
+    open_bids = bids[(bids["ms"] >= bids["a_ms"]) & (bids["ms"] <= bids["expires_ms"])]
+    final = open_bids.groupby("id").agg(category=("category", "max"), final=("price", "max"))
+    out["q4"] = {(int(c),): (int(f.final.sum()) // len(f),) for c, f in final.groupby("category")}
+    q20 = bids[bids["category"] == 10]
+    out["q20"] = _counted(zip(*(q20[c] if c != "dateTime" else q20["ms"] for c in COLUMNS["q20"][1])))
 
     def counts(f) -> tuple:
         ranks = [f[r] for r in ("rank1", "rank2", "rank3")]
@@ -145,9 +179,20 @@ def pd_ms(text):
     return (pd.to_datetime(text, utc=True).astype("int64") // 1_000_000).astype("int64")
 
 
+def _counted(rows) -> dict:
+    """{row: how many times}, each value a plain Python one (numpy's integers compare, but print long)."""
+    out: dict = {}
+    for row in rows:
+        row = tuple(v.item() if hasattr(v, "item") else v for v in row)
+        out[row] = out.get(row, 0) + 1
+    return out
+
+
 def answers(query: str, rows: list[dict]) -> dict:
     """A system's rows as {key tuple: values} in COLUMNS' order; a top-10 as its prices, sorted."""
     keys, values = COLUMNS[query]
+    if query in MULTISETS:
+        return _counted(tuple(row[c] for c in values) for row in rows)
     out = {}
     for row in rows:
         if query == "q7" and "top" in row:     # statetable's TOPK entries [price, auction, bidder] at the max

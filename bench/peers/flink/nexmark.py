@@ -1,10 +1,11 @@
-"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q7, q11,
-q15-q19), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
+"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q3, q4, q7,
+q11, q15-q20), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
 mini-batch.
 
-The Nexmark texts read views over one union topic and write to a blackhole; here the `bid` view
-is a Kafka source over `<prefix>bid` (bounded at the offsets present at start, so each job ends
-by itself, with Nexmark's watermark 4 s behind the newest event time), and each query writes to
+The Nexmark texts read views over one union topic and write to a blackhole; here the `bid`,
+`auction` and `person` views are Kafka sources over `<prefix>bid` and the others (bounded at the
+offsets present at start, so each job ends by itself, with Nexmark's watermark 4 s behind the
+newest event time), and each query writes to
 an upsert-kafka topic keyed by its primary key (q7, append-only, to a Kafka topic keyed by its
 columns), read back afterwards (last value per key) for the answer check. The SELECTs are
 Nexmark's, unchanged. Writes <out>/result.json: per query the seconds and the rows. Standalone
@@ -35,9 +36,24 @@ DISTINCTS = """,
      count(distinct auction) filter (where price < 10000) AS rank1_auctions,
      count(distinct auction) filter (where price >= 10000 and price < 1000000) AS rank2_auctions,
      count(distinct auction) filter (where price >= 1000000) AS rank3_auctions"""
+# Nexmark's auction and person, as the generator writes them
+SOURCES = {
+    "auction": "id BIGINT, itemName VARCHAR, description VARCHAR, initialBid BIGINT, reserve BIGINT, "
+               "`dateTime` TIMESTAMP_LTZ(3), expires TIMESTAMP_LTZ(3), seller BIGINT, category BIGINT, extra VARCHAR",
+    "person": "id BIGINT, name VARCHAR, emailAddress VARCHAR, creditCard VARCHAR, city VARCHAR, state VARCHAR, "
+              "`dateTime` TIMESTAMP_LTZ(3), extra VARCHAR",
+}
 RANKS = "rank1_{0} BIGINT, rank2_{0} BIGINT, rank3_{0} BIGINT"
 # (sink columns with the primary key, Nexmark's SELECT)
 QUERIES = {
+    # q3's rows are appends (an inner join of two append streams): a plain Kafka sink keyed by the auction
+    "q3": ("name VARCHAR, city VARCHAR, state VARCHAR, id BIGINT",
+           "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P on A.seller = P.id "
+           "WHERE A.category = 10 and (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    "q4": ("id BIGINT, final BIGINT, PRIMARY KEY (id) NOT ENFORCED",
+           "SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category FROM auction A, bid B "
+           "WHERE A.id = B.auction AND B.`dateTime` BETWEEN A.`dateTime` AND A.expires GROUP BY A.id, A.category) Q "
+           "GROUP BY Q.category"),
     # q7's sink columns follow its SELECT (Nexmark's sink lists bidder before price and inserts by position)
     # and, being append-only (a join of appends), goes to a plain Kafka sink keyed by its columns.
     "q7": ("auction BIGINT, price BIGINT, bidder BIGINT, `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR",
@@ -74,8 +90,16 @@ QUERIES = {
             "extra VARCHAR, rank_number BIGINT, PRIMARY KEY (auction, rank_number) NOT ENFORCED",
             "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number "
             "FROM bid) WHERE rank_number <= 10"),
+    # q20's rows are appends (an inner join of two append streams): a plain Kafka sink, keyed by the bid
+    "q20": ("auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, bid_dateTime TIMESTAMP_LTZ(3), "
+            "bid_extra VARCHAR, itemName VARCHAR, description VARCHAR, initialBid BIGINT, reserve BIGINT, "
+            "auction_dateTime TIMESTAMP_LTZ(3), expires TIMESTAMP_LTZ(3), seller BIGINT, category BIGINT, "
+            "auction_extra VARCHAR",
+            "SELECT auction, bidder, price, channel, url, B.`dateTime`, B.extra, itemName, description, initialBid, "
+            "reserve, A.`dateTime`, expires, seller, category, A.extra FROM bid AS B INNER JOIN auction AS A on "
+            "B.auction = A.id WHERE A.category = 10"),
 }
-KEYS = {"q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
+KEYS = {"q3": ("id",), "q20": ("auction", "bidder", "price", "bid_dateTime"), "q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
         "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"), "q19": ("auction", "rank_number")}
 
 
@@ -97,6 +121,13 @@ def run(query: str, args) -> dict:
           'properties.bootstrap.servers' = '{args.bootstrap}', 'properties.group.id' = '{out_topic}',
           'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
           'format' = 'json', 'json.timestamp-format.standard' = 'ISO-8601')""")
+    for name, fields in SOURCES.items():
+        t_env.execute_sql(f"""
+            CREATE TABLE {name} ({fields}, WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND) WITH (
+              'connector' = 'kafka', 'topic' = '{args.prefix}{name}',
+              'properties.bootstrap.servers' = '{args.bootstrap}', 'properties.group.id' = '{out_topic}-{name}',
+              'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+              'format' = 'json', 'json.timestamp-format.standard' = 'ISO-8601')""")
     columns, select = QUERIES[query]
     connector = "'connector' = 'upsert-kafka'" if "PRIMARY KEY" in columns else \
         f"'connector' = 'kafka', 'key.fields' = '{';'.join(KEYS[query])}', 'key.json.timestamp-format.standard' = " \
