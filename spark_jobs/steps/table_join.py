@@ -50,6 +50,7 @@ class JoinShape:
         self.inner = join.kind == "inner"
         self.fk = left.value_columns.index(join.stream_column.split(".")[-1])
         self.picks = [self._pick(table, left, right, qualified) for qualified, _ in table.join_columns]
+        self._no_b = (None,) * len(right.value_columns)        # a left join's missing b: every column NULL
         self.where, self.where_picks = None, []
         if table.where:
             names = {f"{alias}.{c}" for alias, side in ((table.stream_alias, left), (join.alias, right))
@@ -72,15 +73,14 @@ class JoinShape:
             return None
         fk = a_row[self.fk]
         b_row = None if fk is None else b_rows.get(fk)
-        if b_row is None and self.inner:
+        if b_row is None:
+            if self.inner:
+                return None
+            b_row = self._no_b
+        if self.where is not None and not self.where(
+                {name: (a_row if side == "a" else b_row)[i] for name, side, i in self.where_picks}):
             return None
-
-        def value(side: str, i: int):
-            return a_row[i] if side == "a" else (None if b_row is None else b_row[i])
-
-        if self.where is not None and not self.where({name: value(side, i) for name, side, i in self.where_picks}):
-            return None
-        return tuple(value(side, i) for side, i in self.picks)
+        return tuple((a_row if side == "a" else b_row)[i] for side, i in self.picks)
 
 
 _PINNED: dict[str, dict] = {}      # pinned file -> b's rows by key, once per worker process
@@ -141,9 +141,12 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     rows_tables, part_rows, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         tx = part_rows.begin(ctx.batch_id)
+        # A stream's rows are new positions, never changed: there is no old row to read.
+        stream = ctx.source.stream
         if part_rows.meta.applied_batch < ctx.batch_id:
             decode = codec.decode_value
-            for key, old, new in zip(keys, part_rows.get_raw_many(keys), rows):
+            olds = [None] * len(keys) if stream else part_rows.get_raw_many(keys)
+            for key, old, new in zip(keys, olds, rows):
                 old = None if old is None else decode(old)
                 if old == new:
                     continue
@@ -160,11 +163,17 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         rows_result = tx.commit()
         if partition == 0:
             faults.point("rows.after_commit")
-        affected = {codec.decode_key(k)[0] for k in keys}
+        own = [codec.decode_key(k)[0] for k in keys]
+        affected = set(own)
         for fk in changed_b:
             affected.update(key[2] for key, _ in part_rows.items(prefix=(INDEX, fk)))
-        raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in affected])
-        a_rows = {k: None if r is None else codec.decode_value(r) for k, r in zip(affected, raw)}
+        # A stream's own rows are this batch's records, the same on every run of it: as read, not
+        # read back (the codec's round trip, as the stored ones). Anything else is read back.
+        a_rows = {k: None if r is None else codec.decode_value(codec.encode_value(r)) for k, r in zip(own, rows)} \
+            if stream else {}
+        others = [k for k in affected if k not in a_rows]
+        raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in others])
+        a_rows.update((k, None if r is None else codec.decode_value(r)) for k, r in zip(others, raw))
     finally:
         rows_tables.close()
     spec = state_spec(ctx.table, ctx.namespace)
