@@ -110,6 +110,10 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
     assert want["q20"] == {(1, b, price, ch, _ms(t), "i1", 5, 8, 9, 10): 1 for b, price, ch, t in (
         (7, 50, "A", "2026-12-01T10:00:00.001Z"), (7, 20_000, "B", "2026-12-01T10:01:00.002Z"),
         (8, 2_000_000, "A", "2026-12-01T10:02:00.003Z"))}
+    # q9: the highest bid inside each auction's window, with its bidder and time
+    assert want["q9"] == {(1,): (20_000, 7, _ms("2026-12-01T10:01:00.002Z")), (2,): (7, 8, _ms("2026-12-02T00:00:00.004Z"))}
+    winner = [{"auction": 1, "winner": [[20_000, _ms("2026-12-01T10:01:00.002Z"), 7]]}]
+    assert answers("q9", winner) == {(1,): want["q9"][(1,)]}
     q20_row = {"auction": 1, "bidder": 7, "price": 50, "channel": "A", "dateTime": _ms("2026-12-01T10:00:00.001Z"),
                "itemName": "i1", "initialBid": 5, "reserve": 8, "seller": 9, "category": 10}
     assert answers("q20", [q20_row, dict(q20_row)]) == {tuple(q20_row.values()): 2}     # equal rows counted

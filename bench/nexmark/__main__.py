@@ -33,7 +33,7 @@ from bench.nexmark.statetable_queries import (
     Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, _values, answers, differing, exact_gaps, expected, pd_ms,
 )
 
-PEER_QUERIES = ("q3", "q4", "q7", "q11", "q15", "q16", "q17", "q18", "q19", "q20")   # Nexmark's texts Flink runs
+PEER_QUERIES = ("q3", "q4", "q9", "q7", "q11", "q15", "q16", "q17", "q18", "q19", "q20")   # Nexmark's texts Flink runs
 
 
 def json_ceiling(values: list[bytes]) -> dict:
@@ -100,6 +100,9 @@ def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
         return [{**r, "dateTime": _ms(r["dateTime"])} for r in rows]
     if query == "q4":           # Nexmark's sink names the category `id` and its average `final`
         return [{"category": r["id"], "avg_final": r["final"]} for r in rows]
+    if query == "q9":
+        return [{"auction": r["auction"], "price": r["price"], "bidder": r["bidder"], "dateTime": _ms(r["bid_dateTime"])}
+                for r in rows]
     if query == "q20":
         return [{**r, "dateTime": _ms(r["bid_dateTime"])} for r in rows]
     if query == "q19":

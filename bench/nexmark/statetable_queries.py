@@ -51,6 +51,11 @@ QUERIES = {
                  "FROM bid GROUP BY bidder, auction;",
     # q19 (the 10 highest bids of each auction)
     "q19": BID + "CREATE TABLE q19 AS SELECT auction, TOPK(10, price, bidder) AS top FROM bid GROUP BY auction;",
+    # q9 (winning bids): each auction's highest bid inside its open window, the earliest of equal
+    # ones (Nexmark's ROW_NUMBER() ... ORDER BY price DESC, dateTime ASC as TOPK(1, ...), whose ties
+    # go to the smaller row: the earlier dateTime); a chain: q9_join, then this aggregate over it
+    "q9": "CREATE TABLE q9 AS SELECT auction, TOPK(1, price, dateTime, bidder) AS winner FROM q9_join "
+          "GROUP BY auction;",
     # q20 (expanded bids of category 10): each bid with its auction; a bid before its auction joins when it comes
     "q20": BID + "CREATE TABLE q20 AS SELECT b.auction, b.bidder, b.price, b.channel, b.dateTime, a.itemName, "
                  "a.initialBid, a.reserve, a.seller, a.category FROM bid b JOIN auction a ON b.auction = a.id "
@@ -68,10 +73,16 @@ CHAINS = {
         "q4_auctions": "-- key_format: json\nCREATE TABLE q4_auctions (auction BIGINT PRIMARY KEY, category BIGINT, "
                        "final BIGINT) WITH (topic='{prefix}q4-final');",
     },
+    "q9": {
+        "q9_join": BID + "-- output_topic: {prefix}q9-join\nCREATE TABLE q9_join AS SELECT b.auction, b.bidder, "
+                         "b.price, b.dateTime FROM bid b JOIN auction a ON b.auction = a.id "
+                         "WHERE b.dateTime BETWEEN a.dateTime AND a.expires;",
+    },
 }
 COLUMNS = {      # the columns each query's check compares, after its key columns
     "q3": (("id",), ("name", "city", "state")),
     "q4": (("category",), ("avg_final",)),
+    "q9": (("auction",), ("price", "bidder", "dateTime")),
     "q7": (("window_start",), ("maxprice", "bids")),
     "q11": (("bidder", "starttime"), ("bid_count", "last_bid")),
     "q15": (("day",), tuple(f"{r}_{c}" for c in ("bids", "bidders", "auctions") for r in ("total", "rank1", "rank2", "rank3"))),
@@ -123,6 +134,8 @@ def expected(frames: dict) -> dict:
     open_bids = bids[(bids["ms"] >= bids["a_ms"]) & (bids["ms"] <= bids["expires_ms"])]
     final = open_bids.groupby("id").agg(category=("category", "max"), final=("price", "max"))
     out["q4"] = {(int(c),): (int(f.final.sum()) // len(f),) for c, f in final.groupby("category")}
+    winners = open_bids.sort_values(["price", "ms"], ascending=[False, True], kind="stable").groupby("auction").head(1)
+    out["q9"] = {(int(r.auction),): (int(r.price), int(r.bidder), int(r.ms)) for r in winners.itertuples()}
     q20 = bids[bids["category"] == 10]
     out["q20"] = _counted(zip(*(q20[c] if c != "dateTime" else q20["ms"] for c in COLUMNS["q20"][1])))
 
@@ -195,6 +208,9 @@ def answers(query: str, rows: list[dict]) -> dict:
         return _counted(tuple(row[c] for c in values) for row in rows)
     out = {}
     for row in rows:
+        if query == "q9" and "winner" in row:     # statetable's TOPK(1) entry [price, dateTime, bidder]
+            (price, ms, bidder), = row["winner"]
+            row = {**row, "price": price, "bidder": bidder, "dateTime": ms}
         if query == "q7" and "top" in row:     # statetable's TOPK entries [price, auction, bidder] at the max
             row = {**row, "bids": tuple(sorted((e[1], e[2]) for e in row["top"] if e[0] == row["maxprice"]))}
         got = tuple(row[c] for c in values)

@@ -56,6 +56,15 @@ QUERIES = {
            "GROUP BY Q.category"),
     # q7's sink columns follow its SELECT (Nexmark's sink lists bidder before price and inserts by position)
     # and, being append-only (a join of appends), goes to a plain Kafka sink keyed by its columns.
+    "q9": ("id BIGINT, itemName VARCHAR, description VARCHAR, initialBid BIGINT, reserve BIGINT, "
+           "`dateTime` TIMESTAMP_LTZ(3), expires TIMESTAMP_LTZ(3), seller BIGINT, category BIGINT, extra VARCHAR, "
+           "auction BIGINT, bidder BIGINT, price BIGINT, bid_dateTime TIMESTAMP_LTZ(3), bid_extra VARCHAR, "
+           "PRIMARY KEY (id) NOT ENFORCED",
+           "SELECT id, itemName, description, initialBid, reserve, `dateTime`, expires, seller, category, extra, "
+           "auction, bidder, price, bid_dateTime, bid_extra FROM (SELECT A.*, B.auction, B.bidder, B.price, "
+           "B.`dateTime` AS bid_dateTime, B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id ORDER BY "
+           "B.price DESC, B.`dateTime` ASC) AS rownum FROM auction A, bid B WHERE A.id = B.auction AND B.`dateTime` "
+           "BETWEEN A.`dateTime` AND A.expires) WHERE rownum <= 1"),
     "q7": ("auction BIGINT, price BIGINT, bidder BIGINT, `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR",
            "SELECT B.auction, B.price, B.bidder, B.`dateTime`, B.extra from bid B JOIN (SELECT MAX(price) AS maxprice, "
            "window_end as `dateTime` FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
