@@ -830,9 +830,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
         if any(f == POSITION for f, _ in fields):
             raise DefinitionError(f"{header.where(path, 'schema')}: table {name!r}: field {POSITION!r} is the name "
                                   f"of a stream's record position in a join; rename the field")
-        left = TableDefinition(name=stream.name, path=path, kind="source", topic=header.get("topic", stream.name),
-                               schema=[(POSITION, "STRING"), *fields], key_columns=[POSITION],
-                               value_columns=[POSITION, *(f for f, _ in fields)], stream=True)
+        left = _stream(stream.name, path, header.get("topic", stream.name), fields)
         return _join_table(path, header, common, name, select, left)
     if input_table is not None:
         _check_over_table(path, header, name, select, input_table)
@@ -1335,11 +1333,15 @@ def stream_side(join: TableDefinition) -> TableDefinition:
     aggregate over a stream), as a source table whose rows are its records: each keyed by its
     position (POSITION, "partition:offset"), never changed or deleted, so two equal events are
     two rows, and a tombstone is a dead letter, not a delete."""
-    return TableDefinition(name=join.name, path=join.path, kind="source", topic=join.topic,
-                           schema=[(POSITION, "STRING"), *join.stream_schema], key_columns=[POSITION],
-                           value_columns=[POSITION, *(f for f, _ in join.stream_schema)], stream=True,
-                           partitions=join.partitions, format=join.format, value_schema=join.value_schema,
-                           event_time_skew_ms=join.event_time_skew_ms)
+    return _stream(join.name, join.path, join.topic, join.stream_schema, partitions=join.partitions,
+                   format=join.format, value_schema=join.value_schema, event_time_skew_ms=join.event_time_skew_ms)
+
+
+def _stream(name: str, path: Path, topic: str, fields: list[tuple[str, str]], **options) -> TableDefinition:
+    """A stream's fields as a source table keyed by POSITION (stream_side)."""
+    return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=[(POSITION, "STRING"), *fields],
+                           key_columns=[POSITION], value_columns=[POSITION, *(f for f, _ in fields)], stream=True,
+                           **options)
 
 
 def _join_where(path: Path, name: str, node: exp.Expression, sides: dict, column) -> str:

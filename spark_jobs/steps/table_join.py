@@ -169,7 +169,7 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
             affected.update(key[2] for key, _ in part_rows.items(prefix=(INDEX, fk)))
         # A stream's own rows are this batch's records, the same on every run of it: as read, not
         # read back (the codec's round trip, as the stored ones). Anything else is read back.
-        a_rows = {k: None if r is None else codec.decode_value(codec.encode_value(r)) for k, r in zip(own, rows)} \
+        a_rows = {k: None if r is None else _stored(r) for k, r in zip(own, rows)} \
             if stream else {}
         others = [k for k in affected if k not in a_rows]
         raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in others])
