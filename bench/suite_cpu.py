@@ -35,6 +35,7 @@ KINDS = (                       # first match wins: (kind, substring of the comm
     ("airflow api-server", "airflow api-server"),
     ("airflow task", "airflow task"),
     ("airflow task", "supervisor"),
+    ("postgres", "postgres: "),            # its backends' titles name the database, "airflow"
     ("airflow (other)", "airflow"),
     ("postgres", "postgres"),
     ("object store (moto)", "moto"),

@@ -46,7 +46,7 @@ class AirflowApi:
                     raise NoAnswer(f"Airflow has no DAG {dag_id!r} after {timeout:.0f}s; its dag-processor log "
                                        f"says why (an import error shows in the UI's banner too)") from exc
                 if on_wait and not told:
-                    on_wait(f"waiting for Airflow's dag-processor to parse {dag_id} (it rescans every 10 s)")
+                    on_wait(f"waiting for Airflow's dag-processor to parse {dag_id} (a table file's DAGs come within seconds of it)")
                     told = True
                 time.sleep(2)
 

@@ -36,7 +36,8 @@ def connection(settings: StackSettings) -> dict[str, str]:
 
 def start(settings: StackSettings, env: dict[str, str]) -> None:
     """Start the service with Airflow's environment (its Kafka, data folder and Spark Connect
-    server are the tasks'), unless it runs."""
+    server are the tasks'), unless it runs. It also tells Airflow's dag-processor when a table
+    file changed (ops.table_files), so Airflow parses the DAG files only then."""
     if process(settings).is_running():
         return
     require_free_ports("the batch service", settings.host, settings.batch_port)
@@ -52,7 +53,8 @@ def start(settings: StackSettings, env: dict[str, str]) -> None:
            TOKEN_ENV: connect_token(settings) or "", "PYTHONPATH": str(PROJECT_ROOT)}
     env.pop(CONN_ENV, None)
     process(settings).start([sys.executable, "-m", "ops.batch_service", "--host", settings.host,
-                             "--port", str(settings.batch_port)], env=env, cwd=PROJECT_ROOT)
+                             "--port", str(settings.batch_port),
+                             "--dags-folder", env["AIRFLOW__CORE__DAGS_FOLDER"]], env=env, cwd=PROJECT_ROOT)
 
 
 def health(settings: StackSettings, timeout: float = 2.0) -> dict:

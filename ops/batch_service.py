@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ops.batch_service")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dags-folder", help="touch this folder's table DAG files when a table file changes "
+                                              "(ops.table_files)")
     args = parser.parse_args(argv)
     # Each run's INFO lines go back to its task's log (_RunLogs); the service's own log file
     # takes warnings only, so it grows with problems, not with runs.
@@ -276,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         token = f.read().strip()
     service = BatchService(Runtime.from_env(), slots())
     threading.Thread(target=service.warm, name="warm", daemon=True).start()
+    if args.dags_folder:
+        from ops.table_files import TableFilesWatch, dag_files
+
+        TableFilesWatch(service.rt.tables_dir, dag_files(args.dags_folder)).start()
     log.warning("batch service on %s:%d, %d slots", args.host, args.port, service.slots)
     uvicorn.run(app(service, token), host=args.host, port=args.port, log_level="warning")
 

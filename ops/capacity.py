@@ -9,6 +9,7 @@ signal reaches a user before the lag does.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -23,9 +24,12 @@ WINDOW_S = 3600.0
 FILE = "capacity.json"
 
 
+@functools.lru_cache(maxsize=1024)
 def interval_seconds(cron: str | None) -> float | None:
     """Seconds between two consecutive fires of a 5-field cron (None: no schedule). For a cron
-    whose gaps differ (`0 9,17 * * *`), the shortest of a day's gaps: the tightest deadline."""
+    whose gaps differ (`0 9,17 * * *`), the shortest of a day's gaps: the tightest deadline.
+    Cached: the batch service asks after every run, and 50 croniter steps were a tenth of its
+    Python time at 100 tables."""
     if not cron:
         return None
     from croniter import croniter

@@ -22,6 +22,27 @@ def env(kafka, tmp_path):
     return isolated_runtime(kafka, tmp_path)
 
 
+def _group_offsets(bootstrap: str, group: str) -> set[tuple[int, int]]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    answer = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    return {(tp.partition, tp.offset) for tp in answer.topic_partitions}
+
+
+def _ends(bootstrap: str, topic: str):
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-ends"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return [TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+                for p in partitions]
+    finally:
+        consumer.close()
+
+
 def _state_rows(rt, table_name):
     return jobs.state_rows(table_name, rt)
 
@@ -41,6 +62,10 @@ def test_movie_tickets_in_batches_equal_pandas_and_bronze_holds_each_offset_once
     bronze = spark.read.format("delta").load(rt.delta_path("movie_tickets_sold", "bronze"))
     coordinates = bronze.select("source_partition", "source_offset").collect()
     assert len(coordinates) == len(set(coordinates)) == 30000
+
+    # The lag tools users run see the table's consumer group at the topic's end, each partition.
+    assert _group_offsets(rt.bootstrap, f"statetable.{rt.namespace}movie_tickets_sold") == \
+        {(tp.partition, tp.offset) for tp in _ends(rt.bootstrap, "movie_ticket_sales" + suffix)}
 
     # A second run finds nothing new and changes nothing.
     assert jobs.run("movie_tickets_sold", until_caught_up=True, spark=spark, rt=rt) == []

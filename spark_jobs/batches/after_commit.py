@@ -13,6 +13,7 @@ from catalog.batch_log import BatchCommit
 from catalog.runtime import task_state_dir
 from spark_jobs.delta import delta_maintenance, mirror
 from spark_jobs.engine.partition_tasks import task_faults
+from spark_jobs.engine.session import struct
 from spark_jobs.passes import pass_for
 from spark_jobs.steps.table_run import TableRun
 from state import faults
@@ -59,7 +60,7 @@ def snapshot_if_due(run: TableRun, commit: BatchCommit) -> None:
         specs.append(replace(ctx, spec=rows_spec(table, rt.namespace)))
     for each in specs:
         (run.spark.range(0, table.partitions, 1, table.partitions).select(F.col("id").cast("int").alias("p"))
-         .where(F.col("p").isin(due)).mapInArrow(lambda batches, c=each: _snapshot_partitions(c, batches), "p INT")
+         .where(F.col("p").isin(due)).mapInArrow(lambda batches, c=each: _snapshot_partitions(c, batches), struct(run.spark, "p INT"))
          .collect())
     log.info("%s: snapshot of partitions %s at batch %d in %.2fs", table.name, due, commit.batch_id,
              time.monotonic() - started)

@@ -29,6 +29,8 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
     partitions in turn while another idled."""
     from pyspark.sql import functions as F
 
+    from spark_jobs.engine.session import struct
+
     markers = spark.range(partitions).select(F.lit("marker").alias("_kind"), F.col("id").cast("int").alias("_sp"))
     rows = markers if partials is None else partials.unionByName(markers, allowMissingColumns=True)
     armed = task_faults(spark)
@@ -46,7 +48,7 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
             yield from body(task.filter(pc.equal(task.column("_sp"), sp))).to_batches()
 
     summaries = {}
-    for row in rows.repartitionById(partitions, "_sp").mapInArrow(run, "summary STRING").collect():
+    for row in rows.repartitionById(partitions, "_sp").mapInArrow(run, struct(spark, "summary STRING")).collect():
         summary = json.loads(row["summary"])
         summaries[summary.pop("partition")] = summary
     if sorted(summaries) != list(range(partitions)):

@@ -137,6 +137,13 @@ def spark_conf(app_name: str, master: str | None = None, scratch: Path | None = 
         # go: the V1 relation turns every record into an external Row and back (a 5M-record raw read:
         # 2.2 -> 1.5 s, 4.2 -> 2.8 s of JVM CPU). Same options, offsets and pooled consumers.
         "spark.sql.sources.useV1SourceList": V1_SOURCES,
+        # The Kafka source keeps each pooled consumer's last fetched records for a read that starts
+        # where it ended, 5 minutes by default: on a server shared by tables on */5 schedules that
+        # held every table's last batch (100 tables of 10,000 records: 1.02M ConsumerRecords, ~300
+        # MB of a 1 GB heap's 477 MB live), so the heap grew with tables and batch size and G1
+        # collected all the time. A run's next batch comes within seconds; another run's, minutes later.
+        "spark.kafka.consumer.fetchedData.cache.timeout": "20s",
+        "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval": "10s",
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # Each session's worker daemon imports the Arrow pass and the state library before it forks:
         # workers Spark stopped after a minute idle come back warm (spark_jobs/worker_daemon.py).
@@ -195,6 +202,25 @@ def java_properties(conf: dict[str, str]) -> str:
 def is_connect(spark) -> bool:
     """Whether `spark` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+_STRUCTS: dict[str, object] = {}
+_MAX_STRUCTS = 256          # distinct output schemas a process has seen; edited definitions add more
+
+
+def struct(spark, ddl: str):
+    """`ddl` ("name TYPE, ...") as the schema to hand a DataFrame: a Connect client sends a DDL
+    string to its server to parse on every use (an AnalyzePlan round trip, two a batch), so a
+    Connect session gets the StructType parsed once per process; a classic one parses it in
+    its own JVM and takes the string."""
+    if not is_connect(spark):
+        return ddl
+    found = _STRUCTS.get(ddl)
+    if found is None:
+        if len(_STRUCTS) >= _MAX_STRUCTS:
+            _STRUCTS.clear()
+        found = _STRUCTS[ddl] = spark._parse_ddl(ddl)      # pyspark's own parse (pinned in uv.lock)
+    return found
 
 
 def _host_port(url: str) -> tuple[str, int]:

@@ -69,7 +69,7 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
 
     with clock.step("aggregate_merge", "batch.after_merge"):
         partials = out.where(F.col("_kind") == "partial").select(
-            "_kind", "_sp", *[c for c in out.columns if c.startswith(("_k", "_a")) and c != "_kind"])
+            "_kind", "_sp", *[c for c, _, _ in arrow_pass.output_columns(table) if c.startswith(("_k", "_a")) and c != "_kind"])
         summaries = merge_step.merge(table_run, partials, plan.batch_id, watermark, plan.watermark_ms, begun_at)
         out.unpersist()
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.rejected}
@@ -90,14 +90,14 @@ def _read(table_run: TableRun, plan: BatchPlan, spec, records: int | None):
     from pyspark.sql import functions as F
 
     from spark_jobs.engine import arrow_batches
-    from spark_jobs.engine.session import is_connect
+    from spark_jobs.engine.session import is_connect, struct
     from spark_jobs.frames import arrow_pass
 
     table, spark = table_run.table, table_run.spark
     raw = spark_reader(spark, table_run.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group) \
         .select("partition", "offset", "timestamp", "value")     # what the pass reads (arrow_batches: with
     # Spark's per-row byte check off, the positions add little to the JVM-to-Python transfer)
-    out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), arrow_pass.output_ddl(table)) \
+    out = raw.mapInArrow(lambda batches: arrow_pass.run(spec, batches), struct(spark, arrow_pass.output_ddl(table))) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     stats: dict[str, int] = {}
     files: dict[str, dict[str, int]] = {}
