@@ -44,7 +44,7 @@ HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
-    "format", "value_schema", "window_retention",
+    "format", "value_schema", "window_retention", "snapshot_phase",
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
@@ -119,6 +119,8 @@ class TableDefinition:
     max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
     snapshot_every: int = 10
     snapshot_keep: int = 3
+    snapshot_phase: int | None = None          # the batch (mod snapshot_every) a partition snapshots at; None:
+                                               # spread by the table's name (registry.snapshot_phase)
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
     maintain_every: int = 288                  # Delta OPTIMIZE and VACUUM after every Nth batch (a day of */5)
@@ -338,6 +340,16 @@ def _int_option(path: Path, header: _Header, key: str, default: int, low: int = 
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise DefinitionError(f"{header.where(path, key)}: option {key}={value} must be {bound}")
     return value
+
+
+def _snapshot_phase(path: Path, header: _Header) -> int | None:
+    """`snapshot_phase: N` pins every partition's snapshots to batches N, N + snapshot_every, ...;
+    unset, each table and partition gets a phase of its own, so tables started together do not
+    all snapshot in the same wave."""
+    if header.get("snapshot_phase") is None:
+        return None
+    every = _int_option(path, header, "snapshot_every", 10)
+    return _int_option(path, header, "snapshot_phase", 0, low=0, high=every - 1)
 
 
 def _switch_option(path: Path, header: _Header, key: str, default: bool) -> bool:
@@ -695,6 +707,7 @@ def _parse(path: Path, text: str) -> TableDefinition:
         max_batches_per_run=_int_option(path, header, "max_batches_per_run", 10),
         snapshot_every=_int_option(path, header, "snapshot_every", 10),
         snapshot_keep=_int_option(path, header, "snapshot_keep", 3),
+        snapshot_phase=_snapshot_phase(path, header),
         mirror_every=_int_option(path, header, "mirror_every", 10),
         maintain_every=_int_option(path, header, "maintain_every", 288),
         delta_retention_ms=_duration_option(path, header, "delta_retention", 7 * 86_400_000),

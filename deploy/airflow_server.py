@@ -124,13 +124,14 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         # Parse the DAG files when a table file changed, not on a clock: the batch service touches
         # them then (ops.table_files), and Airflow parses at once a file modified after its last
         # parse in this sort mode (its default, set here because the watch relies on it). The
-        # clock stays as a backstop, every 5 minutes: each parse costs 5-6 CPU s at 100 tables,
-        # 10.7-11.7 of a wave's ~120 CPU s on two cores at the 30 s it was. (Set as
-        # `[scheduler]`'s, Airflow 2's name, the interval was silently ignored; tests/unit/deploy
+        # clock stays as a backstop for a watch that cannot touch them (it warns), every 30
+        # minutes: each parse costs 5-6 CPU s at 100 tables, 10.7-11.7 of a wave's ~120 CPU s on
+        # two cores at the 30 s it was, and at 5 minutes one 100-table wave in five still paid
+        # one. (Set as `[scheduler]`'s, Airflow 2's name, the interval was silently ignored; tests/unit/deploy
         # checks every option here is one Airflow reads.) A deployment's own setting wins.
         "AIRFLOW__DAG_PROCESSOR__FILE_PARSING_SORT_MODE": "modified_time",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL":
-            os.environ.get("AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL", "300"),
+            os.environ.get("AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL", "1800"),
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         # Task logs hold table names, keys and values: their owner's alone (Airflow's own defaults
         # are 775 and 664, applied whatever the umask).

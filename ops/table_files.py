@@ -4,14 +4,14 @@ Every table's DAGs come from one DAG file that reads dags/tables/ (dags/statetab
 so Airflow's dag-processor notices a new, edited or removed table only by parsing that file
 again on its own clock. On a 30 s clock that parse was the stack's largest fixed cost: 5-6 CPU s
 a parse at 100 tables (300 DAGs), 10.7-11.7 of a wave's ~120 CPU s on two cores, and a likely
-cause of one record's spread through a DAG (README, "Tables per stack"). The stack's clock is 5 minutes
-instead, and this watch moves the DAG files' modification time when a table file changes:
+cause of one record's spread through a DAG (README, "Tables per stack"). The stack's clock is 30
+minutes instead (a backstop), and this watch moves the DAG files' modification time when a table file changes:
 Airflow's dag-processor (`file_parsing_sort_mode = modified_time`) parses at once a file
 modified after its last parse ended, whatever the interval.
 
 A parse that was already running when a table file changed can end after the touch and so
 hide it (Airflow compares with the parse's end); the watch touches the DAG files once more
-`settle_s` later, so a change costs two parses and is never left for the 5-minute clock.
+`settle_s` later, so a change costs two parses and is never left for the 30-minute clock.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class TableFilesWatch:
         while not stop.wait(self.interval_s):
             try:
                 self.check()
-            except Exception:        # noqa: BLE001 - a watch that dies would leave Airflow on its 5-minute clock
+            except Exception:        # noqa: BLE001 - a watch that dies would leave Airflow on its 30-minute clock
                 log.warning("table files watch: a poll failed", exc_info=True)
 
     def start(self) -> threading.Event:

@@ -185,7 +185,7 @@ class _TableOperator(_Lineage, BaseOperator):
 
 
 class SnapshotOperator(_TableOperator):
-    """Snapshots the partitions whose newest snapshot is `snapshot_every` batches old."""
+    """Snapshots the partitions that are due (catalog.registry.due_snapshots: each table at its phase)."""
 
     def execute(self, context) -> dict:
         from spark_jobs import jobs

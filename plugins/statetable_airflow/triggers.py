@@ -11,12 +11,29 @@ against 0.5 for the batch itself (docs/benchmarks/tables_per_stack.json).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
 BATCHES_CONN_ID = "statetable_batches"
 ERROR_KEY = "error"          # the XCom key the drill's record reads a cause from (operators.ERROR_KEY)
+
+
+def _verify(scheme: str):
+    """No certificate store for plain HTTP (the stack's service on 127.0.0.1): httpx loads one per
+    client unless told, 34 ms of CPU, 3.4 of the triggerer's 6.5 CPU s in a wave of 100 runs;
+    over HTTPS one context, loaded once per triggerer, verifies every run's connection."""
+    return False if scheme == "http" else _tls_context()
+
+
+@functools.lru_cache(maxsize=1)
+def _tls_context():
+    import ssl
+
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 class TableRunTrigger(BaseTrigger):
@@ -49,7 +66,8 @@ class TableRunTrigger(BaseTrigger):
             from catalog.listeners import ForeignListener, check_ours
 
             check_ours(conn.host, int(conn.port), "the batch service")
-            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None),
+                                         verify=_verify(conn.schema or "http")) as client:
                 answer = await client.post(url, json={"table": self.table, "max_batches": self.max_batches},
                                            headers={"Authorization": f"Bearer {conn.password}"})
             if answer.status_code == 200:

@@ -42,7 +42,7 @@ def test_the_suites_airflow_options_are_ones_airflow_reads():
     assert unread(n for n in os.environ if n.startswith("AIRFLOW__")) == []
 
 
-def test_the_parse_clock_is_5_minutes_with_changes_parsed_by_mtime_unless_the_deployment_sets_its_own(
+def test_the_parse_clock_is_30_minutes_with_changes_parsed_by_mtime_unless_the_deployment_sets_its_own(
         tmp_path, monkeypatch):
     """A user's new table file is a DAG within seconds through the batch service's watch
     (ops.table_files), which needs Airflow to parse a file by its modification time; the clock
@@ -50,7 +50,7 @@ def test_the_parse_clock_is_5_minutes_with_changes_parsed_by_mtime_unless_the_de
     name = "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"
     settings = StackSettings("127.0.0.1", 29092, 29093, 28080, tmp_path / "stack")
     monkeypatch.delenv(name, raising=False)
-    assert airflow_server.airflow_env(settings)[name] == "300"
+    assert airflow_server.airflow_env(settings)[name] == "1800"
     assert airflow_server.airflow_env(settings)["AIRFLOW__DAG_PROCESSOR__FILE_PARSING_SORT_MODE"] == "modified_time"
     monkeypatch.setenv(name, "120")
     assert airflow_server.airflow_env(settings)[name] == "120"
