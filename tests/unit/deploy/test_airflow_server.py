@@ -75,7 +75,12 @@ def _health_server(report: dict, delay: float = 0.0):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    class Quiet(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            """The slow answer's client gave up (the 1 s timeout under test): its broken pipe, printed
+            to stderr a second after the test, landed in the next test's captured output."""
+
+    server = Quiet(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
