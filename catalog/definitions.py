@@ -119,7 +119,7 @@ class TableDefinition:
     max_batches_per_run: int = 10              # an Airflow run catches up at most this many batches
     snapshot_every: int = 10
     snapshot_keep: int = 3
-    snapshot_phase: int | None = None          # the batch (mod snapshot_every) a partition snapshots at; None:
+    snapshot_phase: int | None = None          # the batch (mod snapshot_every) the table snapshots at; None:
                                                # spread by the table's name (registry.snapshot_phase)
     mirror_every: int = 10                     # the Delta mirror folds its changes after every Nth batch
     bronze: bool = True                        # keep every input record in Delta (verify and rebuild need it)
@@ -343,9 +343,9 @@ def _int_option(path: Path, header: _Header, key: str, default: int, low: int = 
 
 
 def _snapshot_phase(path: Path, header: _Header) -> int | None:
-    """`snapshot_phase: N` pins every partition's snapshots to batches N, N + snapshot_every, ...;
-    unset, each table and partition gets a phase of its own, so tables started together do not
-    all snapshot in the same wave."""
+    """`snapshot_phase: N` pins the table's snapshots to batches N, N + snapshot_every, ...;
+    unset, each table gets a phase of its own (registry.snapshot_phase), so tables started
+    together do not all snapshot in the same wave."""
     if header.get("snapshot_phase") is None:
         return None
     every = _int_option(path, header, "snapshot_every", 10)

@@ -223,8 +223,8 @@ def snapshot_phase(table: TableDefinition) -> int:
     `snapshot_phase: N` pins it."""
     import zlib
 
-    if table.snapshot_phase is not None:
-        return table.snapshot_phase % table.snapshot_every
+    if table.snapshot_phase is not None:      # 0 .. snapshot_every - 1, checked when the table loads
+        return table.snapshot_phase
     return zlib.crc32(table.name.encode()) % table.snapshot_every
 
 

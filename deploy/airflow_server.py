@@ -127,8 +127,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         # clock stays as a backstop for a watch that cannot touch them (it warns), every 30
         # minutes: each parse costs 5-6 CPU s at 100 tables, 10.7-11.7 of a wave's ~120 CPU s on
         # two cores at the 30 s it was, and at 5 minutes one 100-table wave in five still paid
-        # one. (Set as `[scheduler]`'s, Airflow 2's name, the interval was silently ignored; tests/unit/deploy
-        # checks every option here is one Airflow reads.) A deployment's own setting wins.
+        # one. (Set as `[scheduler]`'s, Airflow 2's name, the interval was silently ignored;
+        # tests/unit/deploy checks every option here is one Airflow reads.) A deployment's own
+        # setting wins.
         "AIRFLOW__DAG_PROCESSOR__FILE_PARSING_SORT_MODE": "modified_time",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL":
             os.environ.get("AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL", "1800"),

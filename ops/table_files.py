@@ -5,8 +5,8 @@ so Airflow's dag-processor notices a new, edited or removed table only by parsin
 again on its own clock. On a 30 s clock that parse was the stack's largest fixed cost: 5-6 CPU s
 a parse at 100 tables (300 DAGs), 10.7-11.7 of a wave's ~120 CPU s on two cores, and a likely
 cause of one record's spread through a DAG (README, "Tables per stack"). The stack's clock is 30
-minutes instead (a backstop), and this watch moves the DAG files' modification time when a table file changes:
-Airflow's dag-processor (`file_parsing_sort_mode = modified_time`) parses at once a file
+minutes instead (a backstop), and this watch moves the DAG files' modification time when a
+table file changes: Airflow's dag-processor (`file_parsing_sort_mode = modified_time`) parses at once a file
 modified after its last parse ended, whatever the interval.
 
 A parse that was already running when a table file changed can end after the touch and so
@@ -29,12 +29,22 @@ SUFFIX = ".sql"
 def signature(tables_dir: Path) -> tuple:
     """What a table file's change changes: each table file's name (one added, removed or
     renamed), size and modification time; an editor's other files in the folder are not tables.
-    One stat a table: nothing next to a parse."""
+    One stat a table: nothing next to a parse. A file that cannot be stat'ed (a dangling
+    symlink, one removed mid-scan) counts by its name alone: it must not blind the watch to the
+    folder's other changes."""
     try:
-        stats = [(e.name, e.stat()) for e in os.scandir(tables_dir) if e.name.endswith(SUFFIX)]
+        entries = [e for e in os.scandir(tables_dir) if e.name.endswith(SUFFIX)]
     except FileNotFoundError:
         return ()
-    return tuple(sorted((name, st.st_mtime_ns, st.st_size) for name, st in stats))
+    return tuple(sorted((e.name, *_stamp(e)) for e in entries))
+
+
+def _stamp(entry: os.DirEntry) -> tuple:
+    try:
+        st = entry.stat()
+    except OSError:
+        return (None, None)
+    return (st.st_mtime_ns, st.st_size)
 
 
 class TableFilesWatch:

@@ -57,7 +57,8 @@ class TableRunTrigger(BaseTrigger):
         from airflow.sdk import BaseHook
 
         conn = await BaseHook.aget_connection(self.conn_id)
-        url = f"{conn.schema or 'http'}://{conn.host}:{conn.port}/runs"
+        scheme = conn.schema or "http"
+        url = f"{scheme}://{conn.host}:{conn.port}/runs"
         problem, outcome = None, {}
         try:
             # The token goes only to a listener of this user's (the stack's service), as every
@@ -67,7 +68,7 @@ class TableRunTrigger(BaseTrigger):
 
             check_ours(conn.host, int(conn.port), "the batch service")
             async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None),
-                                         verify=_verify(conn.schema or "http")) as client:
+                                         verify=_verify(scheme)) as client:
                 answer = await client.post(url, json={"table": self.table, "max_batches": self.max_batches},
                                            headers={"Authorization": f"Bearer {conn.password}"})
             if answer.status_code == 200:

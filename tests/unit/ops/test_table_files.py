@@ -71,3 +71,16 @@ def test_a_dag_folder_it_cannot_write_leaves_airflows_clock_with_one_warning(tmp
     (tables / "c.sql").write_text("x")
     assert watch.check(now=100) is False
     assert len([r for r in caplog.records if "cannot touch" in r.getMessage()]) == 1
+
+
+def test_a_dangling_table_file_link_does_not_blind_the_watch_to_other_changes(tmp_path):
+    tables, dags = tmp_path / "tables", tmp_path / "dags"
+    tables.mkdir()
+    dags.mkdir()
+    dag = dags / "statetable_tables.py"
+    dag.write_text("from statetable_airflow.dag_factory import build_all\n")
+    (tables / "gone.sql").symlink_to(tmp_path / "nowhere.sql")
+    watch = TableFilesWatch(tables, [dag], settle_s=1000)
+    assert watch.check(now=0) is False
+    (tables / "orders.sql").write_text("-- a new table\n")
+    assert watch.check(now=1) is True and watch.touches == 1
