@@ -210,6 +210,14 @@ def test_four_tables_at_once_with_the_scheduler_on_meet_no_database_error_or_tim
             assert run["state"] == "success" and states == {"run_batches": "success"}, (table, states)
             stats = api.xcom(f"{table}__incremental", run_id, "run_batches")
             assert stats["lag"] == 0 and stats["batches"] >= 1, (table, stats)
+            # It ended in the triggerer (no worker process), and still sent its Asset event, as
+            # the stack's runs user, with the batches' facts and the run it came from.
+            assert stats["ended_in"] == "triggerer", (table, stats)
+            events = api._call("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+            mine = [e for e in events if e["uri"] == f"statetable://tables/{table}"
+                    and e["extra"].get("run_id") == run_id]
+            assert len(mine) == 1 and mine[0]["extra"]["last_batch"] == stats["last_batch"] \
+                and mine[0]["extra"]["read"] == stats["read"], (table, mine)
             # The run's numbers also went out through Airflow's own metrics (StatsD here).
             wait_until(lambda: statsd.sum(f"airflow.statetable.{table}.read", "c") == stats["read"], 30,
                        what=f"{table}'s records read in StatsD")

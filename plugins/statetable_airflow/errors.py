@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from state.errors import StatetableError, UserFixable
 
-__all__ = ["ConnectionMisconfigured", "DrillNotExact", "JobFailed", "JobLeftNoResult", "ProviderError", "SmokeFailed"]
+__all__ = ["ConnectionMisconfigured", "DrillNotExact", "JobFailed", "JobLeftNoResult", "ProviderError", "SmokeFailed", "AssetUnknown"]
 
 
 class ProviderError(StatetableError):
@@ -28,3 +28,7 @@ class SmokeFailed(ProviderError, ValueError):
 
 class DrillNotExact(ProviderError, RuntimeError):
     """A restore-verify drill failed, or the restored table differs from its recomputation."""
+
+
+class AssetUnknown(ProviderError, LookupError):
+    """A run's outlet is not an Asset Airflow knows (its DAG not parsed yet, or renamed)."""

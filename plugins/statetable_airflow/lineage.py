@@ -72,3 +72,36 @@ def operator_lineage(table_name: str, kind: str):
     except Exception:      # noqa: BLE001 - a broken definition fails the task itself, not its lineage
         return OperatorLineage()
     return OperatorLineage(inputs=inputs, outputs=outputs)
+
+
+def emit_run_events(table_name: str, ti, started, ended) -> bool:
+    """A run's START and COMPLETE events when it ended in the triggerer: Airflow's OpenLineage
+    listener runs only in a task process, so the trigger sends what it would have, through the
+    provider's own adapter and transport (nothing when the provider is off). The Airflow run's
+    ids ride in an `airflowDagRun` run facet so a lineage UI can find the run. False when it could
+    not send them (logged by the caller; lineage never fails a run)."""
+    from airflow.providers.openlineage import conf
+    from airflow.providers.openlineage.extractors import OperatorLineage
+    from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
+    from airflow.providers.openlineage.plugins.facets import AirflowDagRunFacet
+    from airflow.providers.openlineage.utils.utils import build_task_instance_ol_run_id
+
+    if conf.is_disabled():
+        return True
+    dag_run = getattr(ti, "dag_run", None)
+    instant = getattr(dag_run, "logical_date", None) or getattr(dag_run, "run_after", None) or started
+    run_id = build_task_instance_ol_run_id(dag_id=ti.dag_id, task_id=ti.task_id, try_number=ti.try_number,
+                                           logical_date=instant, map_index=getattr(ti, "map_index", -1))
+    facets = {"airflowDagRun": AirflowDagRunFacet(
+        dag={"dag_id": ti.dag_id},
+        dagRun={"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number,
+                "ended_in": "triggerer"})}
+    job = f"{ti.dag_id}.{ti.task_id}"
+    common = {"nominal_start_time": None, "nominal_end_time": None, "owners": None, "tags": None,
+              "job_description": None, "run_facets": facets}
+    adapter = OpenLineageAdapter()
+    adapter.start_task(run_id=run_id, job_name=job, event_time=started.isoformat(), task=OperatorLineage(),
+                       **common)
+    adapter.complete_task(run_id=run_id, job_name=job, end_time=ended.isoformat(),
+                          task=operator_lineage(table_name, "run"), **common)
+    return True

@@ -18,7 +18,10 @@ from statetable_airflow.errors import DrillNotExact, JobFailed, JobLeftNoResult
 SPARK_CONN_ID = "spark_default"
 SPARK_CONNECT_CONN_ID = "spark_connect_default"
 MODE_ENV = "STATETABLE_SPARK_MODE"
-RUN_END_ENV = "STATETABLE_RUN_END"      # "trigger": a measured direction only (statetable_airflow.triggers)
+#: "worker": a run that committed batches resumes on a worker even where the triggerer could end it
+#: (statetable_airflow.triggers), to measure the two side by side or where a listener must see it.
+RUN_END_ENV = "STATETABLE_RUN_END"
+API_CONN_ENV = "AIRFLOW_CONN_STATETABLE_AIRFLOW_API"
 BOOTSTRAP_TEMPLATE = "{{ conn.%s.extra_dejson['bootstrap.servers'] }}"
 
 
@@ -219,6 +222,22 @@ def batch_stats(log, table: str, result: dict, lag: int) -> dict:
     return stats
 
 
+def run_facts(table: str, result: dict, stats: dict) -> dict:
+    """The Asset event's facts: what the batches did, so a downstream DAG (or a user reading the
+    Assets page) sees batch ids and counts without opening the task's log."""
+    return {"table": table, "first_batch": result["batches"][0]["batch"] if result["batches"] else None,
+            **{k: stats[k] for k in ("last_batch", "batches", "read", "dead_lettered", "late", "keys_changed",
+                                     "lag", "seconds")}}
+
+
+def ends_in_triggerer() -> bool:
+    """Whether a run that committed batches ends in the triggerer: where the deployment gave the
+    triggerer a way to send its Asset event (the stack's `statetable_airflow_api` connection)."""
+    import os
+
+    return os.environ.get(RUN_END_ENV, "trigger") != "worker" and API_CONN_ENV in os.environ
+
+
 def emit_stats(table: str, stats: dict, durations: list[float]) -> None:
     """The run's numbers through Airflow's own metrics (StatsD or OpenTelemetry, whichever the
     deployment configured for Airflow; nothing when neither is on): `statetable.<table>.*`, also
@@ -256,8 +275,9 @@ class TableBatchesOperator(_TableOperator):
     With the stack's batch service (`service=True`, the default where the stack runs one), the
     task starts in the triggerer: statetable_airflow.triggers.TableRunTrigger hands the run to the
     service and awaits it holding no worker slot; a run with nothing new ends skipped there, a
-    failed one fails there (and is retried as any failure), and one that committed batches
-    resumes here, in `execute_complete`, for its Asset event, lineage, XCom and metrics. Without
+    failed one fails there (and is retried as any failure), and one that committed batches ends
+    there too on the stack, with its Asset event, lineage, XCom and metrics, or resumes here, in
+    `execute_complete`, where the triggerer cannot send its Asset event. Without
     it, `execute` runs the same steps in this task process, as a client of the Spark Connect
     server. Either way a retry is as safe as before: a planned batch finishes from its plan. A
     run with nothing to read is skipped at once and emits no Asset event.
@@ -279,11 +299,10 @@ class TableBatchesOperator(_TableOperator):
         if service:
             # Replaced, not mutated: start_trigger_args is the class's, shared by every table.
             self.start_from_trigger = True
-            import os
-
+            outlets = [o.uri for o in self.outlets or () if getattr(o, "uri", None)]
             self.start_trigger_args = dataclasses.replace(
                 self.start_trigger_args, trigger_kwargs={"table": self.table, "max_batches": max_batches,
-                                                         "end_here": os.environ.get(RUN_END_ENV) == "trigger"})
+                                                         "end_here": ends_in_triggerer(), "outlets": outlets})
 
     def execute(self, context) -> dict:
         import os
@@ -313,11 +332,7 @@ class TableBatchesOperator(_TableOperator):
         stats = batch_stats(self.log, self.table, result, outcome["lag"])
         emit_stats(self.table, stats, outcome["durations"])
         phases.mark("stats")
-        # The Asset event says what the batches did, so a downstream DAG (or a user reading the
-        # Assets page) sees batch ids and counts without opening this task's log.
-        facts = {"table": self.table, "first_batch": result["batches"][0]["batch"] if result["batches"] else None,
-                 **{k: stats[k] for k in ("last_batch", "batches", "read", "dead_lettered", "late", "keys_changed",
-                                          "lag", "seconds")}}
+        facts = run_facts(self.table, result, stats)
         for outlet in self.outlets or ():
             context["outlet_events"][outlet].extra = facts
         self.log.info("%s: where the task's seconds went: %s", self.table, phases.line())

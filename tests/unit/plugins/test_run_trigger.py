@@ -25,7 +25,33 @@ def test_plain_http_loads_no_certificates_and_https_verifies_with_one_context(mo
 
 
 def test_the_trigger_round_trips_through_its_serialized_form():
-    name, kwargs = TableRunTrigger("t", 3, end_here=True).serialize()
+    name, kwargs = TableRunTrigger("t", 3, end_here=True, outlets=["statetable://tables/t"]).serialize()
     assert name == "statetable_airflow.triggers.TableRunTrigger"
     again = TableRunTrigger(**kwargs, from_a_newer_dag_file=1)
-    assert (again.table, again.max_batches, again.end_here) == ("t", 3, True)
+    assert (again.table, again.max_batches, again.end_here, again.outlets) == ("t", 3, True, ["statetable://tables/t"])
+    older = TableRunTrigger(**{k: v for k, v in kwargs.items() if k != "outlets"})     # a DAG file from before
+    assert older.outlets == []
+
+
+def test_a_token_is_renewed_a_minute_before_it_expires_and_an_unreadable_one_soon():
+    import base64
+    import json
+    import time
+
+    from statetable_airflow.triggers import _expires
+
+    payload = base64.urlsafe_b64encode(json.dumps({"exp": 2_000_000_000}).encode()).decode().rstrip("=")
+    assert _expires(f"head.{payload}.sig") == 2_000_000_000
+    assert time.time() < _expires("not-a-jwt") <= time.time() + 300
+
+
+def test_a_run_ends_in_the_triggerer_only_where_the_stack_gave_it_the_api_connection(monkeypatch):
+    from statetable_airflow.operators import API_CONN_ENV, RUN_END_ENV, ends_in_triggerer
+
+    monkeypatch.delenv(API_CONN_ENV, raising=False)
+    monkeypatch.delenv(RUN_END_ENV, raising=False)
+    assert not ends_in_triggerer()          # another deployment: the worker sends the Asset event
+    monkeypatch.setenv(API_CONN_ENV, "{}")
+    assert ends_in_triggerer()
+    monkeypatch.setenv(RUN_END_ENV, "worker")
+    assert not ends_in_triggerer()
