@@ -41,8 +41,11 @@ def celery_airflow(kafka, engine, stack_settings_, tmp_path_factory):
     topic = f"movies_celery_{os.getpid()}"
     (tables / f"{TABLE}.sql").write_text(SQL.format(table=TABLE, topic=topic))
     saved = dict(os.environ)
+    # A successful run ends in the triggerer on the stack; this stack resumes it on a worker, the
+    # path a deployment without the triggerer's API connection takes, so Celery carries it.
     os.environ.update({**settings.as_env(), airflow_server.EXECUTOR_ENV: "celery",
-                       "STATETABLE_TABLES_DIR": str(tables), "STATETABLE_NAMESPACE": "celery-"})
+                       "STATETABLE_TABLES_DIR": str(tables), "STATETABLE_NAMESPACE": "celery-",
+                       "STATETABLE_RUN_END": "worker"})
     try:
         airflow_server.start(settings)
         airflow_server.wait_healthy(settings)

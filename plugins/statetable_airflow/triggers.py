@@ -82,7 +82,10 @@ class _AirflowApi:
         """Send one Asset event; its id."""
         key = (self.base, uri)
         if key not in self.asset_ids:
-            found = await self._call(client, "GET", "/api/v2/assets", params={"uri_pattern": uri, "limit": 100})
+            # A substring match (LIKE, `_` a wildcard): in URI order the exact one comes before
+            # every longer URI it begins, so a page holds it however many tables share its prefix.
+            found = await self._call(client, "GET", "/api/v2/assets",
+                                     params={"uri_pattern": uri, "order_by": "uri", "limit": 100})
             ids = [a["id"] for a in found.get("assets", []) if a.get("uri") == uri]
             if not ids:
                 from statetable_airflow.errors import AssetUnknown
