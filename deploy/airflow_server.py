@@ -187,7 +187,7 @@ def start(settings: StackSettings) -> None:
     ensure_admin_password(settings)
     write_local_settings(settings)
     env = airflow_env(settings)
-    batch_server.start(settings, env)
+    batch_server.start(settings, {k: v for k, v in env.items() if k != API_CONN_ENV})    # the triggerer's secret
     for component in components():
         args = component.split("-", 1) if component == "celery-worker" else [component]
         if component == "api-server":

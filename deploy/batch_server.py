@@ -52,7 +52,6 @@ def start(settings: StackSettings, env: dict[str, str]) -> None:
     env = {**env, TOKEN_FILE_ENV: str(settings.batch_dir / ".token"), REMOTE_ENV: settings.connect_url,
            TOKEN_ENV: connect_token(settings) or "", "PYTHONPATH": str(PROJECT_ROOT)}
     env.pop(CONN_ENV, None)
-    env.pop("AIRFLOW_CONN_STATETABLE_AIRFLOW_API", None)      # the triggerer's, not the service's
     process(settings).start([sys.executable, "-m", "ops.batch_service", "--host", settings.host,
                              "--port", str(settings.batch_port),
                              "--dags-folder", env["AIRFLOW__CORE__DAGS_FOLDER"]], env=env, cwd=PROJECT_ROOT)

@@ -74,12 +74,12 @@ def operator_lineage(table_name: str, kind: str):
     return OperatorLineage(inputs=inputs, outputs=outputs)
 
 
-def emit_run_events(table_name: str, ti, started, ended) -> bool:
+def emit_run_events(table_name: str, ti, started, ended) -> None:
     """A run's START and COMPLETE events when it ended in the triggerer: Airflow's OpenLineage
     listener runs only in a task process, so the trigger sends what it would have, through the
     provider's own adapter and transport (nothing when the provider is off). The Airflow run's
-    ids ride in an `airflowDagRun` run facet so a lineage UI can find the run. False when it could
-    not send them (logged by the caller; lineage never fails a run)."""
+    ids ride in an `airflowDagRun` run facet so a lineage UI can find the run. A failure raises;
+    the caller logs it (lineage never fails a run)."""
     from airflow.providers.openlineage import conf
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
@@ -87,7 +87,7 @@ def emit_run_events(table_name: str, ti, started, ended) -> bool:
     from airflow.providers.openlineage.utils.utils import build_task_instance_ol_run_id
 
     if conf.is_disabled():
-        return True
+        return
     dag_run = getattr(ti, "dag_run", None)
     instant = getattr(dag_run, "logical_date", None) or getattr(dag_run, "run_after", None) or started
     run_id = build_task_instance_ol_run_id(dag_id=ti.dag_id, task_id=ti.task_id, try_number=ti.try_number,
@@ -104,4 +104,3 @@ def emit_run_events(table_name: str, ti, started, ended) -> bool:
                        **common)
     adapter.complete_task(run_id=run_id, job_name=job, end_time=ended.isoformat(),
                           task=operator_lineage(table_name, "run"), **common)
-    return True
