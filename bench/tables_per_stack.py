@@ -107,8 +107,10 @@ def main() -> None:
                     if shape not in args.shapes or shape == "spread" and args.spread_waves is not None \
                             and wave >= args.spread_waves:
                         continue
-                    result = {"tables": count, "wave": wave, "shape": shape, "groups": []}
+                    result = {"tables": count, "wave": wave, "shape": shape, "groups": [],
+                              "machine": {"calibration_ms": _calibration()}}
                     cpu: dict = defaultdict(float)
+                    ticks = _machine_ticks()
                     for group in batches:
                         with ThreadPoolExecutor(8) as pool:
                             list(pool.map(lambda n: samples.produce_payments(cfg.kafka_bootstrap, n, args.events,
@@ -119,6 +121,7 @@ def main() -> None:
                         for kind, seconds in split.done().items():
                             cpu[kind] += seconds
                     result["seconds"] = max(g["seconds"] for g in result["groups"])
+                    result["machine"]["cpu_s"] = _machine_delta(ticks, _machine_ticks())
                     result["cpu_s"] = {k: round(v, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
                     result["phases_median_s"] = _phase_medians([r for g in result["groups"]
                                                                 for r in g["runs"].values()])
@@ -301,6 +304,40 @@ def _phases(ti: dict, phases: dict | None) -> dict:
         out["to_process_s"] = round(phases["process_started"] - _stamp(ti["start_date"]), 2)
         out["after_return_s"] = round(_stamp(ti["end_date"]) - phases["returned_at"], 2)
     return out
+
+
+def _calibration() -> dict:
+    """A fixed workload's milliseconds, timed before each wave on a quiet stack: the machine's
+    own speed that wave (a neighbour on the host, a slower CPU), so that a wave's growth can be
+    told from the code's. CPU ms of a pure-Python loop and of hashing 64 MB in C, and their wall ms."""
+    import hashlib
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    total = 0
+    for i in range(2_000_000):
+        total += i * i % 7
+    python_cpu, python_wall = time.process_time() - cpu, time.perf_counter() - wall
+    data = b"x" * (64 << 20)
+    wall, cpu = time.perf_counter(), time.process_time()
+    hashlib.sha256(data).hexdigest()
+    hash_cpu, hash_wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"python_cpu": round(python_cpu * 1000), "python_wall": round(python_wall * 1000),
+            "sha256_cpu": round(hash_cpu * 1000), "sha256_wall": round(hash_wall * 1000)}
+
+
+MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _machine_ticks() -> list[int]:
+    """The machine's CPU ticks since boot by state (/proc/stat's first line)."""
+    with open("/proc/stat") as stat:
+        return [int(v) for v in stat.readline().split()[1:1 + len(MACHINE_FIELDS)]]
+
+
+def _machine_delta(before: list[int], after: list[int]) -> dict:
+    """CPU seconds of every core over a wave by state; `steal` is time the host gave to others."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {f: round((a - b) / hz, 1) for f, a, b in zip(MACHINE_FIELDS, after, before)}
 
 
 def _phase_medians(runs: list[dict]) -> dict:

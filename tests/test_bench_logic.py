@@ -95,7 +95,8 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
                              "expires": ["2026-12-01T10:01:30.000Z", "2026-12-02T01:00:00.000Z"],
                              "seller": [9, 9], "category": [10, 11], "extra": ["", ""]})
     frames = {"bid": bids, "auction": auctions,
-              "person": pd.DataFrame({"id": [9], "name": ["p"], "city": ["c"], "state": ["OR"]})}
+              "person": pd.DataFrame({"id": [9, 10], "name": ["p", "q"], "city": ["c", "d"], "state": ["OR", "NY"],
+                                      "dateTime": ["2026-12-01T10:00:09.999Z", "2026-12-01T22:59:59.999Z"]})}
     want = expected(frames)
     # total, rank1-3 of bids; of distinct bidders; of distinct auctions
     assert want["q15"][("2026-12-01",)] == (3, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1)
@@ -112,6 +113,11 @@ def test_nexmark_answers_follow_the_queries_and_a_difference_names_its_keys():
         (8, 2_000_000, "A", "2026-12-01T10:02:00.003Z"))}
     # q9: the highest bid inside each auction's window, with its bidder and time
     assert want["q9"] == {(1,): (20_000, 7, _ms("2026-12-01T10:01:00.002Z")), (2,): (7, 8, _ms("2026-12-02T00:00:00.004Z"))}
+    # q8: person 9 joined in the window [10:00:00, 10:00:10) its auction 1 opened in; person 10
+    # joined a millisecond before the window of auction 2, whose seller it is not anyway
+    assert want["q8"] == {(9,): ("p", _ms("2026-12-01T10:00:00.000Z"))}
+    assert answers("q8", [{"id": 9, "name": "p", "person_time": _ms("2026-12-01T10:00:09.999Z")}]) == want["q8"]
+    assert answers("q8", _flink_rows("q8", [{"id": 9, "name": "p", "starttime": "2026-12-01T10:00:00"}])) == want["q8"]
     winner = [{"auction": 1, "winner": [[20_000, _ms("2026-12-01T10:01:00.002Z"), 7]]}]
     assert answers("q9", winner) == {(1,): want["q9"][(1,)]}
     q20_row = {"auction": 1, "bidder": 7, "price": 50, "channel": "A", "dateTime": _ms("2026-12-01T10:00:00.001Z"),
@@ -149,7 +155,7 @@ def test_nexmark_q7_is_each_windows_highest_price_and_its_bids_in_every_systems_
                                       "2026-12-01T00:00:09.999Z", "2026-12-01T00:00:10.000Z"]})
     frames = {"bid": bids, "auction": pd.DataFrame({c: [] for c in ("id", "seller", "category", "dateTime", "expires",
                                                                    "itemName", "initialBid", "reserve")}),
-              "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": []})}
+              "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": [], "dateTime": []})}
     want = expected(frames)["q7"]
     first = 1796083200000          # 2026-12-01T00:00:00Z
     assert want == {(first,): (9, ((2, 8), (3, 9))), (first + 10_000,): (3, ((4, 7),))}
@@ -159,3 +165,29 @@ def test_nexmark_q7_is_each_windows_highest_price_and_its_bids_in_every_systems_
         (3, 9, 9, "2026-12-01T00:00:09.999Z"), (2, 9, 8, "2026-12-01T00:00:02.000Z"),
         (4, 3, 7, "2026-12-01T00:00:10.000Z"))]
     assert answers("q7", statetable) == answers("q7", _flink_rows("q7", flink)) == want
+
+
+def test_nexmark_q5_is_each_sliding_windows_auctions_with_the_most_bids_in_every_systems_rows():
+    """A bid counts in the five 10-second windows that slide by 2 s over it; a window's answer is
+    every auction at its highest count, ties included."""
+    import pandas as pd
+
+    from bench.nexmark.__main__ import _flink_rows
+    from bench.nexmark.statetable_queries import answers, differing, expected
+
+    first = 1796083200000          # 2026-12-01T00:00:00Z
+    bids = pd.DataFrame({"auction": [1, 1, 2], "bidder": 7, "price": 5, "channel": "A", "url": "u", "extra": "",
+                         "dateTime": ["2026-12-01T00:00:01.000Z", "2026-12-01T00:00:03.000Z",
+                                      "2026-12-01T00:00:03.500Z"]})
+    empty = {c: [] for c in ("id", "seller", "category", "dateTime", "expires", "itemName", "initialBid", "reserve")}
+    frames = {"bid": bids, "auction": pd.DataFrame(empty),
+              "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": [], "dateTime": []})}
+    want = expected(frames)["q5"]
+    assert want == {**{(first + s, 1): (2,) for s in (-6000, -4000, -2000, 0)},
+                    (first - 8000, 1): (1,), (first + 2000, 1): (1,), (first + 2000, 2): (1,)}
+    statetable = [{"window_start": first + 2000, "maxn": 1, "top": [[1, 2], [1, 1]]},
+                  {"window_start": first, "maxn": 2, "top": [[2, 1], [1, 2], [1, 1]]}]     # 1's older count too
+    assert answers("q5", statetable) == {(first + 2000, 1): (1,), (first + 2000, 2): (1,), (first, 1): (2,)}
+    flink = _flink_rows("q5", [{"auction": 2, "num": 1, "starttime": "2026-12-01T00:00:02"}])
+    assert answers("q5", flink) == {(first + 2000, 2): (1,)}
+    assert differing(answers("q5", flink), want) != "ok"

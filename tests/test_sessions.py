@@ -57,7 +57,7 @@ def test_sessions_merge_across_batches_and_match_pandas_through_restore_verify_a
     topic = "clicks" + suffix
     select = (f"SELECT visitor, COUNT(*) AS n, SUM(v) AS total FROM clicks "
               f"GROUP BY visitor, SESSION(ts, INTERVAL '{GAP}' MINUTE, INTERVAL '{GRACE}' MINUTE);\n")
-    header = f"-- topic: {topic}\n-- schema: visitor STRING, v BIGINT, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 2\n"
+    header = f"-- topic: {topic}\n-- schema: visitor STRING, v BIGINT, ts TIMESTAMP\n-- partitions: 2\n-- snapshot_every: 2\n-- snapshot_phase: 0\n"
     producer = new_table(rt, "visits", header + f"-- output_topic: visits-out{suffix}\nCREATE TABLE visits AS "
                          + select, topic)
     new_table(rt, "visits_final", header + f"-- output_topic: visits-final{suffix}\n-- emit: final\n"

@@ -201,7 +201,7 @@ def test_a_hop_event_skips_only_its_closed_windows_and_emit_final_publishes_each
     out = "hops-final" + suffix
     topic, producer = _table(rt, suffix, "hops", "k STRING, ts TIMESTAMP", (
         "SELECT k, COUNT(*) AS n FROM events GROUP BY k, HOP(ts, INTERVAL '2' MINUTE, INTERVAL '1' MINUTE)"),
-        f"-- snapshot_every: 100\n-- output_topic: {out}\n-- emit: final\n")
+        f"-- snapshot_every: 100\n-- snapshot_phase: 0\n-- output_topic: {out}\n-- emit: final\n")
     _KEYS["hops"] = {"k", "window_start"}
     batches = [[("a", "10:00:30"), ("a", "10:02:00")],       # watermark 10:02: windows 9:59 and 10:00 close
                [("a", "10:01:30"), ("a", "10:04:10")]]       # 10:01:30 joins 10:01 only (10:00 closed)

@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 
 
+SESSION_GAP_MS = Q7_WINDOW_MS = Q8_WINDOW_MS = Q5_SIZE_MS = 10_000
+Q5_SLIDE_MS = 2_000
 BID = ("-- topic: {prefix}bid\n-- schema: auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
        "dateTime TIMESTAMP, extra STRING\n-- partitions: 4\n")
+AUCTION = ("-- topic: {prefix}auction\n-- schema: id BIGINT, itemName STRING, description STRING, initialBid BIGINT, "
+           "reserve BIGINT, dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT, extra STRING\n"
+           "-- partitions: 4\n")
 DAY = "DATE_FORMAT(dateTime, 'yyyy-MM-dd')"
 RANKS = (("rank1", "price < 10000"), ("rank2", "price >= 10000 AND price < 1000000"), ("rank3", "price >= 1000000"))
 COUNTS = "COUNT(*) AS total_bids, " + ", ".join(f"COUNT(CASE WHEN {when} THEN 1 END) AS {rank}_bids"
@@ -56,6 +61,19 @@ QUERIES = {
     # go to the smaller row: the earlier dateTime); a chain: q9_join, then this aggregate over it
     "q9": "CREATE TABLE q9 AS SELECT auction, TOPK(1, price, dateTime, bidder) AS winner FROM q9_join "
           "GROUP BY auction;",
+    # q5 (hot items): each sliding window's auctions with the most bids. A chain: q5_counts counts
+    # bids per auction and HOP window; this reads its change topic as a stream and keeps each
+    # window's highest count and its top counts (a count only grows, so its newest is its highest:
+    # the entries at the maximum are distinct auctions; TOPK keeps 20, ties beyond would be cut).
+    "q5": "-- topic: {prefix}q5-counts\n-- schema: auction BIGINT, window_start BIGINT, num BIGINT\n-- partitions: 4\n"
+          "CREATE TABLE q5 AS SELECT window_start, MAX(num) AS maxn, TOPK(20, num, auction) AS top "
+          "FROM q5_changes GROUP BY window_start;",
+    # q8 (monitor new users): people who opened an auction in the 10-second window they joined in.
+    # A person has one event, so Nexmark's key (id, window) is the person's id; the chain's join
+    # (q8_join) keeps each auction whose seller joined in its window, this keeps its person once.
+    # The window's start is the person's time floored to 10 s (answers), as TIMESTAMPs are epoch
+    # milliseconds in a join's WHERE.
+    "q8": "CREATE TABLE q8 AS SELECT id, MAX(name) AS name, MAX(person_time) AS person_time FROM q8_join GROUP BY id;",
     # q20 (expanded bids of category 10): each bid with its auction; a bid before its auction joins when it comes
     "q20": BID + "CREATE TABLE q20 AS SELECT b.auction, b.bidder, b.price, b.channel, b.dateTime, a.itemName, "
                  "a.initialBid, a.reserve, a.seller, a.category FROM bid b JOIN auction a ON b.auction = a.id "
@@ -64,6 +82,16 @@ QUERIES = {
 # The tables a query's table reads, in the order they run (each on the one before's change topic);
 # the query's seconds are the chain's.
 CHAINS = {
+    "q5": {
+        "q5_counts": BID + "-- output_topic: {prefix}q5-counts\n-- window_retention: 30d\nCREATE TABLE q5_counts AS "
+                           f"SELECT auction, COUNT(*) AS num FROM bid GROUP BY auction, HOP(dateTime, INTERVAL "
+                           f"'{Q5_SIZE_MS // 1000}' SECOND, INTERVAL '{Q5_SLIDE_MS // 1000}' SECOND);",
+    },
+    "q8": {
+        "q8_join": AUCTION + "-- output_topic: {prefix}q8-join\nCREATE TABLE q8_join AS SELECT p.id, p.name, "
+                             "p.dateTime AS person_time FROM new_auction a JOIN person p ON a.seller = p.id "
+                             f"WHERE a.dateTime - a.dateTime % {Q8_WINDOW_MS} = p.dateTime - p.dateTime % {Q8_WINDOW_MS};",
+    },
     "q4": {
         "q4_join": BID + "-- output_topic: {prefix}q4-join\nCREATE TABLE q4_join AS SELECT b.auction, b.price, "
                          "a.category FROM bid b JOIN auction a ON b.auction = a.id "
@@ -83,6 +111,8 @@ COLUMNS = {      # the columns each query's check compares, after its key column
     "q3": (("id",), ("name", "city", "state")),
     "q4": (("category",), ("avg_final",)),
     "q9": (("auction",), ("price", "bidder", "dateTime")),
+    "q8": (("id",), ("name", "starttime")),
+    "q5": (("window_start", "auction"), ("num",)),
     "q7": (("window_start",), ("maxprice", "bids")),
     "q11": (("bidder", "starttime"), ("bid_count", "last_bid")),
     "q15": (("day",), tuple(f"{r}_{c}" for c in ("bids", "bidders", "auctions") for r in ("total", "rank1", "rank2", "rank3"))),
@@ -121,6 +151,8 @@ def _frames(values: dict[str, list[bytes]]) -> dict:
 
 def expected(frames: dict) -> dict:
     """Each query's answer by pandas, as Nexmark's SQL defines it: {query: {key tuple: values}}."""
+    import pandas as pd
+
     bid, auction, person = frames["bid"], frames["auction"], frames["person"]
     bid = bid.assign(day=bid["dateTime"].str[:10], minute=bid["dateTime"].str[11:16],
                      rank1=bid["price"] < 10000, rank2=(bid["price"] >= 10000) & (bid["price"] < 1_000_000),
@@ -135,6 +167,15 @@ def expected(frames: dict) -> dict:
     final = open_bids.groupby("id").agg(category=("category", "max"), final=("price", "max"))
     out["q4"] = {(int(c),): (int(f.final.sum()) // len(f),) for c, f in final.groupby("category")}
     winners = open_bids.sort_values(["price", "ms"], ascending=[False, True], kind="stable").groupby("auction").head(1)
+    starts = [bid.assign(window_start=bid["ms"] // Q5_SLIDE_MS * Q5_SLIDE_MS - back)
+              for back in range(0, Q5_SIZE_MS, Q5_SLIDE_MS)]          # every HOP window a bid falls in
+    counts = pd.concat(starts).groupby(["window_start", "auction"]).size().rename("num").reset_index()
+    hot = counts[counts["num"] == counts.groupby("window_start")["num"].transform("max")]
+    out["q5"] = {(int(r.window_start), int(r.auction)): (int(r.num),) for r in hot.itertuples()}
+    p = person.assign(w=pd_ms(person["dateTime"]) // Q8_WINDOW_MS * Q8_WINDOW_MS)
+    sellers = auction.assign(w=pd_ms(auction["dateTime"]) // Q8_WINDOW_MS * Q8_WINDOW_MS)[["seller", "w"]]
+    q8 = p.merge(sellers.drop_duplicates(), left_on=["id", "w"], right_on=["seller", "w"])
+    out["q8"] = {(int(r.id),): (r.name, int(r.w)) for r in q8.itertuples()}
     out["q9"] = {(int(r.auction),): (int(r.price), int(r.bidder), int(r.ms)) for r in winners.itertuples()}
     q20 = bids[bids["category"] == 10]
     out["q20"] = _counted(zip(*(q20[c] if c != "dateTime" else q20["ms"] for c in COLUMNS["q20"][1])))
@@ -163,10 +204,6 @@ def expected(frames: dict) -> dict:
     out["q18"] = {(r.bidder, r.auction): (r.price, r.channel, r.url, r.ms, r.extra) for r in last.itertuples()}
     out["q19"] = per(bid.groupby("auction"), lambda f: (tuple(sorted(f.price.tolist(), reverse=True)[:10]),))
     return out
-
-
-SESSION_GAP_MS = 10_000
-Q7_WINDOW_MS = 10_000
 
 
 def _sessions(bid, gap_ms: int) -> dict:
@@ -207,10 +244,15 @@ def answers(query: str, rows: list[dict]) -> dict:
     if query in MULTISETS:
         return _counted(tuple(row[c] for c in values) for row in rows)
     out = {}
+    if query == "q5":             # statetable's rows: a window's top counts, those at its maximum
+        rows = [{"window_start": r["window_start"], "auction": e[1], "num": e[0]} for r in rows
+                for e in r["top"] if e[0] == r["maxn"]] if rows and "top" in rows[0] else rows
     for row in rows:
         if query == "q9" and "winner" in row:     # statetable's TOPK(1) entry [price, dateTime, bidder]
             (price, ms, bidder), = row["winner"]
             row = {**row, "price": price, "bidder": bidder, "dateTime": ms}
+        if query == "q8" and "person_time" in row:     # statetable's person's time: its window's start
+            row = {**row, "starttime": row["person_time"] - row["person_time"] % Q8_WINDOW_MS}
         if query == "q7" and "top" in row:     # statetable's TOPK entries [price, auction, bidder] at the max
             row = {**row, "bids": tuple(sorted((e[1], e[2]) for e in row["top"] if e[0] == row["maxprice"]))}
         got = tuple(row[c] for c in values)

@@ -2,7 +2,7 @@
 whole topic (one local Spark session, started once), its rows, seconds, and the milliseconds of
 each batch step (the step profile that names what holds a query back).
 
-    .venv/bin/python -m bench.nexmark.statetable_run --bootstrap HOST:PORT --root DIR --out FILE
+    .venv/bin/python -m bench.nexmark.statetable_run --bootstrap HOST:PORT --root DIR --out FILE [--queries q5 q8]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for flag in ("--bootstrap", "--root", "--out"):
         parser.add_argument(flag, required=True)
+    parser.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(QUERIES))
     args = parser.parse_args()
 
     from catalog.mapping import row_of
@@ -38,7 +39,7 @@ def main() -> None:
     started = time.monotonic()
     spark = session.get_or_create("bench-nexmark")
     out: dict = {"_session_seconds": round(time.monotonic() - started, 2)}
-    for query in ("auction", "person", *QUERIES):
+    for query in ("auction", "person", *args.queries):
         started, done = time.monotonic(), []
         for name in (*CHAINS.get(query, ()), query):       # a chain's tables first, each caught up
             done += jobs.run(name, until_caught_up=True, spark=spark, rt=rt, snapshots=False)

@@ -20,8 +20,15 @@ log = logging.getLogger("statetable.microbatch")
 
 
 def purge_at(table: TableDefinition, batch_id: int, watermark: int | None) -> int | None:
-    """The watermark this batch purges expired windows at (every snapshot_every batches), or None."""
-    return watermark if (table.window is not None and batch_id % table.snapshot_every == 0) else None
+    """The watermark this batch purges expired windows at, or None: every snapshot_every batches,
+    at the table's snapshot phase (registry.snapshot_phase), so that tables started together do
+    not all purge in the same batch, as they did not all snapshot in it. A verify reads the
+    purge's watermark from the batch log, so the batch a purge falls on is free to choose."""
+    from catalog.registry import snapshot_phase
+
+    if table.window is None:
+        return None
+    return watermark if batch_id % table.snapshot_every == snapshot_phase(table) else None
 
 
 def merge(run: TableRun, partials, batch_id: int, watermark: int | None, previous_watermark: int | None,

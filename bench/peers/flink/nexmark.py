@@ -1,5 +1,5 @@
-"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q3, q4, q7,
-q11, q15-q20), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
+"""Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q3, q4, q5,
+q7, q8, q9, q11, q15-q20), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
 mini-batch.
 
 The Nexmark texts read views over one union topic and write to a blackhole; here the `bid`,
@@ -65,6 +65,25 @@ QUERIES = {
            "B.`dateTime` AS bid_dateTime, B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id ORDER BY "
            "B.price DESC, B.`dateTime` ASC) AS rownum FROM auction A, bid B WHERE A.id = B.auction AND B.`dateTime` "
            "BETWEEN A.`dateTime` AND A.expires) WHERE rownum <= 1"),
+    # q5: Nexmark's text with one more column, the window's start (AuctionBids.starttime), so that
+    # its rows can be checked window by window; the max of the counts retracts, so an upsert sink
+    "q5": ("auction BIGINT, num BIGINT, starttime TIMESTAMP(3), PRIMARY KEY (starttime, auction) NOT ENFORCED",
+           "SELECT AuctionBids.auction, AuctionBids.num, AuctionBids.starttime FROM (SELECT auction, count(*) AS num, "
+           "window_start AS starttime, window_end AS endtime FROM TABLE(HOP(TABLE bid, DESCRIPTOR(`dateTime`), "
+           "INTERVAL '2' SECOND, INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end) AS AuctionBids "
+           "JOIN (SELECT max(CountBids.num) AS maxn, CountBids.starttime, CountBids.endtime FROM (SELECT count(*) AS num, "
+           "window_start AS starttime, window_end AS endtime FROM TABLE(HOP(TABLE bid, DESCRIPTOR(`dateTime`), "
+           "INTERVAL '2' SECOND, INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end) AS CountBids "
+           "GROUP BY CountBids.starttime, CountBids.endtime) AS MaxBids ON AuctionBids.starttime = MaxBids.starttime "
+           "AND AuctionBids.endtime = MaxBids.endtime AND AuctionBids.num >= MaxBids.maxn"),
+    # q8's rows are appends (a join of two windows' appends): a plain Kafka sink keyed by (id, starttime)
+    "q8": ("id BIGINT, name VARCHAR, starttime TIMESTAMP(3)",
+           "SELECT P.id, P.name, P.starttime FROM (SELECT id, name, window_start AS starttime, window_end AS endtime "
+           "FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+           "GROUP BY id, name, window_start, window_end) P JOIN (SELECT seller, window_start AS starttime, "
+           "window_end AS endtime FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+           "GROUP BY seller, window_start, window_end) A "
+           "ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime"),
     "q7": ("auction BIGINT, price BIGINT, bidder BIGINT, `dateTime` TIMESTAMP_LTZ(3), extra VARCHAR",
            "SELECT B.auction, B.price, B.bidder, B.`dateTime`, B.extra from bid B JOIN (SELECT MAX(price) AS maxprice, "
            "window_end as `dateTime` FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
@@ -108,7 +127,7 @@ QUERIES = {
             "reserve, A.`dateTime`, expires, seller, category, A.extra FROM bid AS B INNER JOIN auction AS A on "
             "B.auction = A.id WHERE A.category = 10"),
 }
-KEYS = {"q3": ("id",), "q20": ("auction", "bidder", "price", "bid_dateTime"), "q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
+KEYS = {"q3": ("id",), "q8": ("id", "starttime"), "q20": ("auction", "bidder", "price", "bid_dateTime"), "q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
         "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"), "q19": ("auction", "rank_number")}
 
 

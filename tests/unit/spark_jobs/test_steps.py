@@ -183,3 +183,30 @@ def test_a_joined_tables_pinned_rows_hold_timestamps_and_dates_as_the_state_stor
         tmp_path / "joins" / "b.parquet")
     rows = pinned_rows(str(tmp_path / "joins"), "b.parquet", right)
     assert rows == {1: (1, "ann", 1_796_000_000_123, 10), 2: (2, "bob", None, -1)}
+
+
+def test_window_purges_fall_at_each_tables_snapshot_phase(tmp_path):
+    """Tables started together purge expired windows in different batches, each every
+    snapshot_every batches at its own phase; a pinned phase keeps the old batches 0, N, 2N; a
+    table without windows never purges."""
+    from catalog.definitions import parse
+    from catalog.registry import snapshot_phase
+    from spark_jobs.steps.merge_step import purge_at
+
+    def table(name: str, header: str = "", window: bool = True):
+        path = tmp_path / f"{name}.sql"
+        group = "k, TUMBLE(ts, INTERVAL '1' MINUTE)" if window else "k"
+        path.write_text(f"-- topic: s\n-- schema: k STRING, ts TIMESTAMP\n-- snapshot_every: 10\n{header}"
+                        f"CREATE TABLE {name} AS SELECT k, COUNT(*) AS n FROM s GROUP BY {group}")
+        return parse(path)
+
+    tables = [table(f"t{i:02d}") for i in range(20)]
+    purging = {t.name: [b for b in range(40) if purge_at(t, b, 1_000) is not None] for t in tables}
+    for t in tables:
+        phase = snapshot_phase(t)
+        assert purging[t.name] == [phase, phase + 10, phase + 20, phase + 30], t.name
+        assert purge_at(t, phase, 1_000) == 1_000 and purge_at(t, phase, None) is None
+    assert len({batches[0] for batches in purging.values()}) > 3        # spread, not all at batch 0
+    pinned = table("pinned", "-- snapshot_phase: 0\n")
+    assert [b for b in range(25) if purge_at(pinned, b, 5)] == [0, 10, 20]
+    assert [b for b in range(25) if purge_at(table("plain", window=False), b, 5)] == []
