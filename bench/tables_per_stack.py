@@ -110,18 +110,20 @@ def main() -> None:
                     result = {"tables": count, "wave": wave, "shape": shape, "groups": [],
                               "machine": {"calibration_ms": _calibration()}}
                     cpu: dict = defaultdict(float)
-                    ticks = _machine_ticks()
+                    machine: dict = defaultdict(float)
                     for group in batches:
                         with ThreadPoolExecutor(8) as pool:
                             list(pool.map(lambda n: samples.produce_payments(cfg.kafka_bootstrap, n, args.events,
                                                                              zlib.crc32(f"{n}{wave}".encode())),
                                           group))
-                        split = CpuSplit()          # the runs' CPU, not the producer's
+                        split, ticks = CpuSplit(), _machine_ticks()     # the runs' CPU, not the producer's
                         result["groups"].append(_wave(api, group, args.events))
                         for kind, seconds in split.done().items():
                             cpu[kind] += seconds
+                        for state, seconds in _machine_delta(ticks, _machine_ticks()).items():
+                            machine[state] += seconds
                     result["seconds"] = max(g["seconds"] for g in result["groups"])
-                    result["machine"]["cpu_s"] = _machine_delta(ticks, _machine_ticks())
+                    result["machine"]["cpu_s"] = {k: round(v, 1) for k, v in machine.items()}
                     result["cpu_s"] = {k: round(v, 1) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
                     result["phases_median_s"] = _phase_medians([r for g in result["groups"]
                                                                 for r in g["runs"].values()])
