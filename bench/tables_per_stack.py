@@ -316,17 +316,15 @@ def _calibration() -> dict:
     told from the code's. CPU ms of a pure-Python loop and of hashing 64 MB in C, and their wall ms."""
     import hashlib
 
-    wall, cpu = time.perf_counter(), time.process_time()
-    total = 0
-    for i in range(2_000_000):
-        total += i * i % 7
-    python_cpu, python_wall = time.process_time() - cpu, time.perf_counter() - wall
+    def timed(name: str, work) -> dict:
+        wall, cpu = time.perf_counter(), time.process_time()
+        work()
+        return {f"{name}_cpu": round((time.process_time() - cpu) * 1000),
+                f"{name}_wall": round((time.perf_counter() - wall) * 1000)}
+
     data = b"x" * (64 << 20)
-    wall, cpu = time.perf_counter(), time.process_time()
-    hashlib.sha256(data).hexdigest()
-    hash_cpu, hash_wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"python_cpu": round(python_cpu * 1000), "python_wall": round(python_wall * 1000),
-            "sha256_cpu": round(hash_cpu * 1000), "sha256_wall": round(hash_wall * 1000)}
+    return {**timed("python", lambda: sum(i * i % 7 for i in range(2_000_000))),
+            **timed("sha256", lambda: hashlib.sha256(data).hexdigest())}
 
 
 MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
