@@ -77,7 +77,7 @@ bench-peers: setup
 bench: bench-peers
 	$(VENV)/bin/python -m bench.run_all $(BENCH_ARGS)
 
-# Nexmark over Kafka beside Flink SQL, every answer checked against pandas (bench/nexmark).
+# Nexmark over Kafka beside Flink SQL and Spark Structured Streaming, every answer checked against pandas (bench/nexmark).
 bench-nexmark: bench-peers
 	$(VENV)/bin/python -m bench.nexmark --out docs/benchmarks/nexmark.json $(NEXMARK_ARGS)
 

@@ -191,3 +191,34 @@ def test_nexmark_q5_is_each_sliding_windows_auctions_with_the_most_bids_in_every
     flink = _flink_rows("q5", [{"auction": 2, "num": 1, "starttime": "2026-12-01T00:00:02"}])
     assert answers("q5", flink) == {(first + 2000, 2): (1,)}
     assert differing(answers("q5", flink), want) != "ok"
+
+
+def test_nexmark_spark_rows_take_statetables_shape_and_a_refusal_is_reported_not_checked():
+    """Spark's sink rows (ISO times, AVG as a double, a session's end) answer as pandas does, and
+    a query Spark refuses shows Spark's error in the report instead of a figure (bench/nexmark)."""
+    import pandas as pd
+
+    from bench.nexmark.__main__ import _ms, _spark_lines, _spark_row, _spark_rows
+    from bench.nexmark.statetable_queries import SESSION_GAP_MS, _sessions, answers, differing, pd_ms
+
+    bids = pd.DataFrame({"bidder": [7, 7, 7], "dateTime": ["2026-12-01T10:00:00.000Z", "2026-12-01T10:00:10.000Z",
+                                                            "2026-12-01T10:00:20.001Z"]})
+    want = _sessions(bids.assign(ms=pd_ms(bids["dateTime"])), SESSION_GAP_MS)
+    spark = [{"bidder": 7, "bid_count": 2, "starttime": "2026-12-01T10:00:00.000Z", "endtime": "2026-12-01T10:00:20.000Z"},
+             {"bidder": 7, "bid_count": 1, "starttime": "2026-12-01T10:00:20.001Z", "endtime": "2026-12-01T10:00:30.001Z"}]
+    assert differing(answers("q11", _spark_rows("q11", spark)), want) == "ok"
+    q17 = _spark_rows("q17", [{"auction": 1, "day": "2026-12-01", "total_bids": 3, "rank1_bids": 1, "rank2_bids": 1,
+                               "rank3_bids": 1, "min_price": 50, "max_price": 2_000_000, "avg_price": 673350.0,
+                               "sum_price": 2_020_050}])
+    assert answers("q17", q17) == {(1, "2026-12-01"): (3, 1, 1, 1, 50, 2_000_000, 2_020_050 // 3, 2_020_050)}
+    assert _spark_rows("q18", [{"dateTime": "2026-12-01T10:00:00.002Z"}])[0]["dateTime"] == _ms("2026-12-01T10:00:00.002Z")
+
+    refused = _spark_row({"refused": "[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING] ...", "rewritten": False}, 10, 1.0, {})
+    assert "check" not in refused          # nothing to check, and not a failed check
+    ran = _spark_row({"seconds": 4.0, "whole_seconds": 20.0, "rewritten": True, "peak_rss_mb": 900,
+                      "answers": {(1,): (2,)}}, 100, 2.0, {(1,): (3,)})
+    assert ran["ratio"] == 2.0 and ran["events_per_s"] == 25 and ran["check"]["differing_keys"] == [[1]]
+    text = "\n".join(_spark_lines({"spark_version": "4.2.0", "queries": [
+        {"query": "q18", "spark": ran}, {"query": "q19", "spark": refused}]}))
+    assert "| q18 | 4.0 (20.0) | 25 | 2.00x | 900 | DIFFERS | Spark rewrite |" in text
+    assert "- q19: `[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING] ...`" in text

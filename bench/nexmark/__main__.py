@@ -1,4 +1,5 @@
-"""Nexmark over Kafka with checked answers: statetable beside Flink SQL, query by query.
+"""Nexmark over Kafka with checked answers: statetable beside Flink SQL and Spark Structured
+Streaming, query by query.
 
     .venv/bin/python -m bench.nexmark [--events 2000000] [--rate 1000] [--out docs/benchmarks/nexmark.json]
     (or `make bench-nexmark`)
@@ -6,8 +7,8 @@
 One private broker; the generator (bench/nexmark/generator.py) writes the events once, as JSON,
 into `nexmark-person`, `nexmark-auction` and `nexmark-bid`; every system reads those same
 records. The events are read back with a plain Kafka consumer, and pandas computes each query's
-answer from them (statetable_queries.expected): statetable's final table and Flink's final
-output (the last value per key of its upsert-kafka topic) must both equal it, or the run fails
+answer from them (statetable_queries.expected): statetable's final table and Flink's and Spark's
+final outputs (the last value per key of their sink topics) must all equal it, or the run fails
 and prints the first differing keys. Per query and system: processing seconds, bid events per
 second, the peak RSS of the system's processes, and the ratio to Flink. The bid topic's bytes
 are also parsed by pyarrow.json alone, the ceiling a JSON reader sets on the same machine.
@@ -82,6 +83,37 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
     return out
 
 
+def run_spark(bootstrap: str, work: Path, queries: list[str]) -> dict:
+    """Spark Structured Streaming, a process per query (bench/peers/spark_nexmark.py); a query
+    whose text Spark refuses comes back with Spark's error, not a figure."""
+    from bench.peers.spark_nexmark import ALL
+
+    out = {}
+    for query in (q for q in queries if q in ALL):
+        run = run_peer(f"spark {query}", [sys.executable, "-m", "bench.peers.spark_nexmark", "--bootstrap", bootstrap,
+                                          "--prefix", "nexmark-", "--out", work / query, "--query", query], work / query)
+        done = run.result["query"]
+        out[query] = {"refused": done["refused"], "rewritten": done["rewritten"]} if "refused" in done else {
+            "seconds": done["seconds"], "whole_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
+            "rewritten": done["rewritten"], "answers": answers(query, _spark_rows(query, done["rows"]))}
+        out["_version"] = run.result["version"]
+    return out
+
+
+def _spark_rows(query: str, rows: list[dict]) -> list[dict]:
+    """Spark's rows in statetable's shape: times as epoch milliseconds, AVG's double truncated as
+    Flink's BIGINT average is, a session's end (the last bid plus the gap) as its last bid."""
+    if query == "q11":
+        return [{"bidder": r["bidder"], "starttime": _ms(r["starttime"]), "bid_count": r["bid_count"],
+                 "last_bid": _ms(r["endtime"]) - SESSION_GAP_MS} for r in rows]
+    if query in ("q17", "q4"):
+        column = "avg_price" if query == "q17" else "avg_final"
+        return [{**r, column: int(r[column])} for r in rows]
+    if query in ("q18", "q20"):
+        return [{**r, "dateTime": _ms(r["dateTime"])} for r in rows]
+    return rows
+
+
 def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
     """Flink's rows in statetable's shape: times as epoch milliseconds, q19's ten rows per
     auction as one list of [price]."""
@@ -117,6 +149,15 @@ def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
     return rows
 
 
+def _spark_row(done: dict, read: int, ours: float, want: dict) -> dict:
+    """A query's Spark figures, or Spark's refusal of its text (no figure, nothing to check)."""
+    if "refused" in done:
+        return {"refused": done["refused"], "rewritten": done["rewritten"]}
+    return {"seconds": done["seconds"], "whole_seconds": done["whole_seconds"], "rewritten": done["rewritten"],
+            "events_per_s": round(read / done["seconds"]), "peak_rss_mb": done["peak_rss_mb"],
+            "check": differing(done["answers"], want), "ratio": round(done["seconds"] / ours, 2)}
+
+
 def _ms(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "")).replace(tzinfo=timezone.utc).timestamp() * 1000)
 
@@ -127,6 +168,27 @@ def _check(check) -> str:
 
 def _slowest(step_ms: dict, top: int = 3) -> str:
     return ", ".join(f"{name} {ms / 1000:.1f}" for name, ms in sorted(step_ms.items(), key=lambda s: -s[1])[:top])
+
+
+def _spark_lines(result: dict) -> list[str]:
+    """The Spark Structured Streaming side: figures where Spark ran the query, its refusal where not."""
+    ran = [q for q in result["queries"] if "seconds" in q.get("spark", {})]
+    refused = [q for q in result["queries"] if "refused" in q.get("spark", {})]
+    if not ran and not refused:
+        return []
+    lines = ["", f"Spark Structured Streaming {result.get('spark_version')} (RocksDB state store, changelog "
+                 "checkpointing, availableNow, Kafka sink), on the same topics:", "",
+             "| query | Spark SS s (whole process) | events/s | statetable / Spark | peak RSS MB | answers | text |",
+             "|---|---|---|---|---|---|---|"]
+    for q in ran:
+        spark = q["spark"]
+        lines.append(f"| {q['query']} | {spark['seconds']} ({spark['whole_seconds']}) | {spark['events_per_s']:,} | "
+                     f"{spark['ratio']:.2f}x | {spark['peak_rss_mb']} | {_check(spark['check'])} | "
+                     f"{'Spark rewrite' if spark['rewritten'] else 'Nexmark'} |")
+    if refused:
+        lines += ["", "Spark refuses Nexmark's text (its own error):", ""]
+        lines += [f"- {q['query']}: `{q['spark']['refused']}`" for q in refused]
+    return lines
 
 
 def report(result: dict) -> str:
@@ -153,6 +215,7 @@ def report(result: dict) -> str:
             f"{flink.get('events_per_s', 0):,} | {ratio} | {result['statetable_peak_rss_mb']} / "
             f"{flink.get('peak_rss_mb', '-')} | statetable {_check(q['statetable']['check'])}, Flink "
             f"{_check(flink.get('check', '-'))} | {q['statetable']['engine']}: {_slowest(q['statetable']['step_ms'])} |")
+    lines += _spark_lines(result)
     ceiling = result["json_ceiling"]
     lines += ["", f"JSON ceiling: pyarrow.json parses the bid topic's {ceiling['bytes'] / 1e6:.0f} MB at "
                   f"{ceiling['records_per_s']:,} records/s ({ceiling['mb_per_s']} MB/s) on one core.",
@@ -168,7 +231,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
     parser.add_argument("--port", type=int, default=29792)
-    parser.add_argument("--peers", nargs="*", default=["flink"], choices=["flink"])
+    parser.add_argument("--peers", nargs="*", default=["flink", "spark"], choices=["flink", "spark"])
     parser.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(QUERIES),
                         help="run these queries only (default: every one statetable supports)")
     parser.add_argument("--out", help="write the JSON here and the Markdown report beside it (.md)")
@@ -188,6 +251,7 @@ def main() -> None:
         del frames, values
         flink = run_flink(cfg.kafka_bootstrap, root / "flink", tuple(q for q in PEER_QUERIES if q in args.queries)) \
             if "flink" in args.peers else {}
+        spark = run_spark(cfg.kafka_bootstrap, root / "spark", args.queries) if "spark" in args.peers else {}
         ours = run_statetable(cfg.kafka_bootstrap, root / "statetable", args.queries)
     queries, failed = [], []
     for query in args.queries:
@@ -204,7 +268,9 @@ def main() -> None:
                             "events_per_s": round(read / f["seconds"]), "peak_rss_mb": f["peak_rss_mb"],
                             "check": differing(f["answers"], want)}
             row["ratio_to_flink"] = round(f["seconds"] / ours[query]["seconds"], 2)
-        failed += [f"{query} {system}" for system in ("statetable", "flink")
+        if query in spark:
+            row["spark"] = _spark_row(spark[query], read, ours[query]["seconds"], want)
+        failed += [f"{query} {system}" for system in ("statetable", "flink", "spark")
                    if row.get(system, {}).get("check", "ok") != "ok"]
         queries.append(row)
     result = {"events": args.events, "rate": args.rate, "cores": os.cpu_count(),
@@ -212,6 +278,7 @@ def main() -> None:
               "json_ceiling": ceiling, "q11_bids_exactly_a_session_gap_apart": gaps,
               "statetable_session_seconds": ours["_session_seconds"],
               "statetable_peak_rss_mb": ours["_peak_rss_mb"], "flink_version": flink.get("_version"),
+              "spark_version": spark.get("_version"),
               "queries": queries, "failed_checks": failed}
     text = json.dumps(result, indent=1, default=str)
     print(text)
