@@ -219,6 +219,8 @@ def test_nexmark_spark_rows_take_statetables_shape_and_a_refusal_is_reported_not
                       "answers": {(1,): (2,)}}, 100, 2.0, {(1,): (3,)})
     assert ran["ratio"] == 2.0 and ran["events_per_s"] == 25 and ran["check"]["differing_keys"] == [[1]]
     text = "\n".join(_spark_lines({"spark_version": "4.2.0", "queries": [
-        {"query": "q18", "spark": ran}, {"query": "q19", "spark": refused}]}))
+        {"query": "q18", "spark": ran}, {"query": "q19", "spark": refused},
+        {"query": "q5", "spark": _spark_row({"not_tried": "HOP window TVF"}, 10, 1.0, {})}]}))
     assert "| q18 | 4.0 (20.0) | 25 | 2.00x | 900 | DIFFERS | Spark rewrite |" in text
     assert "- q19: `[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING] ...`" in text
+    assert "- q5: HOP window TVF" in text

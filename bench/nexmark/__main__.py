@@ -86,9 +86,9 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
 def run_spark(bootstrap: str, work: Path, queries: list[str]) -> dict:
     """Spark Structured Streaming, a process per query (bench/peers/spark_nexmark.py); a query
     whose text Spark refuses comes back with Spark's error, not a figure."""
-    from bench.peers.spark_nexmark import ALL
+    from bench.peers.spark_nexmark import ALL, NOT_TRIED
 
-    out = {}
+    out = {q: {"not_tried": NOT_TRIED[q]} for q in queries if q in NOT_TRIED}
     for query in (q for q in queries if q in ALL):
         run = run_peer(f"spark {query}", [sys.executable, "-m", "bench.peers.spark_nexmark", "--bootstrap", bootstrap,
                                           "--prefix", "nexmark-", "--out", work / query, "--query", query], work / query)
@@ -151,8 +151,8 @@ def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
 
 def _spark_row(done: dict, read: int, ours: float, want: dict) -> dict:
     """A query's Spark figures, or Spark's refusal of its text (no figure, nothing to check)."""
-    if "refused" in done:
-        return {"refused": done["refused"], "rewritten": done["rewritten"]}
+    if "refused" in done or "not_tried" in done:
+        return done
     return {"seconds": done["seconds"], "whole_seconds": done["whole_seconds"], "rewritten": done["rewritten"],
             "events_per_s": round(read / done["seconds"]), "peak_rss_mb": done["peak_rss_mb"],
             "check": differing(done["answers"], want), "ratio": round(done["seconds"] / ours, 2)}
@@ -174,7 +174,7 @@ def _spark_lines(result: dict) -> list[str]:
     """The Spark Structured Streaming side: figures where Spark ran the query, its refusal where not."""
     ran = [q for q in result["queries"] if "seconds" in q.get("spark", {})]
     refused = [q for q in result["queries"] if "refused" in q.get("spark", {})]
-    if not ran and not refused:
+    if not result["queries"] or not any("spark" in q for q in result["queries"]):
         return []
     lines = ["", f"Spark Structured Streaming {result.get('spark_version')} (RocksDB state store, changelog "
                  "checkpointing, availableNow, Kafka sink), on the same topics:", "",
@@ -188,6 +188,10 @@ def _spark_lines(result: dict) -> list[str]:
     if refused:
         lines += ["", "Spark refuses Nexmark's text (its own error):", ""]
         lines += [f"- {q['query']}: `{q['spark']['refused']}`" for q in refused]
+    not_tried = [q for q in result["queries"] if "not_tried" in q.get("spark", {})]
+    if not_tried:
+        lines += ["", "Not tried in Spark (Flink's window table functions, which Spark SQL has no form of):", ""]
+        lines += [f"- {q['query']}: {q['spark']['not_tried']}" for q in not_tried]
     return lines
 
 
