@@ -97,9 +97,9 @@ NOT_TRIED = {"q5": "HOP window TVF, then an aggregate joined to an aggregate of 
              "q7": "TUMBLE window TVF joined back to the stream",
              "q8": "two TUMBLE window TVF aggregates joined"}
 ALL = (*QUERIES, *REWRITES)
-# The queries whose state is kept by event time. Elsewhere a watermark changes nothing but what
-# Spark refuses: a chain of stateful operators under one global watermark (q4) is refused for
-# the rows it could drop, before the chain itself is.
+# The queries whose state is kept by event time, and so the only ones given Nexmark's watermark:
+# elsewhere Spark would only track it. (q4's chain of aggregates over a join is refused with or
+# without one, for the rows a downstream operator could drop as late.)
 EVENT_TIME = ("q11",)
 
 
