@@ -93,11 +93,22 @@ def run_spark(bootstrap: str, work: Path, queries: list[str]) -> dict:
         run = run_peer(f"spark {query}", [sys.executable, "-m", "bench.peers.spark_nexmark", "--bootstrap", bootstrap,
                                           "--prefix", "nexmark-", "--out", work / query, "--query", query], work / query)
         done = run.result["query"]
-        out[query] = {"refused": done["refused"], "rewritten": done["rewritten"]} if "refused" in done else {
+        out[query] = done if "refused" in done else {
             "seconds": done["seconds"], "whole_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
-            "rewritten": done["rewritten"], "answers": answers(query, _spark_rows(query, done["rows"]))}
+            "rewritten": done["rewritten"],
+            "answers": answers(query, _spark_rows(query, _sink_rows(bootstrap, done["topic"], done["keyed"])))}
         out["_version"] = run.result["version"]
     return out
+
+
+def _sink_rows(bootstrap: str, topic: str, keyed: bool) -> list[dict]:
+    """A sink topic's answer: every key's last value (an aggregate's updates), or every row (an
+    append-only join's, which has no key of its own)."""
+    from tests.table_env import read_topic
+
+    records = sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset()))
+    values = {m.key(): m.value() for m in records}.values() if keyed else [m.value() for m in records]
+    return [json.loads(v) for v in values if v is not None]
 
 
 def _spark_rows(query: str, rows: list[dict]) -> list[dict]:
@@ -172,9 +183,9 @@ def _slowest(step_ms: dict, top: int = 3) -> str:
 
 def _spark_lines(result: dict) -> list[str]:
     """The Spark Structured Streaming side: figures where Spark ran the query, its refusal where not."""
-    ran = [q for q in result["queries"] if "seconds" in q.get("spark", {})]
-    refused = [q for q in result["queries"] if "refused" in q.get("spark", {})]
-    if not result["queries"] or not any("spark" in q for q in result["queries"]):
+    ran, refused, not_tried = ([q for q in result["queries"] if kind in q.get("spark", {})]
+                               for kind in ("seconds", "refused", "not_tried"))
+    if not (ran or refused or not_tried):
         return []
     lines = ["", f"Spark Structured Streaming {result.get('spark_version')} (RocksDB state store, changelog "
                  "checkpointing, availableNow, Kafka sink), on the same topics:", "",
@@ -188,7 +199,6 @@ def _spark_lines(result: dict) -> list[str]:
     if refused:
         lines += ["", "Spark refuses Nexmark's text (its own error):", ""]
         lines += [f"- {q['query']}: `{q['spark']['refused']}`" for q in refused]
-    not_tried = [q for q in result["queries"] if "not_tried" in q.get("spark", {})]
     if not_tried:
         lines += ["", "Not tried in Spark (Flink's window table functions, which Spark SQL has no form of):", ""]
         lines += [f"- {q['query']}: {q['spark']['not_tried']}" for q in not_tried]

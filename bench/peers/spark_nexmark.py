@@ -11,7 +11,7 @@ compared there; two queries have an idiomatic Spark form that keeps Nexmark's an
 
 Runs in statetable's venv (the same pyspark 4.2.0) and uses none of statetable's code beyond the
 session's jar list. One query a process, as the Flink peer: its JVM start and peak RSS are its
-own. Writes <out>/result.json.
+own. Writes <out>/result.json, naming the sink topic, which bench/nexmark reads back.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pyspark
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_jobs.engine import session
@@ -148,28 +147,7 @@ def run(query: str, args) -> dict:
     return {"seconds": round(seconds, 3), "rewritten": rewritten, "mode": mode, "select": select,
             "batches": len(stream.recentProgress),
             "input_rows": sum(p["numInputRows"] for p in stream.recentProgress),
-            "rows": read_back(args.bootstrap, topic, keyed=bool(keys))}
-
-
-def read_back(bootstrap: str, topic: str, keyed: bool) -> list[dict]:
-    """The query's answer from its sink topic: every key's last value (update mode), or every row
-    (an append-only join's, which has no key of its own)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    latest: dict = {}
-    rows, ended = [], set()
-    while len(ended) < len(partitions):
-        for msg in consumer.consume(10000, timeout=1):
-            if msg.error():
-                ended.add(msg.partition())
-            elif keyed:
-                latest[msg.key()] = msg.value()
-            else:
-                rows.append(msg.value())
-    consumer.close()
-    return [json.loads(v) for v in (latest.values() if keyed else rows) if v is not None]
+            "topic": topic, "keyed": bool(keys)}
 
 
 def main() -> None:
