@@ -44,7 +44,7 @@ HEADER_KEYS = {
     "topic", "schema", "partitions", "schedule", "max_records_per_batch", "snapshot_every", "event_time",
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
-    "format", "value_schema", "window_retention", "snapshot_phase",
+    "format", "value_schema", "window_retention", "snapshot_phase", "join_topic", "join_schema", "join_grace",
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
@@ -105,6 +105,33 @@ class JoinSpec:
     table_column: str
 
 
+@dataclass(frozen=True)
+class StreamJoin:
+    """A windowed join of two streams (Flink's interval join, ksqlDB's stream-stream JOIN ...
+    WITHIN): a row of `a` and a row of `b` with equal join keys pair when
+    `a.<time> + lower_ms <= b.<time> <= a.<until> + upper_ms`. Each side's records wait in the
+    rows stage until the watermark (the newest event time of both streams, less grace_ms) says
+    no partner can come; then they are dropped, and an unmatched one of an outer side becomes
+    a row with NULLs (spark_jobs/steps/stream_join.py)."""
+    topic: str                        # b's topic (`-- join_topic:`); a's is the table's `topic`
+    schema: tuple                     # b's fields (`-- join_schema:`)
+    kind: str                         # "inner" | "left" | "full"
+    left_alias: str
+    right_alias: str
+    left_key: str                     # the join columns: a.left_key = b.right_key
+    right_key: str
+    left_time: str                    # a's event time: the window's lower bound is on it
+    left_until: str                   # a's column the upper bound is on (left_time, or e.g. an auction's expires)
+    right_time: str                   # b's event time
+    lower_ms: int
+    upper_ms: int
+    grace_ms: int                     # how far behind the newest event time a record may come (`-- join_grace:`)
+
+    def meaning(self) -> list:
+        return [self.topic, [list(c) for c in self.schema], self.kind, self.left_key, self.right_key,
+                self.left_time, self.left_until, self.right_time, self.lower_ms, self.upper_ms, self.grace_ms]
+
+
 @dataclass
 class TableDefinition:
     name: str
@@ -156,6 +183,8 @@ class TableDefinition:
     stream_schema: list[tuple[str, str]] = field(default_factory=list)   # a join whose left side is a stream
                                                # (`-- schema:` fields): its rows are the stream's records
     stream: bool = False                       # stream_side's definition: every record is a row of its own
+    stream_join: StreamJoin | None = None      # a windowed join of two streams (StreamJoin); its rows are
+                                               # keyed by (join key, "a-position|b-position")
 
     def meaning(self) -> dict:
         """What the table's rows mean, normalised: two definitions with the same meaning serve the
@@ -179,6 +208,7 @@ class TableDefinition:
             **({"derived": dict(self.derived)} if self.derived else {}),
             **({"ttl_ms": self.ttl_ms} if self.ttl_ms is not None else {}),
             **({"stream_schema": [list(c) for c in self.stream_schema]} if self.stream_schema else {}),
+            **({"stream_join": self.stream_join.meaning()} if self.stream_join else {}),
         }
 
     @property
@@ -190,7 +220,8 @@ class TableDefinition:
     def table_join(self) -> bool:
         """A join of two tables, keyed by the left one's key (spark_jobs/steps/table_join.py); the
         left one may be a stream, each record a row keyed by its position (stream_side)."""
-        return self.kind == "source" and (self.input_table is not None or bool(self.stream_schema))
+        return self.kind == "source" and self.stream_join is None and (self.input_table is not None
+                                                                      or bool(self.stream_schema))
 
     @property
     def timed(self) -> bool:
@@ -213,6 +244,8 @@ class TableDefinition:
     def routing_width(self) -> int | None:
         """How many leading key parts pick the state partition: a session table's key without the
         session start, so all sessions of a key meet in one merge task (None: the whole key)."""
+        if self.stream_join is not None:        # a pair's row lives where its join key's records wait
+            return 1
         return len(self.key_columns) if self.window is not None and self.window.session else None
 
     @property
@@ -838,6 +871,8 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     input_table = _INPUT_TABLES.get().get(stream.name) if not schema_raw else None
     if input_table is not None and select.args.get("group") is None and select.args.get("joins"):
         return _join_table(path, header, common, name, select, input_table)
+    if "join_topic" in header or "join_schema" in header:
+        return _stream_join_table(path, header, common, name, select)
     if schema_raw and select.args.get("group") is None and select.args.get("joins"):
         fields = _parse_schema(header.where(path, "schema"), schema_raw)
         if any(f == POSITION for f, _ in fields):
@@ -1355,6 +1390,142 @@ def _stream(name: str, path: Path, topic: str, fields: list[tuple[str, str]], **
     return TableDefinition(name=name, path=path, kind="source", topic=topic, schema=[(POSITION, "STRING"), *fields],
                            key_columns=[POSITION], value_columns=[POSITION, *(f for f, _ in fields)], stream=True,
                            **options)
+
+
+STREAM_JOIN = ("a windowed join of two streams: '-- topic:' and '-- schema:' for a, '-- join_topic:' and "
+               "'-- join_schema:' for b, then SELECT a.col [AS name], b.col [AS name], ... FROM a [LEFT|FULL OUTER] "
+               "JOIN b ON a.k = b.k AND b.ts BETWEEN a.ts [- INTERVAL 'n' unit] AND a.ts|a.until [+ INTERVAL 'n' "
+               "unit] [WHERE ...]")
+STREAM_JOIN_KEY = "<join key>"      # join_columns' source of a stream join's key column (a's or b's join key)
+TIME_COLUMN_TYPES = ("TIMESTAMP", "BIGINT", "LONG")     # an event time: a TIMESTAMP, or epoch milliseconds
+
+
+def _stream_join_table(path: Path, header: _Header, common: dict, name: str, select: exp.Select) -> TableDefinition:
+    """A windowed join of two streams (StreamJoin), declared as Flink declares an interval join:
+    the window is a BETWEEN on the event times in ON, and the rows are the pairs (and, for an
+    outer side, its records that found none once their window closed)."""
+    for option in ("event_time", "ttl", "emit", "key_format", "window_retention", "format", "value_schema"):
+        if option in header:
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r} joins two streams, so option "
+                                  f"{option!r} does not apply (the event times are the BETWEEN's columns; values are "
+                                  f"JSON); remove it")
+    for needed in ("schema", "join_schema"):
+        if needed not in header:
+            raise DefinitionError(f"{path}: table {name!r} joins two streams: declare the "
+                                  f"{'first' if needed == 'schema' else 'joined'} stream's JSON fields with "
+                                  f"'-- {needed}: field TYPE, ...'")
+    for clause in ("group", "having"):
+        if select.args.get(clause):
+            raise _fail(path, select.args[clause], f"table {name!r}: {clause.upper()} in a join of two streams "
+                                                   f"(aggregate its output_topic in a table of its own)", STREAM_JOIN)
+    source = select.args.get("from") or select.args.get("from_")
+    joins = select.args.get("joins") or []
+    if len(joins) != 1 or not isinstance(joins[0].this, exp.Table):
+        raise _fail(path, joins[1] if len(joins) > 1 else select, f"table {name!r}: '-- join_topic:' without "
+                                                                  f"exactly one JOIN of a stream", STREAM_JOIN)
+    join, left_node = joins[0], source.this
+    right_node = join.this
+    la, ra = left_node.alias or left_node.name, right_node.alias or right_node.name
+    if la == ra:
+        raise _invalid(path, right_node, f"alias {ra!r} is used twice; give each stream its own alias")
+    kind = {"": "inner", "left": "left", "full": "full"}.get((join.side or "").lower())
+    if kind is None or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
+        raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(),
+                    "JOIN, LEFT JOIN or FULL OUTER JOIN (for a RIGHT JOIN, swap the streams)")
+    fields = {}
+    for alias, option in ((la, "schema"), (ra, "join_schema")):
+        fields[alias] = _parse_schema(header.where(path, option), header[option])
+        if any(f == POSITION for f, _ in fields[alias]):
+            raise DefinitionError(f"{header.where(path, option)}: table {name!r}: field {POSITION!r} is the name of a "
+                                  f"joined pair's record positions; rename the field")
+    types = {alias: dict(f) for alias, f in fields.items()}
+
+    def column(node: exp.Expression) -> tuple[str, str]:
+        if not isinstance(node, exp.Column) or node.table not in types:
+            raise _fail(path, node, f"table {name!r}: {node.sql()} (columns are named alias.column, aliases "
+                                    f"{sorted(types)})", STREAM_JOIN)
+        if node.name not in types[node.table]:
+            raise _invalid(path, node, f"unknown column {node.sql()}: stream {node.table!r} has fields "
+                                       f"{list(types[node.table])}")
+        return node.table, node.name
+
+    def bound(node: exp.Expression) -> tuple[str, str, int]:
+        """(alias, column, offset ms) of a BETWEEN bound: `x.ts`, `x.ts + INTERVAL ...`, `x.ts - INTERVAL ...`."""
+        if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
+            alias, col = column(node.this)
+            ms = _interval_ms(path, node.expression, "join window bound", zero=True)
+            return alias, col, ms if isinstance(node, exp.Add) else -ms
+        return (*column(node), 0)
+
+    on = join.args.get("on")
+    conditions = list(on.flatten()) if isinstance(on, exp.And) else [on]
+    eqs = [c for c in conditions if isinstance(c, exp.EQ)]
+    betweens = [c for c in conditions if isinstance(c, exp.Between)]
+    if on is None or len(eqs) != 1 or len(betweens) != 1 or len(conditions) != 2:
+        raise _fail(path, on or join, f"table {name!r}: join condition {on.sql() if on else '(none)'} (one equality "
+                                      f"and one BETWEEN of event times)", STREAM_JOIN)
+    a_key, b_key = column(eqs[0].left), column(eqs[0].right)
+    if a_key[0] == ra:
+        a_key, b_key = b_key, a_key
+    if a_key[0] != la or b_key[0] != ra:
+        raise _fail(path, eqs[0], f"table {name!r}: join condition {eqs[0].sql()}", f"ON {la}.<field> = {ra}.<field>")
+    if types[la][a_key[1]] != types[ra][b_key[1]]:
+        raise _invalid(path, eqs[0], f"table {name!r}: {eqs[0].sql()} compares {types[la][a_key[1]]} with "
+                                     f"{types[ra][b_key[1]]}, so no pair would match; declare both fields alike")
+    between = betweens[0]
+    subject, low, high = column(between.this), bound(between.args["low"]), bound(between.args["high"])
+    if subject[0] == ra and low[0] == la and high[0] == la:
+        left_time, left_until, right_time, lower, upper = low[1], high[1], subject[1], low[2], high[2]
+    elif subject[0] == la and low[0] == ra and high[0] == ra and low[1] == high[1]:
+        # a.ts BETWEEN b.ts + l AND b.ts + u  <=>  b.ts BETWEEN a.ts - u AND a.ts - l
+        left_time = left_until = subject[1]
+        right_time, lower, upper = low[1], -high[2], -low[2]
+    else:
+        raise _fail(path, between, f"table {name!r}: window {between.sql()}",
+                    f"{ra}.<time> BETWEEN {la}.<time> [- INTERVAL] AND {la}.<time or until> [+ INTERVAL]")
+    for alias, col in ((la, left_time), (la, left_until), (ra, right_time)):
+        if types[alias][col] not in TIME_COLUMN_TYPES:
+            raise _invalid(path, between, f"table {name!r}: {alias}.{col} is {types[alias][col]}; a join window's "
+                                          f"columns are event times, {' or '.join(TIME_COLUMN_TYPES)} (epoch ms)")
+    if left_until == left_time and upper < lower:
+        raise _invalid(path, between, f"table {name!r}: window {between.sql()} is empty (its upper bound is below "
+                                      f"its lower one); swap the bounds")
+    key_name = a_key[1]
+    columns, schema = [(STREAM_JOIN_KEY, key_name), (POSITION, POSITION)], [(key_name, types[la][key_name]),
+                                                                        (POSITION, "STRING")]
+    for projection in select.expressions:
+        if isinstance(projection, exp.Star) or isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star):
+            raise _fail(path, projection, f"table {name!r}: SELECT * in a join of two streams", STREAM_JOIN)
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        alias, col = column(target)
+        out = projection.alias if isinstance(projection, exp.Alias) else col
+        if out == key_name and (alias, col) in (a_key, b_key):
+            continue                                  # the key column: a's join key, or b's where a has none
+        if any(out == o for _, o in columns):
+            raise _invalid(path, projection, f"column {out!r} is selected twice, or names the join key or "
+                                             f"{POSITION}; rename it with AS")
+        columns.append((f"{alias}.{col}", out))
+        schema.append((out, types[alias][col]))
+    sides = {alias: _stream(alias, path, "-", f) for alias, f in fields.items()}
+    where = select.args.get("where")
+    where = _join_where(path, name, where.this, sides, column) if where else None
+    spec = StreamJoin(topic=header.get("join_topic", right_node.name), schema=tuple(fields[ra]), kind=kind,
+                      left_alias=la, right_alias=ra, left_key=a_key[1], right_key=b_key[1], left_time=left_time,
+                      left_until=left_until, right_time=right_time, lower_ms=lower, upper_ms=upper,
+                      grace_ms=_duration_option(path, header, "join_grace", 0, name))
+    return TableDefinition(
+        name=name, path=path, kind="source", topic=header.get("topic", left_node.name), schema=schema,
+        key_columns=[key_name, POSITION], value_columns=[o for _, o in columns], stream_schema=fields[la],
+        stream_alias=la, join_columns=columns, where=where, stream_join=spec,
+        **{**common, "bronze": False, "event_time": None})
+
+
+def stream_join_sides(table: TableDefinition) -> tuple[TableDefinition, TableDefinition]:
+    """A windowed join's two streams, each as a source table of its records keyed by position
+    (stream_side), as the batch reads and classifies them."""
+    j, options = table.stream_join, dict(partitions=table.partitions, event_time_skew_ms=table.event_time_skew_ms)
+    return (_stream(j.left_alias, table.path, table.topic, table.stream_schema, **options),
+            _stream(j.right_alias, table.path, j.topic, list(j.schema), **options))
 
 
 def _join_where(path: Path, name: str, node: exp.Expression, sides: dict, column) -> str:

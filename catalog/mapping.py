@@ -34,7 +34,7 @@ def rows_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
     # The input's rows, whatever the aggregate makes of them: a rebuild adopting a changed
     # aggregate (another GROUP BY or column) keeps this stage as it is.
     rows = {"stage": "rows", **{k: meaning[k] for k in ("topic", "schema", "partitions", "input_table", "key_format",
-                                                                          "stream_schema")
+                                                                          "stream_schema", "stream_join")
                                 if k in meaning}}
     if table.table_join:        # its schema is the join's output; the rows are a's, indexed by the join column
         rows.pop("schema")

@@ -100,7 +100,7 @@ def stage_tables(table: TableDefinition, rt: Runtime) -> list[StateTable]:
     """Every state table a table keeps: its own, and for a table of tables its rows stage too
     (catalog.mapping.rows_spec), which restores, snapshots and the wipe drill treat alike."""
     tables = [state_table(table, rt)]
-    if table.input_table or table.table_join:
+    if table.input_table or table.table_join or table.stream_join is not None:
         from catalog.mapping import rows_spec
 
         tables.append(StateTable(rows_spec(table, rt.namespace), rt.state_dir, bootstrap=rt.bootstrap,

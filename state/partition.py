@@ -94,6 +94,12 @@ class StatePartition:
         for key, value in self.backend.scan(start, end):
             yield codec.decode_key(key), codec.decode_value(value)
 
+    def items_between(self, start: tuple, end: tuple) -> Iterator[tuple[tuple, object]]:
+        """Keys from `start` up to, not including, `end`, in key order (a range of an ordered
+        component, such as the records of a windowed join that leave before a watermark)."""
+        for key, value in self.backend.scan(codec.encode_key(start), codec.encode_key(end)):
+            yield codec.decode_key(key), codec.decode_value(value)
+
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
         return self.backend.scan()
 

@@ -83,17 +83,26 @@ def next_plan(run: TableRun) -> BatchPlan | None:
     read_topic, read_id, read_ends, accepted = batch_log.read_position() or (None, None, None, None)
     starts = next_starts(table.name, table.topic, marks, incarnation, read_topic, read_id, read_ends)
     available = {p: high - starts[p] for p, (_, high) in marks.items()}
-    if sum(available.values()) == 0 and not pass_for(table).moved_without_records(rt, last):
+    table_pass = pass_for(table)
+    second = table_pass.second_stream(rt, last)     # a windowed join's other stream, read beside the topic
+    more = {} if second is None else {p: high - start for p, (start, high) in second[2].items()}
+    if sum(available.values()) + sum(more.values()) == 0 and not table_pass.moved_without_records(rt, last):
         return None
-    budget = table.max_records_per_batch
-    ranges, total = {}, sum(available.values())
-    for p, (_, high) in marks.items():
-        share = available[p] if total <= budget else available[p] * budget // total
-        ranges[p] = (starts[p], starts[p] + share)
+    # The budget is shared by both streams in proportion to what each holds, so that their event
+    # times move on together and neither makes the other's records late.
+    budget, total = table.max_records_per_batch, sum(available.values()) + sum(more.values())
+
+    def share(n: int) -> int:
+        return n if total <= budget else n * budget // total
+
+    ranges = {p: (starts[p], starts[p] + share(available[p])) for p in marks}
+    joins = pin_joins(run, last) if second is None else {"stream": {
+        "topic": second[0], "topic_id": second[1],
+        "ranges": {str(p): [start, start + share(more[p])] for p, (start, _) in second[2].items()}}}
     plan = BatchPlan(
         batch_id=(last.batch_id + 1) if last else 0, topic=table.topic, ranges=ranges,
         watermark_ms=last.watermark_ms if last else None, topic_id=incarnation, accepted=accepted,
-        definition=run.definition, joins=pin_joins(run, last),
+        definition=run.definition, joins=joins,
     )
     if accepted:
         log.warning("%s batch %d starts where an operator accepted a discontinuity: %s", table.name,
@@ -155,8 +164,12 @@ def lag(name: str, rt: Runtime, topic: str | None = None, table=None) -> int:
     topic = topic or table.topic
     batch_log = BatchLog(rt.batch_dir(name))
     position = batch_log.read_position()
-    # A joined table's new batch is work too for a join of tables (counted as one record).
-    moved = int(pass_for(table).moved_without_records(rt, batch_log.last_commit()))
+    # A joined table's new batch is work too for a join of tables (counted as one record); a
+    # windowed join's other stream counts its records.
+    table_pass, last = pass_for(table), batch_log.last_commit()
+    second = table_pass.second_stream(rt, last)
+    moved = int(table_pass.moved_without_records(rt, last)) + (
+        0 if second is None else sum(high - start for start, high in second[2].values()))
     try:
         marks = watermarks(rt.bootstrap, topic)
     except LookupError:

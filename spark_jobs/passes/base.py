@@ -45,6 +45,11 @@ class Pass:
         """Whether a verify goes on from the last verified checkpoint (spark_jobs.delta.verify_chain)."""
         return False
 
+    def second_stream(self, rt, last) -> tuple | None:
+        """A second stream the kind reads beside its topic (a windowed join of streams): (topic,
+        topic id, {partition: (next start, high watermark)}); None for one topic."""
+        return None
+
     def moved_without_records(self, rt, last) -> bool:
         """Whether it has work without new records of its own (a joined table committed since)."""
         return False

@@ -27,6 +27,7 @@ class TaskContext:
     purge_watermark: int | None = None  # windows wholly behind it are purged (a rebuild: behind the last purge)
     closing: tuple | None = None        # emit: final: (previous watermark, this batch's): windows closing between
     expire_before: int | None = None    # ttl: keys whose newest event time is at or before this go
+    join_watermark: int | None = None   # a windowed join of streams: records waiting past it leave
     # the tables-of-tables stages
     source: TableDefinition | None = None   # the input table
     retractions: str = ""               # this batch's folder of retraction files

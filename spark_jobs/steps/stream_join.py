@@ -1,0 +1,272 @@
+"""A windowed join of two streams (`FROM a [LEFT|FULL OUTER] JOIN b ON a.k = b.k AND b.ts BETWEEN
+a.ts - INTERVAL ... AND a.ts + INTERVAL ...`; catalog.definitions.StreamJoin). The rules of
+pairing, waiting and leaving are state/interval_join.py; this module runs them in a batch.
+
+The plan fixes both streams' ranges before anything is read: a's in the plan's ranges, b's in
+`plan.joins["stream"]` (planning.next_plan asks the pass for b's next ranges; the budget is
+shared by both streams in proportion to what each holds, so their event times advance
+together). Then:
+
+1. read: both ranges, each record classified by its stream's fields; a record without a join key
+   (missing_key) or event time (missing_event_time), one past the clock (future_event_time) and
+   one behind the watermark the batch starts with (late) are dead letters, counted by reason;
+2. the accepted records, keyed by (join key, position) and sent to the state partition of their
+   join key (routing_width 1), and the batch's new watermark: the newest accepted event time
+   less the grace;
+3. one task per partition: the pairs and the outer sides' records that leave unmatched are
+   committed to the table's own state (its change topic and mirror changes with it), then
+   the rows stage (`<t>.rows`: the records waiting for partners, and an index of them by the
+   time they leave) is committed at the batch id.
+
+A re-run of a partition that died between the two commits finds the rows stage as the batch
+found it and computes the same rows; the table's own commit is skipped as already applied.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import pyarrow as pa
+
+from catalog.definitions import POSITION, STREAM_JOIN_KEY, TableDefinition, stream_join_sides
+from catalog.mapping import compiled, rows_spec, state_spec
+from state import codec, faults
+from state.interval_join import EXPIRY, WAITING, Waiting, Window, pair_position, step, watermark_after
+from spark_jobs.steps.batch_step import BatchStep
+from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.summary import PartitionSummary
+from spark_jobs.steps.table_stages import open_stage, summary
+from spark_jobs.steps.task_context import TaskContext
+
+log = logging.getLogger(__name__)
+
+SECOND = "stream"       # plan.joins' entry for b's ranges: {"topic", "topic_id", "ranges": {partition: [start, end)}}
+
+
+def second_ranges(plan_joins: dict | None) -> tuple[str | None, str | None, dict[int, tuple[int, int]]]:
+    """(topic, topic id, ranges) of b in a plan's or commit's `joins` (JSON keys are strings)."""
+    entry = (plan_joins or {}).get(SECOND) or {}
+    return entry.get("topic"), entry.get("topic_id"), {int(p): (int(r[0]), int(r[1]))
+                                                        for p, r in (entry.get("ranges") or {}).items()}
+
+
+class PairShape:
+    """A joined row's columns, from a pair (either side may be None for an outer row), and the
+    WHERE it must pass."""
+
+    def __init__(self, table: TableDefinition) -> None:
+        import sqlglot
+        from sqlglot import exp
+
+        j = table.stream_join
+        fields = {"a": [f for f, _ in table.stream_schema], "b": [f for f, _ in j.schema]}
+        aliases = {j.left_alias: "a", j.right_alias: "b"}
+
+        def pick(source: str) -> tuple:
+            if source in (STREAM_JOIN_KEY, POSITION):
+                return source, None
+            alias, column = source.split(".")
+            return aliases[alias], fields[aliases[alias]].index(column)
+
+        self.picks = [pick(source) for source, _ in table.join_columns]
+        self.where, self.where_picks = None, []
+        if table.where:
+            names = {f"{alias}.{c}" for alias, side in aliases.items() for c in fields[side]}
+            self.where = compiled("compile_predicate", table.where, names)
+            referenced = {c.name for c in sqlglot.parse_one(table.where, dialect="spark").find_all(exp.Column)}
+            self.where_picks = [(name, *pick(name)) for name in sorted(referenced)]
+
+    def row(self, a: Waiting | None, b: Waiting | None) -> tuple | None:
+        rows = {"a": None if a is None else a.row, "b": None if b is None else b.row}
+        if self.where is not None and not self.where(
+                {name: None if rows[side] is None else rows[side][i] for name, side, i in self.where_picks}):
+            return None
+        key = (a or b).key
+        return tuple(key if side == STREAM_JOIN_KEY else pair_position(a, b) if side == POSITION
+                     else None if rows[side] is None else rows[side][i] for side, i in self.picks)
+
+
+def _records(partials: pa.Table) -> list[Waiting]:
+    """The batch's accepted records of one partition, in position order on each side."""
+    if not partials.num_rows:
+        return []
+    columns = {c: partials.column(c).to_pylist() if c in partials.column_names else [None] * partials.num_rows
+               for c in ("_k0", "_k1", "_side", "_t", "_u", "_a", "_b")}
+    out = []
+    for key, position, side, t, u, a, b in zip(*columns.values()):
+        fields = a if side == "a" else b
+        out.append(Waiting(side, key, position, t, u, False, tuple(fields.values())))
+    return sorted(out, key=lambda r: (r.side, tuple(int(x) for x in r.position.split(":"))))
+
+
+def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
+    """One state partition's batch (the module's step 3)."""
+    import pyarrow.compute as pc
+
+    from spark_jobs.delta.mirror import write_change_rows
+    from spark_jobs.steps.merge_task import outputs_of, unbatched_rows
+
+    started = time.monotonic()
+    partition = group.column("_sp")[0].as_py()
+    j = ctx.table.stream_join
+    window = Window(j.lower_ms, j.upper_ms, j.kind)
+    new = _records(group.filter(pc.equal(group.column("_kind"), "partial")))
+    stage_table, stage, _ = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    try:
+        done = stage.meta.applied_batch >= ctx.batch_id
+        outcome, waiting_count = None, 0
+        if not done:
+            waiting: dict[tuple, list[Waiting]] = {}
+            for side, key in sorted({("b" if r.side == "a" else "a", r.key) for r in new}, key=repr):
+                waiting[(side, key)] = [Waiting.of(k, v) for k, v in stage.items(prefix=(WAITING, side, key))]
+            leaving = []
+            if ctx.join_watermark is not None:
+                keys = [(WAITING, side, key, position) for (_, _, side, key, position), _
+                        in stage.items_between((EXPIRY,), (EXPIRY, ctx.join_watermark))]
+                raw = stage.get_raw_many([codec.encode_key(k) for k in keys])
+                leaving = [Waiting.of(k, codec.decode_value(v)) for k, v in zip(keys, raw) if v is not None]
+            outcome = step(window, new, waiting, leaving, ctx.join_watermark)
+        spec = state_spec(ctx.table, ctx.namespace)
+        table, part, hydrated = open_stage(replace(spec, changelog=ctx.changelog or spec.changelog), ctx, partition)
+        try:
+            tx = part.begin(ctx.batch_id)
+            written = []
+            shape = PairShape(ctx.table)
+            for a, b in [] if outcome is None else outcome.pairs + [
+                    (r, None) if r.side == "a" else (None, r) for r in outcome.unmatched]:
+                row = shape.row(a, b)
+                if row is not None:
+                    key = ((a or b).key, pair_position(a, b))
+                    tx.put(key, row)
+                    written.append(codec.encode_key(key))
+            result = tx.commit(outputs_of(ctx.table, None))
+            if partition == 0:
+                faults.point("batch.mid_merge")
+            if mirror_dir is not None and not done:
+                changed = result.changes if not result.noop else dict(zip(written, part.get_raw_many(written)))
+                write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
+            rows_changed = 0
+            if outcome is not None:
+                rows_tx = stage.begin(ctx.batch_id)
+                for record in outcome.drops:
+                    rows_tx.delete(record.state_key())
+                    rows_tx.delete(record.expiry_key(window))
+                for record in outcome.puts:
+                    rows_tx.put(record.state_key(), record.state_value())
+                    rows_tx.put(record.expiry_key(window), ())
+                rows_changed = rows_tx.commit().keys_changed
+                if partition == 0:
+                    faults.point("rows.after_commit")
+            waiting_count = stage.meta.key_count // 2
+            ms = {"join": round((time.monotonic() - started) * 1000)}
+            return summary(partition, part, result, ms, hydrated, delta_keys=len(new), rows_changed=rows_changed,
+                           pairs=0 if outcome is None else len(outcome.pairs),
+                           unmatched=0 if outcome is None else len(outcome.unmatched),
+                           left_state=0 if outcome is None else len(outcome.drops), waiting=waiting_count)
+        finally:
+            table.close()
+    finally:
+        stage_table.close()
+
+
+def _judged(classified, source: TableDefinition, time_column: str, until_column: str, watermark: int | None,
+            now_ms: int):
+    """The stream's records with the event-time reasons (a windowed join's own) and `_t`, the
+    event time of an accepted record."""
+    from pyspark.sql import functions as F
+
+    kinds = dict(source.schema)
+
+    def ms(name: str):
+        column = F.col(f"_parsed.`{name}`")
+        return F.unix_millis(column) if kinds[name] == "TIMESTAMP" else column.cast("long")
+
+    t, until = ms(time_column), ms(until_column)
+    reason = (F.when(F.col("reason").isNotNull(), F.col("reason"))
+              .when(t.isNull() | until.isNull(), F.lit("missing_event_time"))
+              .when(t > F.lit(now_ms + source.event_time_skew_ms), F.lit("future_event_time")))
+    if watermark is not None:
+        reason = reason.when(t < F.lit(watermark), F.lit("late"))
+    return classified.withColumn("reason", reason).withColumn("_t", F.when(F.col("reason").isNull(), t))
+
+
+def _side_rows(classified, source: TableDefinition, side: str, key: str, time_column: str, until_column: str):
+    """A side's accepted records as the tasks take them: `_k0` the join key, `_k1` the position,
+    `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.frames.table_frames import latest_rows
+
+    rows = latest_rows(classified, source)
+    index = {c: i for i, c in enumerate(source.value_columns)}
+    return rows.select(F.col(f"_v{index[key]}").alias("_k0"), F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
+                       F.col(f"_v{index[time_column]}").cast("long").alias("_t"),
+                       F.col(f"_v{index[until_column]}").cast("long").alias("_u"),
+                       F.struct(*[F.col(f"_v{index[c]}").alias(c) for c in source.value_columns[1:]]).alias(f"_{side}"))
+
+
+def run(table_run, plan, started: float) -> BatchStep:
+    """One batch (passes.stream_join): read and judge both streams, dead letters, then the tasks."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs.delta import mirror
+    from spark_jobs.engine.partition_tasks import per_state_partition
+    from spark_jobs.frames import parse
+    from spark_jobs.steps import sinks
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+
+    table, rt, spark = table_run.table, table_run.rt, table_run.spark
+    j = table.stream_join
+    left, right = stream_join_sides(table)
+    b_topic, _, b_ranges = second_ranges(plan.joins)
+    clock = StepClock(table_run, plan.batch_id, started)
+    now_ms = int(plan.created_at * 1000)
+    sides = (("a", left, OffsetRange(plan.topic, plan.ranges), j.left_key, j.left_time, j.left_until),
+             ("b", right, OffsetRange(b_topic or j.topic, b_ranges), j.right_key, j.right_time, j.right_time))
+    with clock.step("read"):
+        judged, reasons, newest = [], {}, None
+        for side, source, offsets, key, time_column, until_column in sides:
+            if not offsets.record_count:
+                continue
+            raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)
+            classified = _judged(parse.classify(raw, source, [key], rows=True), source, time_column, until_column,
+                                 plan.watermark_ms, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+            for r in classified.groupBy("reason").agg(F.count("*").alias("n"), F.max("_t").alias("t")).collect():
+                reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["n"]
+                if r["reason"] is None and r["t"] is not None:
+                    newest = r["t"] if newest is None else max(newest, r["t"])
+            judged.append((side, source, offsets.topic, key, time_column, until_column, classified))
+    read_count = sum(reasons.values())
+    watermark = watermark_after(plan.watermark_ms, newest, j.grace_ms)
+    with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
+        dead = None
+        for _, _, topic, _, _, _, classified in judged:
+            frame = parse.dead_letters(classified, topic)
+            dead = frame if dead is None else dead.unionByName(frame)
+        dead_count = 0 if dead is None else sinks.write_dead_letters(
+            table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
+    ctx = TaskContext.of(rt, table, plan.batch_id, changelog=table_run.spec.changelog, join_watermark=watermark)
+    mirror_dir = mirror.changes_path(rt, table.name)
+    with clock.step("join", "batch.after_rows", "batch.after_merge"):
+        rows = None
+        for side, source, _, key, time_column, until_column, classified in judged:
+            frame = _side_rows(classified, source, side, key, time_column, until_column)
+            rows = frame if rows is None else rows.unionByName(frame, allowMissingColumns=True)
+        if rows is not None:
+            rows = table_run.frames.partitioned(rows).withColumn("_kind", F.lit("partial"))
+        summaries = PartitionSummary.all_of(per_state_partition(
+            spark, rows, table.partitions, lambda group: merge_pairs(ctx, mirror_dir, group),
+            f"{table.name} batch {plan.batch_id}: join"))
+        for *_, classified in judged:
+            classified.unpersist()
+    counts = {name: sum(s.counts.get(name, 0) for s in summaries.values())
+              for name in ("pairs", "unmatched", "left_state", "waiting")}
+    log.info("%s batch %d: read %d records of two streams (%d dead letters), watermark %s; %d pairs and %d unmatched "
+             "rows written, %d records left the state, %d wait, in %.1fs", table.name, plan.batch_id, read_count,
+             dead_count, watermark, counts["pairs"], counts["unmatched"], counts["left_state"], counts["waiting"],
+             sum(clock.seconds.values()))
+    return BatchStep(reasons=reasons, read=read_count, dead=dead_count, summaries=summaries,
+                     delta_keys=sum(s.delta_keys for s in summaries.values()), steps=clock.seconds, watermark=watermark,
+                     extra={f"join_{name}": n for name, n in counts.items()})

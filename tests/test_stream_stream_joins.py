@@ -1,0 +1,261 @@
+"""A windowed join of two streams (issue #69; Flink's interval join, ksqlDB's stream-stream JOIN
+... WITHIN): `FROM orders o [LEFT|FULL OUTER] JOIN shipments s ON o.id = s.order_id AND s.ts
+BETWEEN o.ts - INTERVAL ... AND o.ts + INTERVAL ...`, and Nexmark's form whose window ends at a
+column of a (`b.dateTime BETWEEN a.dateTime AND a.expires`).
+
+Checked against pandas over the records read back with confluent-kafka: every pair whose times
+fall in the window, and for an outer side each record without one whose window has closed
+(its time to leave is behind the newest event time less the grace). Run as a user runs it: both
+streams produced in rounds, out of order within the grace, the join run in many small batches
+after each round; records behind the watermark (late), without a join key or a time, and
+malformed ones are dead letters, counted by reason, never rows. Then a lost disk and a restore,
+and kills at every point of the join's steps."""
+from __future__ import annotations
+
+import json
+import random
+
+import pandas as pd
+import pytest
+
+from catalog.mapping import row_of
+from spark_jobs import jobs
+from tests.table_env import (assert_each_batch_once_and_in_order, dead_letter_reasons, fold_change_topic,
+                             isolated_runtime, read_topic)
+
+GRACE_MS, BEFORE_MS, AFTER_MS = 30_000, 5_000, 20_000
+HEADER = ("-- topic: {orders}\n-- schema: id BIGINT, customer STRING, ts TIMESTAMP\n-- partitions: 3\n"
+          "-- join_topic: {shipments}\n-- join_schema: order_id BIGINT, carrier STRING, ts TIMESTAMP\n"
+          "-- join_grace: 30s\n")
+JOINS = {    # name -> (kind, SQL)
+    "shipped": ("inner", "-- output_topic: {out}\nCREATE TABLE shipped AS SELECT o.id, o.customer, s.carrier, "
+                         "s.ts AS shipped_at FROM orders o JOIN shipments s ON o.id = s.order_id "
+                         "AND s.ts BETWEEN o.ts - INTERVAL '5' SECOND AND o.ts + INTERVAL '20' SECOND;"),
+    "orders_shipped": ("left", "CREATE TABLE orders_shipped AS SELECT o.id, o.customer, s.carrier FROM orders o "
+                               "LEFT JOIN shipments s ON o.id = s.order_id AND s.ts BETWEEN o.ts - INTERVAL '5' SECOND "
+                               "AND o.ts + INTERVAL '20' SECOND;"),
+    "all_shipments": ("full", "CREATE TABLE all_shipments AS SELECT o.id, o.customer, s.carrier FROM orders o "
+                              "FULL OUTER JOIN shipments s ON s.order_id = o.id AND o.ts BETWEEN "
+                              "s.ts - INTERVAL '20' SECOND AND s.ts + INTERVAL '5' SECOND WHERE s.carrier IS NULL "
+                              "OR s.carrier <> 'pigeon';"),
+}
+BASE = 1_700_000_000_000
+
+
+class Feed:
+    """The two topics, what a user puts on them, and what pandas makes of what they hold."""
+
+    def __init__(self, rt, suffix: str, seed: int, names=tuple(JOINS)) -> None:
+        from confluent_kafka import Producer
+
+        from state.kafka_admin import ensure_topic
+
+        self.rt, self.rng, self.clock = rt, random.Random(seed), BASE
+        self.orders, self.shipments, self.out = "orders" + suffix, "shipments" + suffix, "shipped" + suffix
+        for topic in (self.orders, self.shipments):
+            ensure_topic(rt.bootstrap, topic, 3)
+        self.producer = Producer({"bootstrap.servers": rt.bootstrap})
+        self.names = names
+        for name in names:
+            (rt.tables_dir / f"{name}.sql").write_text(
+                HEADER.format(orders=self.orders, shipments=self.shipments) + JOINS[name][1].format(out=self.out))
+        self.late: set = set()          # (topic, value) of the records produced behind the watermark
+
+    def send(self, topic: str, value) -> None:
+        self.producer.produce(topic, value if isinstance(value, bytes) or value is None else json.dumps(value).encode())
+
+    def round(self, orders: int = 40, span_ms: int = 20_000) -> None:
+        """Orders, and shipments of some of them, out of order by up to 8 s (within the grace)."""
+        start, self.clock = self.clock, self.clock + span_ms + 40_000    # the next round after this one's shipments
+        events = []
+        for _ in range(orders):
+            order = {"id": self.rng.randrange(30), "customer": self.rng.choice(["ann", "bo", None]),
+                     "ts": start + self.rng.randrange(span_ms)}
+            events.append((order["ts"], self.orders, order))
+            for _ in range(self.rng.choice([0, 1, 1, 2])):       # none, one, or two shipments
+                shipment = {"order_id": order["id"], "carrier": self.rng.choice(["ups", "dhl", "pigeon"]),
+                            "ts": order["ts"] + self.rng.randrange(-8_000, 30_000)}
+                events.append((shipment["ts"], self.shipments, shipment))
+        for _, topic, value in sorted(events, key=lambda e: e[0] + self.rng.randrange(8_000)):
+            self.send(topic, value)
+        self.producer.flush()
+
+    def hostile(self) -> None:
+        """A late record on each side, one without a join key, one without a time, a malformed one."""
+        for topic, value in ((self.orders, {"id": 1, "customer": "late", "ts": self.clock - 10 * GRACE_MS}),
+                             (self.shipments, {"order_id": 1, "carrier": "late", "ts": self.clock - 10 * GRACE_MS})):
+            self.send(topic, value)
+            self.late.add((topic, json.dumps(value)))
+        self.send(self.orders, {"id": None, "customer": "nokey", "ts": self.clock})
+        self.send(self.shipments, {"order_id": 2, "carrier": "notime"})
+        self.send(self.shipments, b"{not json")
+        self.producer.flush()
+
+    def records(self, topic: str) -> pd.DataFrame:
+        rows = []
+        for msg in read_topic(self.rt.bootstrap, topic):
+            try:
+                value = json.loads(msg.value())
+            except (TypeError, ValueError):
+                continue
+            key = value.get("id") if topic == self.orders else value.get("order_id")
+            if (topic, json.dumps(value)) in self.late or key is None or value.get("ts") is None:
+                continue
+            rows.append({**value, "pos": f"{msg.partition()}:{msg.offset()}"})
+        fields = ["id", "customer"] if topic == self.orders else ["order_id", "carrier"]
+        return pd.DataFrame(rows, columns=[*fields, "ts", "pos"])
+
+    def want(self, name: str) -> dict:
+        """(id, "o-pos|s-pos") -> row: pandas' interval join, and the unmatched of the outer sides
+        whose window has closed by the watermark (the newest event time less the grace)."""
+        kind = JOINS[name][0]
+        orders, shipments = self.records(self.orders), self.records(self.shipments)
+        watermark = max(orders["ts"].max(), shipments["ts"].max()) - GRACE_MS
+        pairs = orders.merge(shipments, left_on="id", right_on="order_id", suffixes=("_o", "_s"))
+        pairs = pairs[(pairs["ts_s"] >= pairs["ts_o"] - BEFORE_MS) & (pairs["ts_s"] <= pairs["ts_o"] + AFTER_MS)]
+        out = {}
+
+        def put(key, order, shipment) -> None:
+            carrier = None if shipment is None else shipment["carrier"]
+            if name == "all_shipments" and carrier == "pigeon":
+                return
+            row = {"id": key, "rowposition": f"{'' if order is None else order['pos']}|"
+                                             f"{'' if shipment is None else shipment['pos']}",
+                   "customer": None if order is None else order["customer"], "carrier": carrier}
+            if name == "shipped":
+                row["shipped_at"] = shipment["ts"]
+            out[(row["id"], row["rowposition"])] = row
+
+        for _, p in pairs.iterrows():
+            put(int(p["id"]), {"pos": p["pos_o"], "customer": p["customer"]}, {"pos": p["pos_s"], "carrier": p["carrier"],
+                                                                            "ts": int(p["ts_s"])})
+        if kind in ("left", "full"):
+            for _, o in orders[~orders["pos"].isin(pairs["pos_o"])].iterrows():
+                if o["ts"] + AFTER_MS < watermark:
+                    put(int(o["id"]), o, None)
+        if kind == "full":
+            for _, s in shipments[~shipments["pos"].isin(pairs["pos_s"])].iterrows():
+                if s["ts"] + BEFORE_MS < watermark:
+                    put(int(s["order_id"]), None, s)
+        return out
+
+
+def shown(rt, name: str) -> dict:
+    """The table's rows as the product shows them, timestamps as epoch ms."""
+    table, _ = jobs.load_table(name, rt)
+    return {tuple(key): row_of(table, key, value) for key, value in jobs.state_rows(name, rt).items()}
+
+
+@pytest.fixture
+def env(kafka, tmp_path):
+    return isolated_runtime(kafka, tmp_path)
+
+
+def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spark):
+    """Inner, left and full outer joins over the same two streams, in rounds of many small
+    batches: each round's pairs appear, an outer side's unmatched records appear only once their
+    window has closed, late and broken records are dead letters; then a lost disk and a restore,
+    and the rounds go on from the restored state."""
+    from ops import failures
+    from spark_jobs.batches.planning import lag
+
+    rt, suffix = env
+    feed = Feed(rt, suffix, 69)
+
+    def check(round_no: int) -> list:
+        commits = [c for name in JOINS for c in jobs.run(name, until_caught_up=True, spark=spark, rt=rt,
+                                                         max_records_per_batch=20)]
+        for name in JOINS:
+            assert shown(rt, name) == feed.want(name), f"{name} after round {round_no}"
+            assert lag(name, rt) == 0
+        return commits
+
+    assert check(0) == []                       # nothing produced: no batch, no rows, no error
+    feed.round()
+    commits = check(1)
+    assert shown(rt, "shipped") and len(commits) > 3 * len(JOINS)
+    feed.hostile()
+    commits = check(2)
+    for name in JOINS:
+        counts = [c.counts for c in commits if c.counts.get("dead_lettered")]
+        assert sum(c.get("dead_late", 0) for c in counts) == 2 * len(JOINS)
+    reasons = sorted(dead_letter_reasons(rt, "shipped", by_partition=True).values())
+    assert reasons == ["late", "late", "malformed_json", "missing_event_time", "missing_key"]
+    unmatched_before = {k for k in shown(rt, "orders_shipped") if k[1].endswith("|")}
+    for round_no in range(3, 6):
+        feed.round()
+        check(round_no)
+    unmatched = {k for k in shown(rt, "orders_shipped") if k[1].endswith("|")}
+    assert unmatched > unmatched_before and {k for k in shown(rt, "all_shipments") if k[1].startswith("|")}
+
+    folded, seen = fold_change_topic(rt.bootstrap, feed.out)
+    assert_each_batch_once_and_in_order(seen)
+    assert {(v["id"], v["rowposition"]) for v in folded.values()} == set(shown(rt, "shipped"))
+
+    before = shown(rt, "all_shipments")
+    failures.inject("all_shipments", "wipe_local_store", rt)
+    jobs.restore("all_shipments", rt=rt)
+    assert shown(rt, "all_shipments") == before
+    feed.round()            # the restored waiting records still find their partners and close
+    check(6)
+
+
+@pytest.mark.timeout(1200)
+def test_a_windowed_join_of_two_streams_is_exact_after_a_kill_at_every_point_of_its_steps(kafka, engine, spark,
+                                                                                          tmp_path):
+    """The full outer join killed at each point of its steps (JOIN_POINTS), a round of both
+    streams produced before every kill; then its rows and folded change topic equal pandas and
+    no (key, batch) reaches the change topic twice."""
+    from tests.test_table_aggregates import JOIN_POINTS, _kill_at_every_point
+
+    rt, suffix = isolated_runtime(kafka, tmp_path)
+    feed = Feed(rt, suffix, 70, names=("all_shipments",))
+    path = rt.tables_dir / "all_shipments.sql"
+    path.write_text("-- mirror_every: 2\n-- snapshot_every: 3\n" + path.read_text().replace(
+        "CREATE TABLE", f"-- output_topic: {feed.out}\nCREATE TABLE"))
+    _kill_at_every_point(rt, engine, "all_shipments", lambda: feed.round(orders=25), JOIN_POINTS)
+    want = feed.want("all_shipments")
+    assert want and shown(rt, "all_shipments") == want
+    folded, seen = fold_change_topic(rt.bootstrap, feed.out)
+    assert_each_batch_once_and_in_order(seen)
+    assert {(v["id"], v["rowposition"]): v for v in folded.values()} == want
+
+
+def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_mean_anything(tmp_path):
+    """Pure logic (catalog.definitions): the window, the kinds, the key, and one-line refusals."""
+    from catalog.definitions import DefinitionError, load_all
+
+    for name, (kind, sql) in JOINS.items():
+        (tmp_path / f"{name}.sql").write_text(HEADER.format(orders="o", shipments="s") + sql.format(out="out"))
+    tables = load_all(tmp_path)
+    full, inner = tables["all_shipments"].stream_join, tables["shipped"].stream_join
+    assert (full.kind, full.lower_ms, full.upper_ms) == ("full", -5_000, 20_000)   # a.ts BETWEEN b.ts ... swapped
+    assert (inner.kind, inner.lower_ms, inner.upper_ms, inner.grace_ms) == ("inner", -5_000, 20_000, 30_000)
+    assert tables["shipped"].key_columns == ["id", "rowposition"] and tables["shipped"].routing_width == 1
+    assert tables["shipped"].value_columns == ["id", "rowposition", "customer", "carrier", "shipped_at"]
+    assert not tables["shipped"].table_join
+    for path in tmp_path.glob("*.sql"):
+        path.unlink()
+    header = HEADER.format(orders="o", shipments="s")
+    for sql, message in [
+        ("CREATE TABLE j AS SELECT o.id FROM orders o JOIN shipments s ON o.id = s.order_id;",
+         "one equality and one BETWEEN"),
+        ("CREATE TABLE j AS SELECT o.id FROM orders o JOIN shipments s ON o.id = s.order_id AND s.ts BETWEEN "
+         "o.ts + INTERVAL '5' SECOND AND o.ts;", "is empty"),
+        ("CREATE TABLE j AS SELECT o.id FROM orders o JOIN shipments s ON o.customer = s.order_id AND s.ts BETWEEN "
+         "o.ts AND o.ts + INTERVAL '5' SECOND;", "compares STRING with BIGINT"),
+        ("CREATE TABLE j AS SELECT o.id FROM orders o JOIN shipments s ON o.id = s.order_id AND s.carrier BETWEEN "
+         "o.ts AND o.ts;", "a join window's columns are event times"),
+        ("CREATE TABLE j AS SELECT o.id FROM orders o RIGHT JOIN shipments s ON o.id = s.order_id AND s.ts BETWEEN "
+         "o.ts AND o.ts;", "swap the streams"),
+        ("CREATE TABLE j AS SELECT o.id, s.nothing FROM orders o JOIN shipments s ON o.id = s.order_id AND s.ts "
+         "BETWEEN o.ts AND o.ts;", "unknown column s.nothing"),
+    ]:
+        (tmp_path / "j.sql").write_text(header + sql)
+        with pytest.raises(DefinitionError, match=message) as caught:
+            load_all(tmp_path)
+        assert "\n" not in str(caught.value) and "'j'" in str(caught.value) or "j.sql" in str(caught.value)
+    (tmp_path / "j.sql").write_text(header.replace("-- join_schema: order_id BIGINT, carrier STRING, ts TIMESTAMP\n",
+                                                   "") + JOINS["shipped"][1].format(out="x"))
+    with pytest.raises(DefinitionError, match="-- join_schema: field TYPE"):
+        load_all(tmp_path)
