@@ -185,6 +185,8 @@ class BatchCommit:
     holder: dict | None = None              # the driver that committed it
     joins: dict | None = None               # the plan's pinned joined tables (a join of tables reads its
                                             # next batch's changes of them against these)
+    event_times: dict | None = None         # a windowed join of streams: the newest accepted event time of
+                                            # each input partition ("a:0", "b:3"), its watermark's inputs
 
 
 def _ranges_from_json(raw: dict) -> dict[int, tuple[int, int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from state.errors import StatetableError, UserFixable
 
 __all__ = ["ArrowUnsupported", "EngineUnavailable", "GroupTooLarge", "HistoryTrimmed", "JobError", "MirrorCorrupt",
-           "MirrorUnstable", "NotRecomputable", "OffsetDiscontinuity", "RollbackRefused", "TaskReportMismatch", "TopicMissing", "WarmupFailed"]
+           "MirrorUnstable", "OffsetDiscontinuity", "RollbackRefused", "TaskReportMismatch", "TopicMissing", "WarmupFailed"]
 
 
 class JobError(StatetableError):
@@ -62,7 +62,3 @@ class RegistryUnreachable(JobError, UserFixable, RuntimeError):
 
 class MalformedFraming(JobError, ValueError):
     """A record's wire-format framing cannot be read (a dead letter, never raised past its format)."""
-
-
-class NotRecomputable(JobError, UserFixable, ValueError):
-    """A verify or rebuild of a table kind that cannot be recomputed from history yet."""

@@ -5,8 +5,9 @@ from the state and writes back what `step` says, so the rules are tested without
 
 A record of `a` with event time t and window end u (u = t, or a column such as an auction's
 `expires`) pairs with a record of `b` with time s and the same join key when
-`t + lower <= s <= u + upper`. The watermark is the newest event time of either stream less the
-grace; a record older than the watermark a batch starts with is late (a dead letter, counted).
+`t + lower <= s <= u + upper`. The watermark is the newest event time of the streams' partitions
+(the oldest of those still behind: watermark_after) less the grace; a record older than the
+watermark a batch starts with is late (a dead letter, counted).
 So no `b` to come can pair with an `a` once the watermark passes u + upper, nor any `a` with a
 `b` once it passes s - lower: each record waits in the state until then, and leaves it then.
 An outer side's record that found no partner becomes a row with NULLs when it leaves, never
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["Waiting", "Window", "Outcome", "pair_position", "step", "watermark_after", "WAITING", "EXPIRY"]
+__all__ = ["Waiting", "Window", "Outcome", "advanced", "pair_position", "step", "watermark_after", "WAITING", "EXPIRY"]
 
 WAITING = "w"      # state keys (WAITING, side, join key, position) -> (time, until, matched, row)
 EXPIRY = "x"       # state keys (EXPIRY, leaves at, side, join key, position) -> (): the records by leaving time
@@ -66,12 +67,27 @@ class Window:
         return self.kind == "full" or self.kind == "left" and side == "a"
 
 
-def watermark_after(before: int | None, newest_event_ms: int | None, grace_ms: int) -> int | None:
-    """The watermark a batch leaves: never back, and only moved by the records it accepted."""
-    if newest_event_ms is None:
+def watermark_after(before: int | None, frontiers: dict[str, int], behind: set[str], grace_ms: int) -> int | None:
+    """The watermark a batch leaves, from each input partition's newest accepted event time
+    (`frontiers`, "a:0" -> ms): the oldest of the partitions still `behind` (their batch did
+    not reach the end they had when it was planned), else the newest of all, less the grace;
+    never back. Kafka's partitions are not aligned in time: a partition read ahead of another
+    (a backlog read in shares, a producer that filled one partition first) must not make the
+    other's records late, as Flink takes the smallest of its sources' watermarks; a partition
+    with nothing left to read holds nothing back (Flink's idle source)."""
+    if not frontiers:
         return before
-    moved = newest_event_ms - grace_ms
+    lagging = [t for p, t in frontiers.items() if p in behind]
+    moved = (min(lagging) if lagging else max(frontiers.values())) - grace_ms
     return moved if before is None else max(before, moved)
+
+
+def advanced(frontiers: dict[str, int], newest: dict[str, int]) -> dict[str, int]:
+    """Each partition's newest accepted event time after a batch that accepted `newest`."""
+    out = dict(frontiers)
+    for partition, t in newest.items():
+        out[partition] = t if partition not in out else max(out[partition], t)
+    return out
 
 
 def pair_position(a: Waiting | None, b: Waiting | None) -> str:

@@ -132,7 +132,7 @@ class MicroBatchRunner:
             topic_id=plan.topic_id, accepted=plan.accepted, definition=self.table_run.definition,
             refused=[[list(k), reason] for k, reason in sorted(step.refused.items(), key=repr)] or None,
             changelog=self.table_run.spec.changelog,
-            joins=plan.joins if self.table_pass.pins_since else None,
+            joins=plan.joins if self.table_pass.pins_since else None, event_times=step.event_times,
         )
         self.table_run.log.write_commit(commit, self.table.name)
         faults.point("batch.after_commit")

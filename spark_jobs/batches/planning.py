@@ -98,7 +98,10 @@ def next_plan(run: TableRun) -> BatchPlan | None:
     ranges = {p: (starts[p], starts[p] + share(available[p])) for p in marks}
     joins = pin_joins(run, last) if second is None else {"stream": {
         "topic": second[0], "topic_id": second[1],
-        "ranges": {str(p): [start, start + share(more[p])] for p, (start, _) in second[2].items()}}}
+        "ranges": {str(p): [start, start + share(more[p])] for p, (start, _) in second[2].items()}},
+        # the partitions this batch leaves records in: they hold the join's watermark back
+        "behind": [f"a:{p}" for p in marks if share(available[p]) < available[p]]
+                  + [f"b:{p}" for p in more if share(more[p]) < more[p]]}
     plan = BatchPlan(
         batch_id=(last.batch_id + 1) if last else 0, topic=table.topic, ranges=ranges,
         watermark_ms=last.watermark_ms if last else None, topic_id=incarnation, accepted=accepted,

@@ -7,7 +7,7 @@ is (tests/test_layout.py holds it); everything else asks the Pass, or is handed 
   aggregate over a stream   aggregate         arrow_step, else sql_step       bronze
   aggregate over a table    table_aggregate   rows stage, then groups stage   the input table's rows
   join of two tables        table_join        rows stage, then join stage     both tables' rows
-  windowed join of streams  stream_join       both streams, pairs, rows stage (not yet)
+  windowed join of streams  stream_join       both streams, pairs, rows stage both streams, replayed batch by batch
 
 A new kind is one module here with its Pass subclass, and its branch in `pass_for`.
 """

@@ -39,8 +39,12 @@ class StreamJoinPass(Pass):
         return topic, incarnation, {p: (starts[p], high) for p, (_, high) in marks.items()}
 
     def recompute(self, frames, last, spark, rt) -> tuple:
-        from spark_jobs.errors import NotRecomputable
+        from spark_jobs.steps import stream_join
 
-        raise NotRecomputable(f"table {self.table.name!r} is a windowed join of two streams: verify and rebuild "
-                                 f"do not recompute it yet (its rows depend on which records each batch found "
-                                 f"late); restore it from its changelog and snapshots")
+        return (None if last is None else stream_join.recomputed(frames, rt, last)), None
+
+    def rebuild_stages(self, spark, tables: dict, rt, last, batch_id: int) -> None:
+        from spark_jobs.steps import stream_join
+        from spark_jobs.steps.inputs import frames_of
+
+        stream_join.rebuild_rows(frames_of(spark, self.table, tables, rt), rt, last, batch_id)

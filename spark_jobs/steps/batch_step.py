@@ -24,6 +24,7 @@ class BatchStep:
     refused_counts: dict = field(default_factory=dict)   # reason -> events dead-lettered for refused keys
     extra: dict = field(default_factory=dict)            # pass-specific counts, kept in the commit's counts
     release: tuple = ()           # persisted frames to drop once the commit is written
+    event_times: dict | None = None   # a windowed join: each input partition's newest accepted event time
 
     def total(self, name: str) -> int:
         """A field of the partitions' reports (PartitionSummary), summed."""

@@ -32,7 +32,7 @@ import pyarrow as pa
 from catalog.definitions import POSITION, STREAM_JOIN_KEY, TableDefinition, stream_join_sides
 from catalog.mapping import compiled, rows_spec, state_spec
 from state import codec, faults
-from state.interval_join import EXPIRY, WAITING, Waiting, Window, pair_position, step, watermark_after
+from state.interval_join import EXPIRY, WAITING, Waiting, Window, advanced, pair_position, step, watermark_after
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.summary import PartitionSummary
@@ -226,20 +226,23 @@ def run(table_run, plan, started: float) -> BatchStep:
     sides = (("a", left, OffsetRange(plan.topic, plan.ranges), j.left_key, j.left_time, j.left_until),
              ("b", right, OffsetRange(b_topic or j.topic, b_ranges), j.right_key, j.right_time, j.right_time))
     with clock.step("read"):
-        judged, reasons, newest = [], {}, None
+        judged, reasons, newest = [], {}, {}
         for side, source, offsets, key, time_column, until_column in sides:
             if not offsets.record_count:
                 continue
             raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)
             classified = _judged(parse.classify(raw, source, [key], rows=True), source, time_column, until_column,
                                  plan.watermark_ms, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
-            for r in classified.groupBy("reason").agg(F.count("*").alias("n"), F.max("_t").alias("t")).collect():
+            for r in classified.groupBy("reason", "_partition").agg(F.count("*").alias("n"),
+                                                                   F.max("_t").alias("t")).collect():
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["n"]
                 if r["reason"] is None and r["t"] is not None:
-                    newest = r["t"] if newest is None else max(newest, r["t"])
+                    newest[f"{side}:{r['_partition']}"] = r["t"]
             judged.append((side, source, offsets.topic, key, time_column, until_column, classified))
     read_count = sum(reasons.values())
-    watermark = watermark_after(plan.watermark_ms, newest, j.grace_ms)
+    last = table_run.log.last_commit()
+    frontiers = advanced((last.event_times if last is not None else None) or {}, newest)
+    watermark = watermark_after(plan.watermark_ms, frontiers, set((plan.joins or {}).get("behind") or ()), j.grace_ms)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
         dead = None
         for _, _, topic, _, _, _, classified in judged:
@@ -269,4 +272,130 @@ def run(table_run, plan, started: float) -> BatchStep:
              sum(clock.seconds.values()))
     return BatchStep(reasons=reasons, read=read_count, dead=dead_count, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), steps=clock.seconds, watermark=watermark,
-                     extra={f"join_{name}": n for name, n in counts.items()})
+                     extra={f"join_{name}": n for name, n in counts.items()}, event_times=frontiers)
+
+
+def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
+    """The table and its waiting records as the batches up to `last` left them, from both
+    streams' history (verify, rebuild): each commit's records, judged late against the watermark
+    that batch started with, replayed through state.interval_join.step. A late record's fate
+    depends on its batch, so the history is replayed batch by batch, in the driver: what it costs
+    grows with the history, as any recomputation's. Returns ({(key, pair): row}, waiting)."""
+    import bisect
+    import heapq
+
+    from catalog.batch_log import BatchLog
+    from spark_jobs.frames import parse
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+
+    table, spark = frames.table, frames.spark
+    j = table.stream_join
+    window, shape = Window(j.lower_ms, j.upper_ms, j.kind), PairShape(table)
+    commits = [c for c in BatchLog(rt.batch_dir(table.name)).commits() if c.batch_id <= last.batch_id]
+    left, right = stream_join_sides(table)
+    b_topic, _, b_ranges = second_ranges(last.joins)
+    records: dict[tuple, tuple[list, list]] = {}        # (side, partition) -> (offsets, Waiting records)
+    for side, source, offsets, key, time_column, until_column in (
+            ("a", left, OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()}),
+             j.left_key, j.left_time, j.left_until),
+            ("b", right, OffsetRange(b_topic or j.topic, {p: (0, end) for p, (_, end) in b_ranges.items()}),
+             j.right_key, j.right_time, j.right_time)):
+        if not offsets.record_count:
+            continue
+        classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
+                             source, time_column, until_column, None, 1 << 62)
+        frame = _side_rows(classified, source, side, key, time_column, until_column).toArrow()
+        for record in _records(frame):
+            partition, offset = (int(x) for x in record.position.split(":"))
+            found = records.setdefault((side, partition), ([], []))
+            found[0].append(offset)
+            found[1].append(record)
+    rows, waiting, leaving_at, watermark, frontiers = {}, {}, [], None, {}
+    for commit in commits:
+        new, newest = [], {}
+        for side, ranges in (("a", commit.ranges), ("b", second_ranges(commit.joins)[2])):
+            for partition, (start, end) in ranges.items():
+                offsets, found = records.get((side, partition), ([], []))
+                for record in found[bisect.bisect_left(offsets, start):bisect.bisect_left(offsets, end)]:
+                    if (watermark is None or record.time >= watermark) \
+                            and record.time <= commit.committed_at * 1000 + table.event_time_skew_ms:
+                        new.append(record)
+                        newest[f"{side}:{partition}"] = max(newest.get(f"{side}:{partition}", record.time), record.time)
+        frontiers = advanced(frontiers, newest)
+        after = watermark_after(watermark, frontiers, set((commit.joins or {}).get("behind") or ()), j.grace_ms)
+        partners = {(s, r.key): list(waiting.get((s, r.key), {}).values())      # those leaving now too
+                    for r in new for s in ("b" if r.side == "a" else "a",)}
+        leaving = []
+        while leaving_at and after is not None and leaving_at[0][0] < after:
+            _, side, key, position = heapq.heappop(leaving_at)
+            record = waiting.get((side, key), {}).pop(position, None)
+            if record is not None:
+                leaving.append(record)
+        outcome = step(window, new, partners, leaving, after)
+        for a, b in outcome.pairs + [(r, None) if r.side == "a" else (None, r) for r in outcome.unmatched]:
+            row = shape.row(a, b)
+            if row is not None:
+                rows[((a or b).key, pair_position(a, b))] = row
+        for record in outcome.puts:
+            kept = waiting.setdefault((record.side, record.key), {})
+            if record.position not in kept:
+                heapq.heappush(leaving_at, (window.leaves_at(record), record.side, record.key, record.position))
+            kept[record.position] = record
+        watermark = after
+    return rows, [r for kept in waiting.values() for r in kept.values()]
+
+
+def recomputed(frames, rt, last):
+    """Every joined row as the batches up to `last` wrote it (verify): `_k0`, `_k1`, `_state`, `_sp`."""
+    from state.table import partition_of
+
+    rows, _ = replayed(frames, rt, last)
+    frame = pa.table({"_k0": [k[0] for k in rows], "_k1": [k[1] for k in rows],
+                      "_state": pa.array([codec.encode_value(v) for v in rows.values()], pa.binary()),
+                      "_sp": pa.array([partition_of(codec.encode_key((k[0],)), frames.table.partitions) for k in rows],
+                                      pa.int32())})
+    return frames.spark.createDataFrame(frame) if frame.num_rows else None
+
+
+def rebuild_rows(frames, rt, last, batch_id: int) -> int:
+    """A rebuild's rows stage: every partition replaced by the records waiting after the replay
+    (`replayed`), committed as the rebuild's batch. Returns the records written."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.engine.partition_tasks import per_state_partition
+    from state.table import partition_of
+
+    table = frames.table
+    window = Window(table.stream_join.lower_ms, table.stream_join.upper_ms, table.stream_join.kind)
+    _, waiting = replayed(frames, rt, last)
+    entries = [(r.state_key(), r.state_value()) for r in waiting] + [(r.expiry_key(window), ()) for r in waiting]
+    frame = pa.table({"_key": pa.array([codec.encode_key(k) for k, _ in entries], pa.binary()),
+                      "_value": pa.array([codec.encode_value(v) for _, v in entries], pa.binary()),
+                      "_sp": pa.array([partition_of(codec.encode_key((k[2] if k[0] == WAITING else k[3],)),
+                                                    table.partitions) for k, _ in entries], pa.int32())})
+    rows = frames.spark.createDataFrame(frame).withColumn("_kind", F.lit("partial")) if frame.num_rows else None
+    ctx = TaskContext.of(rt, table, batch_id, replica_roots=())
+    per_state_partition(frames.spark, rows, table.partitions, lambda group: _rebuild_partition(ctx, group),
+                        f"rebuild {table.name}: waiting records")
+    return len(waiting)
+
+
+def _rebuild_partition(ctx: TaskContext, group) -> pa.Table:
+    import pyarrow.compute as pc
+
+    partition = group.column("_sp")[0].as_py()
+    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    wanted = dict(zip(partials.column("_key").to_pylist(), partials.column("_value").to_pylist())) \
+        if partials.num_rows else {}
+    stage_table, stage, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    try:
+        tx = stage.begin(ctx.batch_id)
+        for key, _ in stage.raw_items():
+            if key not in wanted:
+                tx.delete_encoded(key)
+        for key, value in wanted.items():
+            tx.put_encoded(key, codec.decode_value(value))
+        result = tx.commit()
+        return summary(partition, stage, result, {"rows": 0}, hydrated)
+    finally:
+        stage_table.close()
