@@ -48,6 +48,8 @@ def datasets(table_name: str, kind: str, rt=None) -> tuple[list, list]:
     source = _topic(rt, table.topic)
     changelog = _topic(rt, spec_of(table, rt).changelog)
     joined = [_topic(rt, spec_of(load_table(j.table, rt)[0], rt).changelog) for j in table.joins]
+    if table.stream_join is not None:           # a windowed join of two streams reads its second topic too
+        joined.append(_topic(rt, table.stream_join.topic))
     bronze = [_path(rt.delta_path(table.name, "bronze"))] if table.bronze else []
     mirror = _path(rt.delta_path(table.name, "mirror"))
     changes = [_topic(rt, table.output_topic)] if table.output_topic else []
