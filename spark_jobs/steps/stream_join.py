@@ -59,9 +59,9 @@ class PairShape:
         import sqlglot
         from sqlglot import exp
 
-        j = table.stream_join
-        fields = {"a": [f for f, _ in table.stream_schema], "b": [f for f, _ in j.schema]}
-        aliases = {j.left_alias: "a", j.right_alias: "b"}
+        join = table.stream_join
+        fields = {"a": [f for f, _ in table.stream_schema], "b": [f for f, _ in join.schema]}
+        aliases = {join.left_alias: "a", join.right_alias: "b"}
 
         def pick(source: str) -> tuple:
             if source in (STREAM_JOIN_KEY, POSITION):
@@ -109,8 +109,8 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
-    j = ctx.table.stream_join
-    window = Window(j.lower_ms, j.upper_ms, j.kind)
+    join = ctx.table.stream_join
+    window = Window(join.lower_ms, join.upper_ms, join.kind)
     new = _records(group.filter(pc.equal(group.column("_kind"), "partial")))
     stage_table, stage, _ = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
@@ -218,13 +218,13 @@ def run(table_run, plan, started: float) -> BatchStep:
     from spark_jobs.steps.offsets import OffsetRange, spark_reader
 
     table, rt, spark = table_run.table, table_run.rt, table_run.spark
-    j = table.stream_join
+    join = table.stream_join
     left, right = stream_join_sides(table)
     b_topic, _, b_ranges = second_ranges(plan.joins)
     clock = StepClock(table_run, plan.batch_id, started)
     now_ms = int(plan.created_at * 1000)
-    sides = (("a", left, OffsetRange(plan.topic, plan.ranges), j.left_key, j.left_time, j.left_until),
-             ("b", right, OffsetRange(b_topic or j.topic, b_ranges), j.right_key, j.right_time, j.right_time))
+    sides = (("a", left, OffsetRange(plan.topic, plan.ranges), join.left_key, join.left_time, join.left_until),
+             ("b", right, OffsetRange(b_topic or join.topic, b_ranges), join.right_key, join.right_time, join.right_time))
     with clock.step("read"):
         judged, reasons, newest = [], {}, {}
         for side, source, offsets, key, time_column, until_column in sides:
@@ -242,7 +242,7 @@ def run(table_run, plan, started: float) -> BatchStep:
     read_count = sum(reasons.values())
     last = table_run.log.last_commit()
     frontiers = advanced((last.event_times if last is not None else None) or {}, newest)
-    watermark = watermark_after(plan.watermark_ms, frontiers, set((plan.joins or {}).get("behind") or ()), j.grace_ms)
+    watermark = watermark_after(plan.watermark_ms, frontiers, set((plan.joins or {}).get("behind") or ()), join.grace_ms)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
         dead = None
         for _, _, topic, _, _, _, classified in judged:
@@ -289,17 +289,17 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
     from spark_jobs.steps.offsets import OffsetRange, spark_reader
 
     table, spark = frames.table, frames.spark
-    j = table.stream_join
-    window, shape = Window(j.lower_ms, j.upper_ms, j.kind), PairShape(table)
+    join = table.stream_join
+    window, shape = Window(join.lower_ms, join.upper_ms, join.kind), PairShape(table)
     commits = [c for c in BatchLog(rt.batch_dir(table.name)).commits() if c.batch_id <= last.batch_id]
     left, right = stream_join_sides(table)
     b_topic, _, b_ranges = second_ranges(last.joins)
     records: dict[tuple, tuple[list, list]] = {}        # (side, partition) -> (offsets, Waiting records)
     for side, source, offsets, key, time_column, until_column in (
             ("a", left, OffsetRange(table.topic, {p: (0, end) for p, (_, end) in last.ranges.items()}),
-             j.left_key, j.left_time, j.left_until),
-            ("b", right, OffsetRange(b_topic or j.topic, {p: (0, end) for p, (_, end) in b_ranges.items()}),
-             j.right_key, j.right_time, j.right_time)):
+             join.left_key, join.left_time, join.left_until),
+            ("b", right, OffsetRange(b_topic or join.topic, {p: (0, end) for p, (_, end) in b_ranges.items()}),
+             join.right_key, join.right_time, join.right_time)):
         if not offsets.record_count:
             continue
         classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
@@ -322,7 +322,7 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
                         new.append(record)
                         newest[f"{side}:{partition}"] = max(newest.get(f"{side}:{partition}", record.time), record.time)
         frontiers = advanced(frontiers, newest)
-        after = watermark_after(watermark, frontiers, set((commit.joins or {}).get("behind") or ()), j.grace_ms)
+        after = watermark_after(watermark, frontiers, set((commit.joins or {}).get("behind") or ()), join.grace_ms)
         partners = {(s, r.key): list(waiting.get((s, r.key), {}).values())      # those leaving now too
                     for r in new for s in ("b" if r.side == "a" else "a",)}
         leaving = []
@@ -366,7 +366,8 @@ def rebuild_rows(frames, rt, last, batch_id: int) -> int:
     from state.table import partition_of
 
     table = frames.table
-    window = Window(table.stream_join.lower_ms, table.stream_join.upper_ms, table.stream_join.kind)
+    join = table.stream_join
+    window = Window(join.lower_ms, join.upper_ms, join.kind)
     _, waiting = replayed(frames, rt, last)
     entries = [(r.state_key(), r.state_value()) for r in waiting] + [(r.expiry_key(window), ()) for r in waiting]
     frame = pa.table({"_key": pa.array([codec.encode_key(k) for k, _ in entries], pa.binary()),
