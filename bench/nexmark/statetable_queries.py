@@ -14,6 +14,11 @@ BID = ("-- topic: {prefix}bid\n-- schema: auction BIGINT, bidder BIGINT, price B
 AUCTION = ("-- topic: {prefix}auction\n-- schema: id BIGINT, itemName STRING, description STRING, initialBid BIGINT, "
            "reserve BIGINT, dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT, extra STRING\n"
            "-- partitions: 4\n")
+# An auction's bids inside its open window, as a windowed join of the two streams: an auction waits
+# until the watermark passes its expiry, a bid until it passes its own time (plus the grace).
+OPEN_BIDS = (AUCTION + "-- join_topic: {prefix}bid\n-- join_schema: auction BIGINT, bidder BIGINT, price BIGINT, "
+             "channel STRING, url STRING, dateTime TIMESTAMP, extra STRING\n-- join_grace: 10s\n")
+OPEN_WINDOW = "ON a.id = b.auction AND b.dateTime BETWEEN a.dateTime AND a.expires"
 DAY = "DATE_FORMAT(dateTime, 'yyyy-MM-dd')"
 RANKS = (("rank1", "price < 10000"), ("rank2", "price >= 10000 AND price < 1000000"), ("rank3", "price >= 1000000"))
 COUNTS = "COUNT(*) AS total_bids, " + ", ".join(f"COUNT(CASE WHEN {when} THEN 1 END) AS {rank}_bids"
@@ -59,8 +64,9 @@ QUERIES = {
     # q9 (winning bids): each auction's highest bid inside its open window, the earliest of equal
     # ones (Nexmark's ROW_NUMBER() ... ORDER BY price DESC, dateTime ASC as TOPK(1, ...), whose ties
     # go to the smaller row: the earlier dateTime); a chain: q9_join, then this aggregate over it
-    "q9": "CREATE TABLE q9 AS SELECT auction, TOPK(1, price, dateTime, bidder) AS winner FROM q9_join "
-          "GROUP BY auction;",
+    "q9": "-- topic: {prefix}q9-join\n-- schema: auction BIGINT, bidder BIGINT, price BIGINT, dateTime BIGINT\n"
+          "-- partitions: 4\nCREATE TABLE q9 AS SELECT auction, TOPK(1, price, dateTime, bidder) AS winner "
+          "FROM q9_changes GROUP BY auction;",
     # q5 (hot items): each sliding window's auctions with the most bids. A chain: q5_counts counts
     # bids per auction and HOP window; this reads its change topic as a stream and keeps each
     # window's highest count and its top counts (a count only grows, so its newest is its highest:
@@ -92,19 +98,20 @@ CHAINS = {
                              "p.dateTime AS person_time FROM new_auction a JOIN person p ON a.seller = p.id "
                              f"WHERE a.dateTime - a.dateTime % {Q8_WINDOW_MS} = p.dateTime - p.dateTime % {Q8_WINDOW_MS};",
     },
+    # q4: the windowed join's rows are inserts, never changed: q4_final aggregates its change topic
+    # as a stream of them
     "q4": {
-        "q4_join": BID + "-- output_topic: {prefix}q4-join\nCREATE TABLE q4_join AS SELECT b.auction, b.price, "
-                         "a.category FROM bid b JOIN auction a ON b.auction = a.id "
-                         "WHERE b.dateTime BETWEEN a.dateTime AND a.expires;",
-        "q4_final": "-- output_topic: {prefix}q4-final\nCREATE TABLE q4_final AS SELECT auction, "
-                    "MAX(category) AS category, MAX(price) AS final FROM q4_join GROUP BY auction;",
+        "q4_join": OPEN_BIDS + "-- output_topic: {prefix}q4-join\nCREATE TABLE q4_join AS SELECT b.auction, "
+                               f"b.price, a.category FROM auction a JOIN bid b {OPEN_WINDOW};",
+        "q4_final": "-- topic: {prefix}q4-join\n-- schema: auction BIGINT, price BIGINT, category BIGINT\n"
+                    "-- partitions: 4\n-- output_topic: {prefix}q4-final\nCREATE TABLE q4_final AS SELECT auction, "
+                    "MAX(category) AS category, MAX(price) AS final FROM q4_changes GROUP BY auction;",
         "q4_auctions": "-- key_format: json\nCREATE TABLE q4_auctions (auction BIGINT PRIMARY KEY, category BIGINT, "
                        "final BIGINT) WITH (topic='{prefix}q4-final');",
     },
     "q9": {
-        "q9_join": BID + "-- output_topic: {prefix}q9-join\nCREATE TABLE q9_join AS SELECT b.auction, b.bidder, "
-                         "b.price, b.dateTime FROM bid b JOIN auction a ON b.auction = a.id "
-                         "WHERE b.dateTime BETWEEN a.dateTime AND a.expires;",
+        "q9_join": OPEN_BIDS + "-- output_topic: {prefix}q9-join\nCREATE TABLE q9_join AS SELECT b.auction, "
+                               f"b.bidder, b.price, b.dateTime FROM auction a JOIN bid b {OPEN_WINDOW};",
     },
 }
 COLUMNS = {      # the columns each query's check compares, after its key columns
