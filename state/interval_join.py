@@ -133,7 +133,7 @@ def step(window: Window, new: list[Waiting], waiting: dict[tuple, list[Waiting]]
     for (side, position), record in sorted(left_now.items()):
         if not (record.matched or (side, position) in matched) and window.keeps_unmatched(side):
             out.unmatched.append(record)
-    out.drops = [r for r in leaving]
+    out.drops = list(leaving)
     for record in new:
         if not gone(record):
             out.puts.append(record._replace(matched=(record.side, record.position) in matched))
