@@ -75,7 +75,11 @@ V1_SOURCES = "avro,csv,json,orc,parquet,text"     # Spark's default list without
 # VACUUM lists a table's folders in spark.sql.sources.parallelPartitionDiscovery.parallelism tasks,
 # 10,000 by default: on a table of one folder that was 25-30 s of two cores per maintenance run for
 # ten-thousand empty tasks (16: 2 s). A table's Delta tables have few folders each.
-SESSION_CONFS = {"spark.sql.ansi.enabled": "false",
+#
+# Times in UTC, as statetable reads and shows them: DATE_FORMAT, HOUR and the like in a key give
+# the same groups on every machine and in both passes (the Arrow pass formats in UTC), whatever
+# the JVM's own zone.
+SESSION_CONFS = {"spark.sql.ansi.enabled": "false", "spark.sql.session.timeZone": "UTC",
                  "spark.sql.sources.parallelPartitionDiscovery.parallelism": "16"}
 
 SPARK_CONF_ENV = "STATETABLE_SPARK_CONF"

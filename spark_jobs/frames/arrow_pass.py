@@ -26,7 +26,7 @@ from catalog.definitions import EVENT_MS, TableDefinition
 from spark_jobs.frames.parse import MAX_VALUE_BYTES
 from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import INTEGERS, arrow_type, parse_values
-from spark_jobs.frames.arrow_where import where_expression
+from spark_jobs.frames.arrow_where import derived_columns, derived_types, where_expression
 from spark_jobs.frames.arrow_keys import key_columns, state_partitions
 from spark_jobs.frames.formats import transcode, transcodes, writer_schema_ids
 
@@ -65,9 +65,11 @@ class PassSpec:
 
 # ---------------------------------------------------------------------------------------- checks
 def pass_fields(table: TableDefinition) -> dict[str, str]:
-    """The columns the pass aggregates over: the stream's fields, and the event time as epoch
-    milliseconds where a TTL or a session keeps a MAX of it (TableDefinition.event_ms)."""
-    return {**dict(table.schema), **({EVENT_MS: "BIGINT"} if table.event_ms else {})}
+    """The columns the pass aggregates over: the stream's fields, its computed keys and aggregate
+    arguments (`derived`), and the event time as epoch milliseconds where a TTL or a session
+    keeps a MAX of it (TableDefinition.event_ms)."""
+    return {**dict(table.schema), **(derived_types(table) if table.derived else {}),
+            **({EVENT_MS: "BIGINT"} if table.event_ms else {})}
 
 
 def check_supported(table: TableDefinition) -> None:
@@ -76,6 +78,12 @@ def check_supported(table: TableDefinition) -> None:
     if table.joins:
         raise ArrowUnsupported("joins")
     fields = pass_fields(table)
+    if table.derived:
+        empty = pa.table({n: pa.array([], arrow_type(t)) for n, t in table.schema})
+        try:
+            _with_derived(empty, derived_columns(table))
+        except Exception as exc:   # noqa: BLE001 - any pyarrow kernel or translation gap
+            raise ArrowUnsupported(f"computed values ({exc})") from None
     scaled = [name for name, dtype in table.schema if dtype.startswith("DECIMAL(")]
     if scaled:
         raise ArrowUnsupported(f"DECIMAL(p,s) field {scaled[0]}")     # the pass reads bare DECIMALs only
@@ -183,7 +191,7 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
 
     # Rules on parsed rows, in the order parse.classify applies them.
     rule = pa.nulls(parsed.num_rows, pa.string())
-    checks = [("missing_key", _any_null(parsed, spec.key_fields))]
+    checks = [("missing_key", _any_null(parsed, table.stream_key_fields))]
     if table.timed:
         event = parsed.column(table.event_time)
         checks.append(("missing_event_time", pc.is_null(event)))
@@ -219,6 +227,19 @@ def _dead_letters(batch: pa.RecordBatch, index, reasons: list[str], spec: PassSp
         "value": pc.if_else(oversize, pc.binary_slice(values, 0, 1024), values),
         "size": lengths.cast(pa.int32()),
     })
+
+
+def _with_derived(events: pa.Table, derived: list) -> pa.Table:
+    """The events with each computed key and aggregate argument as a column of its type."""
+    import pyarrow.acero as acero
+
+    names = events.column_names
+    project = acero.ProjectNodeOptions([pc.field(n) for n in names] +
+                                       [pc.Expression._call("cast", [expr], pc.CastOptions(dtype))
+                                        for _, expr, dtype in derived],
+                                       names + [name for name, _, _ in derived])
+    return acero.Declaration.from_sequence([acero.Declaration("table_source", acero.TableSourceNodeOptions(events)),
+                                            acero.Declaration("project", project)]).to_table(use_threads=False)
 
 
 def _any_null(table: pa.Table, names: list[str]):
@@ -435,6 +456,7 @@ def run(spec: PassSpec, batches):
     """mapInArrow body: yields partial, dead-letter and count rows (see `output_ddl`)."""
     schema = output_schema(spec.table)
     where = where_expression(spec.table) if spec.table.where else None
+    derived = derived_columns(spec.table) if spec.table.derived else None
     counts: dict[str, int] = {}
     max_event = None
     fold, held, held_rows = foldable(spec.table), [], 0     # a task's partials, folded across its Arrow batches
@@ -462,6 +484,8 @@ def run(spec: PassSpec, batches):
         if where is not None:
             selected = events.filter(where)
             counts["filtered"] = counts.get("filtered", 0) + events.num_rows - selected.num_rows
+        if derived and selected.num_rows:
+            selected = _with_derived(selected, derived)
         if spec.table.event_ms and selected.num_rows:
             selected = selected.append_column(EVENT_MS, _millis(selected.column(spec.table.event_time)))
         if spec.table.window is not None and selected.num_rows:

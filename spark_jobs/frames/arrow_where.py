@@ -1,8 +1,11 @@
-"""A table's WHERE for the Arrow pass: its Spark SQL, parsed by sqlglot, as a pyarrow compute
-expression, or ArrowUnsupported naming what it cannot express (the table then runs the Spark-SQL
-pass, arrow_pass.check_supported). What it does express must agree with Spark SQL row for row,
-nulls included (tests/test_fuzz.py holds it)."""
+"""A table's WHERE and its computed GROUP BY keys and aggregate arguments (`derived`: a CASE per
+price range, a day as DATE_FORMAT) for the Arrow pass: their Spark SQL, parsed by sqlglot, as
+pyarrow compute expressions, or ArrowUnsupported naming what they cannot express (the table then
+runs the Spark-SQL pass, arrow_pass.check_supported). What they do express must agree with Spark
+SQL row for row, nulls included (tests/test_fuzz.py and tests/test_arrow_derived.py hold it)."""
 from __future__ import annotations
+
+import functools
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -10,18 +13,78 @@ import pyarrow.compute as pc
 from catalog.definitions import TableDefinition
 from catalog.expressions import backslash_escaped
 from spark_jobs.errors import ArrowUnsupported
-from spark_jobs.frames.arrow_values import date_days, timestamp_ms
+from spark_jobs.frames.arrow_values import arrow_type, date_days, timestamp_ms
 
-__all__ = ["where_expression"]
+__all__ = ["derived_columns", "derived_types", "value_expression", "where_expression"]
 
 
 def where_expression(table: TableDefinition):
     """The table's WHERE (Spark SQL, parsed by sqlglot) as a pyarrow expression. A row passes only
     when it is true; `Table.filter` drops nulls, which is SQL's rule."""
     import sqlglot
-    from sqlglot import exp
 
-    fields = dict(table.schema)
+    return _converter(dict(table.schema))(sqlglot.parse_one(table.where, dialect="spark"))
+
+
+# Spark's DATE_FORMAT letters the Arrow pass writes alike (sqlglot hands them over as strftime
+# codes, a fixed width marked "strict"), and the characters it copies between them.
+_TIME_CODES = {"%Y": "%Y", "%mstrict": "%m", "%dstrict": "%d", "%Hstrict": "%H", "%Mstrict": "%M", "%Sstrict": "%S"}
+_TIME_SEPARATORS = set("-:/ ._")
+DERIVED_TYPES = ("STRING", "BIGINT", "INT", "DOUBLE", "BOOLEAN")
+
+
+def derived_types(table: TableDefinition) -> dict[str, str]:
+    """Each computed key's and aggregate argument's Spark type, as sqlglot infers it over the
+    stream's schema (a computed key's is already in `key_types`): the type its partials carry,
+    alike in both passes."""
+    return _derived_types(tuple(table.schema), tuple(table.derived.items()), tuple(table.key_types.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _derived_types(schema: tuple, derived: tuple, key_types: tuple) -> dict[str, str]:
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.optimizer.annotate_types import annotate_types
+
+    known, out = dict(key_types), {}
+    for name, sql in derived:
+        kind = known.get(name)
+        if kind is None:
+            node = sqlglot.parse_one(sql, dialect="spark").transform(
+                lambda n: exp.column(n.name, table="events") if isinstance(n, exp.Column) else n)
+            try:
+                query = annotate_types(exp.select(node.as_("v")).from_("events"), schema={"events": dict(schema)},
+                                       dialect="spark")
+                kind = query.selects[0].type.sql(dialect="spark")
+            except Exception:   # noqa: BLE001 - an inference gap leaves the table to the Spark-SQL pass
+                kind = "UNKNOWN"
+            kind = {"VARCHAR": "STRING", "TEXT": "STRING", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+        if kind not in DERIVED_TYPES:
+            raise ArrowUnsupported(f"{sql} of type {kind}")
+        out[name] = kind
+    return out
+
+
+def derived_columns(table: TableDefinition) -> list[tuple[str, object, pa.DataType]]:
+    """(name, pyarrow expression, Arrow type) of each computed key and aggregate argument, in the
+    order the definition names them (a later one never reads an earlier one: each reads events)."""
+    types = derived_types(table)
+    return [(name, value_expression(sql, dict(table.schema)), arrow_type(types[name]))
+            for name, sql in table.derived.items()]
+
+
+def value_expression(sql: str, fields: dict[str, str]):
+    """A computed value (Spark SQL over columns of these types) as a pyarrow expression."""
+    import sqlglot
+
+    return _expr(_converter(fields, arithmetic=False)(sqlglot.parse_one(sql, dialect="spark")))
+
+
+def _converter(fields: dict[str, str], arithmetic: bool = True):
+    """Spark SQL (a sqlglot tree) over columns of these types -> a pyarrow expression. Without
+    `arithmetic`, a computed value refuses it: Arrow's checked kernels raise on an overflow where
+    Spark (ANSI off) wraps, and a value, unlike a WHERE, has no row to drop."""
+    from sqlglot import exp
 
     def literal_for(node, other_type):
         value = convert(node)
@@ -41,6 +104,10 @@ def where_expression(table: TableDefinition):
               exp.Mul: "multiply_checked"}
 
     def convert(node):
+        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            return -convert(node.this)            # a negative number, not arithmetic
+        if not arithmetic and isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg)):
+            raise ArrowUnsupported(f"arithmetic in a computed value ({node.sql(dialect='spark')})")
         if isinstance(node, exp.Paren):
             return convert(node.this)
         if isinstance(node, exp.Column):
@@ -59,7 +126,7 @@ def where_expression(table: TableDefinition):
         if isinstance(node, exp.Neg):
             return pc.negate_checked(convert(node.this))
         if isinstance(node, exp.Not):
-            return ~convert(node.this)
+            return ~_expr(convert(node.this))
         if isinstance(node, exp.And):
             return convert(node.left) & convert(node.right)
         if isinstance(node, exp.Or):
@@ -101,9 +168,51 @@ def where_expression(table: TableDefinition):
             matched = pc.Expression._call("match_like", [_expr(convert(node.this))],
                                           pc.MatchSubstringOptions(text, ignore_case=isinstance(node, exp.ILike)))
             return ~matched if node.args.get("negate") else matched
-        raise ArrowUnsupported(f"{node.key.upper()} in WHERE")
+        if isinstance(node, (exp.Case, exp.If)):
+            # SQL's CASE takes the first branch whose condition is true, a NULL condition being
+            # not true; case_when does the same (if_else would make the row NULL).
+            ifs = node.args["ifs"] if isinstance(node, exp.Case) else \
+                [exp.If(this=node.this, true=node.args["true"])]
+            default = node.args.get("default") if isinstance(node, exp.Case) else node.args.get("false")
+            conditions = [_expr(convert(branch.this)) for branch in ifs]
+            values = [_expr(convert(branch.args["true"])) for branch in ifs]
+            if default is not None and not isinstance(default, exp.Null):
+                values.append(_expr(convert(default)))
+            chosen = pc.Expression._call("make_struct", conditions,
+                                         pc.MakeStructOptions([f"c{i}" for i in range(len(conditions))]))
+            return pc.Expression._call("case_when", [chosen, *values])
+        if isinstance(node, exp.TimeToStr):
+            return _formatted(node)
+        raise ArrowUnsupported(f"{node.key.upper()} ({node.sql(dialect='spark')})")
 
-    return convert(sqlglot.parse_one(table.where, dialect="spark"))
+    def _formatted(node):
+        """DATE_FORMAT of a TIMESTAMP column in UTC (every statetable session's time zone), for
+        the patterns of whole fields (yyyy, MM, dd, HH, mm, ss) and plain separators."""
+        target, pattern = node.this, node.args.get("format")
+        if isinstance(target, exp.TimeStrToTime):
+            target = target.this
+        if not (isinstance(target, exp.Column) and fields.get(target.name) == "TIMESTAMP"
+                and isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise ArrowUnsupported(f"DATE_FORMAT {node.sql(dialect='spark')}")
+        text, out = pattern.this, []
+        while text:
+            code = next((c for c in sorted(_TIME_CODES, key=len, reverse=True) if text.startswith(c)), None)
+            if code is not None:
+                out.append(_TIME_CODES[code])
+                text = text[len(code):]
+            elif text[0] in _TIME_SEPARATORS:
+                out.append(text[0])
+                text = text[1:]
+            else:
+                raise ArrowUnsupported(f"DATE_FORMAT pattern of {node.sql(dialect='spark')}")
+        # To whole seconds first, toward the past (a time before 1970 too): strftime would
+        # write the microseconds with %S, and a cast would round toward 1970.
+        seconds = pc.Expression._call("cast", [pc.Expression._call(
+            "floor_temporal", [pc.field(target.name)], pc.RoundTemporalOptions(1, "second"))],
+            pc.CastOptions(pa.timestamp("s", tz="UTC")))
+        return pc.Expression._call("strftime", [seconds], pc.StrftimeOptions("".join(out)))
+
+    return convert
 
 
 def _expr(value):
