@@ -405,7 +405,9 @@ def duration_ms(text: str) -> int:
     return int(match.group(1)) * DURATION_UNITS[match.group(2)]
 
 
-def _duration_option(path: Path, header: _Header, key: str, default: int | None, table: str | None = None) -> int | None:
+def _duration_option(path: Path, header: _Header, key: str, default: int | None, table: str | None = None,
+                     zero: bool = False) -> int | None:
+    """A duration option; with `zero`, 0 (written 0s) is a value of its own (a grace of none)."""
     raw = header.get(key)
     if raw is None:
         return default
@@ -414,7 +416,7 @@ def _duration_option(path: Path, header: _Header, key: str, default: int | None,
         value = duration_ms(raw)
     except ValueError as exc:
         raise DefinitionError(f"{where}: option {key}: {exc}") from None
-    if value <= 0:
+    if value < 0 or value == 0 and not zero:
         raise DefinitionError(f"{where}: option {key}={raw!r} must be positive, e.g. 1h")
     return value
 
@@ -1512,7 +1514,7 @@ def _stream_join_table(path: Path, header: _Header, common: dict, name: str, sel
     spec = StreamJoin(topic=header.get("join_topic", right_node.name), schema=tuple(fields[ra]), kind=kind,
                       left_alias=la, right_alias=ra, left_key=a_key[1], right_key=b_key[1], left_time=left_time,
                       left_until=left_until, right_time=right_time, lower_ms=lower, upper_ms=upper,
-                      grace_ms=_duration_option(path, header, "join_grace", 0, name))
+                      grace_ms=_duration_option(path, header, "join_grace", 0, name, zero=True))
     return TableDefinition(
         name=name, path=path, kind="source", topic=header.get("topic", left_node.name), schema=schema,
         key_columns=[key_name, POSITION], value_columns=[o for _, o in columns], stream_schema=fields[la],

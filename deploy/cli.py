@@ -217,8 +217,8 @@ def _table_lines(info: dict) -> str:
 def _create_topic(args) -> int:
     from ops import topics
 
-    made = topics.create_topic(args.table)
-    print(f"topic {made['topic']}: {'created' if made['created'] else 'exists'}, {made['partitions']} partitions")
+    for made in topics.create_topic(args.table)["topics"]:
+        print(f"topic {made['topic']}: {'created' if made['created'] else 'exists'}, {made['partitions']} partitions")
     return 0
 
 

@@ -43,13 +43,16 @@ def input_topic(table: TableDefinition) -> str:
 
 def create_topic(name: str, rt: Runtime | None = None) -> dict:
     """The table's input topic with its definition's partitions; an existing topic is kept (and
-    must have that many partitions). {"topic", "partitions", "created"}."""
+    must have that many partitions). {"topic", "partitions", "created", "topics"}: `topics` lists
+    each topic made, two for a windowed join of streams (its second stream's too)."""
     rt = rt or Runtime.from_env()
     table = _table(name, rt)
-    topic = input_topic(table)
-    existed = topic_metadata(admin(rt.bootstrap), rt.bootstrap, topic) is not None
-    ensure_topic(rt.bootstrap, topic, table.partitions)
-    return {"topic": topic, "partitions": table.partitions, "created": not existed}
+    made = []
+    for topic in [input_topic(table)] + ([table.stream_join.topic] if table.stream_join is not None else []):
+        existed = topic_metadata(admin(rt.bootstrap), rt.bootstrap, topic) is not None
+        ensure_topic(rt.bootstrap, topic, table.partitions)
+        made.append({"topic": topic, "partitions": table.partitions, "created": not existed})
+    return {**made[0], "topics": made}
 
 
 @dataclass

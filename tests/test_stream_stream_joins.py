@@ -48,17 +48,19 @@ class Feed:
     def __init__(self, rt, suffix: str, seed: int, names=tuple(JOINS)) -> None:
         from confluent_kafka import Producer
 
-        from state.kafka_admin import ensure_topic
+        from ops.topics import create_topic
 
         self.rt, self.rng, self.clock = rt, random.Random(seed), BASE
         self.orders, self.shipments, self.out = "orders" + suffix, "shipments" + suffix, "shipped" + suffix
-        for topic in (self.orders, self.shipments):
-            ensure_topic(rt.bootstrap, topic, 3)
         self.producer = Producer({"bootstrap.servers": rt.bootstrap})
         self.names = names
         for name in names:
             (rt.tables_dir / f"{name}.sql").write_text(
                 HEADER.format(orders=self.orders, shipments=self.shipments) + JOINS[name][1].format(out=self.out))
+        # As a user makes them (`statetable create-topic`): both streams' topics, with the table's partitions.
+        made = create_topic(names[0], rt)["topics"]
+        assert [(m["topic"], m["partitions"], m["created"]) for m in made] == \
+            [(self.orders, 3, True), (self.shipments, 3, True)], made
         self.late: set = set()          # (topic, value) of the records produced behind the watermark
 
     def send(self, topic: str, value) -> None:
@@ -266,4 +268,10 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
     (tmp_path / "j.sql").write_text(header.replace("-- join_schema: order_id BIGINT, carrier STRING, ts TIMESTAMP\n",
                                                    "") + JOINS["shipped"][1].format(out="x"))
     with pytest.raises(DefinitionError, match="-- join_schema: field TYPE"):
+        load_all(tmp_path)
+    # No grace at all is a choice of its own (`0s`); a grace that is not a duration is refused.
+    (tmp_path / "j.sql").write_text(header.replace("30s", "0s") + JOINS["shipped"][1].format(out="x"))
+    assert load_all(tmp_path)["shipped"].stream_join.grace_ms == 0
+    (tmp_path / "j.sql").write_text(header.replace("30s", "-5s") + JOINS["shipped"][1].format(out="x"))
+    with pytest.raises(DefinitionError, match="join_grace"):
         load_all(tmp_path)
