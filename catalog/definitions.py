@@ -1267,10 +1267,20 @@ _INPUT_TABLES: contextvars.ContextVar[dict] = contextvars.ContextVar("input_tabl
 
 
 def as_change_topic_source(join: TableDefinition) -> TableDefinition:
-    """A join of tables as the tables on it read it: its change topic (`output_topic`), keyed by
-    the key as a JSON object, with its rows as values, like any source table on a change topic."""
+    """A join (of tables, or a windowed one of streams) as the tables on it read it: its change
+    topic (`output_topic`), keyed by the key as a JSON object, with its rows as values, like any
+    source table on a change topic. Its own topics are what it reads, never what they read. A
+    windowed join's row is named by its `rowposition` alone (both records' positions), the one
+    primary key a source table has."""
+    own = {"stream_join": None, "stream_schema": [], "where": None, "key_columns": [POSITION]} \
+        if join.stream_join is not None else {}
     return replace(join, topic=join.output_topic, key_format="json", input_table=None, joins=[], join_columns=[],
-                   output_topic=None)
+                   output_topic=None, **own)
+
+
+def read_by_change_topic(table: TableDefinition) -> bool:
+    """A join's rows reach the tables on it through its change topic (as_change_topic_source)."""
+    return table.table_join or table.stream_join is not None
 
 
 def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
@@ -1278,7 +1288,7 @@ def input_definition(table: TableDefinition, tables: dict[str, TableDefinition])
     if table.stream_schema:
         return stream_side(table)
     source = tables[table.input_table]
-    return as_change_topic_source(source) if source.table_join else source
+    return as_change_topic_source(source) if read_by_change_topic(source) else source
 
 
 class _NeedsSchema(DefinitionError):
@@ -1589,7 +1599,7 @@ def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", agg
 def _check_joins(table: TableDefinition, tables: dict[str, TableDefinition]) -> None:
     for join in table.joins:
         other = tables.get(join.table)
-        if other is None or other.kind != "source" or other.table_join:
+        if other is None or other.kind != "source" or read_by_change_topic(other):
             raise DefinitionError(f"{table.path}: JOIN {join.table!r} needs a source table definition "
                                   f"(CREATE TABLE {join.table} (... PRIMARY KEY) WITH (topic=...))")
         if join.table_column not in other.key_columns:
@@ -1619,7 +1629,7 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
         paths = [p for p in paths if p.stem == only]
     parsed = {path: _parsed(path) for path in paths}       # each file once; those FROM a table again below
     sources = {t.name: t for t in reversed(parsed.values())
-               if isinstance(t, TableDefinition) and t.kind == "source" and not t.table_join}
+               if isinstance(t, TableDefinition) and t.kind == "source" and not read_by_change_topic(t)}
     token = _INPUT_TABLES.set(sources)
     try:
         # Twice: a join of tables reads source tables, and is read through its change topic by the
@@ -1629,10 +1639,16 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
                 if isinstance(result, _NeedsSchema):
                     parsed[path] = _parsed(path)
             for table in parsed.values():
-                if isinstance(table, TableDefinition) and table.table_join and table.output_topic:
+                if isinstance(table, TableDefinition) and read_by_change_topic(table) and table.output_topic:
                     sources.setdefault(table.name, as_change_topic_source(table))
     finally:
         _INPUT_TABLES.reset(token)
+    joins = {t.name: t for t in parsed.values() if isinstance(t, TableDefinition) and read_by_change_topic(t)}
+    for path, result in parsed.items():       # FROM a join that publishes no change topic: say so
+        if isinstance(result, _NeedsSchema) and result.stream in joins and not joins[result.stream].output_topic:
+            parsed[path] = DefinitionError(
+                f"{str(result).split(' reads ')[0]} reads join {result.stream!r}, whose rows reach other tables through its change topic; "
+                f"add '-- output_topic: <topic>' to {joins[result.stream].path}")
     _load_each(parsed, tables, broken)
     for table in list(tables.values()):
         try:

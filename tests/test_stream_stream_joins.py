@@ -166,6 +166,10 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
     rt, suffix = env
     names = ("shipped", "all_shipments")        # the left join's rules: tests/unit/state, and ksqlDB's cases
     feed = Feed(rt, suffix, 69, names=names)
+    # A table on the join, as a user chains them: it reads the join's change topic, not its streams.
+    (rt.tables_dir / "per_carrier.sql").write_text(
+        "CREATE TABLE per_carrier AS SELECT carrier, COUNT(*) AS pairs, MAX(shipped_at) AS last_shipped "
+        "FROM shipped GROUP BY carrier;")
 
     def check(round_no: int) -> list:
         commits = [c for name in names for c in jobs.run(name, until_caught_up=True, spark=spark, rt=rt,
@@ -173,6 +177,11 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
         for name in names:
             assert shown(rt, name) == feed.want(name), f"{name} after round {round_no}"
             assert lag(name, rt) == 0
+        jobs.run("per_carrier", until_caught_up=True, spark=spark, rt=rt)
+        rows = pd.DataFrame(list(feed.want("shipped").values()), columns=["carrier", "shipped_at"])
+        want = {(c,): {"carrier": c, "pairs": len(g), "last_shipped": int(g["shipped_at"].max())}
+                for c, g in rows.groupby("carrier")}
+        assert shown(rt, "per_carrier") == want, f"per_carrier after round {round_no}"
         return commits
 
     assert check(0) == []                       # nothing produced: no batch, no rows, no error
@@ -233,7 +242,7 @@ def test_a_windowed_join_of_two_streams_is_exact_after_a_kill_at_every_point_of_
 
 def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_mean_anything(tmp_path):
     """Pure logic (catalog.definitions): the window, the kinds, the key, and one-line refusals."""
-    from catalog.definitions import DefinitionError, load_all
+    from catalog.definitions import DefinitionError, input_definition, load_all
 
     for name, (kind, sql) in JOINS.items():
         (tmp_path / f"{name}.sql").write_text(HEADER.format(orders="o", shipments="s") + sql.format(out="out"))
@@ -269,6 +278,18 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
                                                    "") + JOINS["shipped"][1].format(out="x"))
     with pytest.raises(DefinitionError, match="-- join_schema: field TYPE"):
         load_all(tmp_path)
+    # A table on a windowed join reads its change topic; without one, the refusal says what to add.
+    (tmp_path / "j.sql").write_text(header + JOINS["shipped"][1].format(out="shipped-out"))
+    (tmp_path / "per_customer.sql").write_text("CREATE TABLE per_customer AS SELECT customer, COUNT(*) AS n "
+                                               "FROM shipped GROUP BY customer;")
+    tables = load_all(tmp_path)
+    source = input_definition(tables["per_customer"], tables)
+    assert (source.topic, source.stream_join, source.key_columns) == ("shipped-out", None, ["rowposition"])
+    (tmp_path / "j.sql").write_text(header + JOINS["shipped"][1].replace("-- output_topic: {out}\n", ""))
+    with pytest.raises(DefinitionError, match="add '-- output_topic: <topic>' to") as caught:
+        load_all(tmp_path)
+    assert "table 'per_customer'" in str(caught.value) and "\n" not in str(caught.value)
+    (tmp_path / "per_customer.sql").unlink()
     # No grace at all is a choice of its own (`0s`); a grace that is not a duration is refused.
     (tmp_path / "j.sql").write_text(header.replace("30s", "0s") + JOINS["shipped"][1].format(out="x"))
     assert load_all(tmp_path)["shipped"].stream_join.grace_ms == 0

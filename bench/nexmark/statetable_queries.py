@@ -11,9 +11,11 @@ SESSION_GAP_MS = Q7_WINDOW_MS = Q8_WINDOW_MS = Q5_SIZE_MS = 10_000
 Q5_SLIDE_MS = 2_000
 BID = ("-- topic: {prefix}bid\n-- schema: auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
        "dateTime TIMESTAMP, extra STRING\n-- partitions: 4\n")
-AUCTION = ("-- topic: {prefix}auction\n-- schema: id BIGINT, itemName STRING, description STRING, initialBid BIGINT, "
-           "reserve BIGINT, dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT, extra STRING\n"
-           "-- partitions: 4\n")
+AUCTION_FIELDS = ("id BIGINT, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, "
+                  "dateTime TIMESTAMP, expires TIMESTAMP, seller BIGINT, category BIGINT, extra STRING")
+AUCTION = "-- topic: {prefix}auction\n-- schema: " + AUCTION_FIELDS + "\n-- partitions: 4\n"
+PERSON = ("-- topic: {prefix}person\n-- schema: id BIGINT, name STRING, city STRING, state STRING, dateTime TIMESTAMP\n"
+          "-- partitions: 4\n")
 # An auction's bids inside its open window, as a windowed join of the two streams: an auction waits
 # until the watermark passes its expiry, a bid until it passes its own time (plus the grace).
 OPEN_BIDS = (AUCTION + "-- join_topic: {prefix}bid\n-- join_schema: auction BIGINT, bidder BIGINT, price BIGINT, "
@@ -93,10 +95,14 @@ CHAINS = {
                            f"SELECT auction, COUNT(*) AS num FROM bid GROUP BY auction, HOP(dateTime, INTERVAL "
                            f"'{Q5_SIZE_MS // 1000}' SECOND, INTERVAL '{Q5_SLIDE_MS // 1000}' SECOND);",
     },
+    # q8: a windowed join of the person and auction streams: the two are in one 10-second window
+    # when their times are within 10 s of each other and fall in the same window (the WHERE)
     "q8": {
-        "q8_join": AUCTION + "-- output_topic: {prefix}q8-join\nCREATE TABLE q8_join AS SELECT p.id, p.name, "
-                             "p.dateTime AS person_time FROM new_auction a JOIN person p ON a.seller = p.id "
-                             f"WHERE a.dateTime - a.dateTime % {Q8_WINDOW_MS} = p.dateTime - p.dateTime % {Q8_WINDOW_MS};",
+        "q8_join": PERSON + "-- join_topic: {prefix}auction\n-- join_schema: " + AUCTION_FIELDS +
+                   "\n-- join_grace: 10s\n-- output_topic: {prefix}q8-join\nCREATE TABLE q8_join AS SELECT p.id, "
+                   "p.name, p.dateTime AS person_time FROM person p JOIN auction a ON p.id = a.seller AND a.dateTime "
+                   "BETWEEN p.dateTime - INTERVAL '10' SECOND AND p.dateTime + INTERVAL '10' SECOND "
+                   f"WHERE a.dateTime - a.dateTime % {Q8_WINDOW_MS} = p.dateTime - p.dateTime % {Q8_WINDOW_MS};",
     },
     # q4: the windowed join's rows are inserts, never changed: q4_final aggregates its change topic
     # as a stream of them
