@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import difflib
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -1579,7 +1578,7 @@ def _check_over_table(path: Path, header: dict, name: str, select: exp.Select, i
 
 
 def _check_over_table_select(path: Path, name: str, window, scope: "_Scope", aggregates: list, where) -> None:
-    from catalog.expressions import compile_predicate, compile_value
+    from catalog.expressions import compile_value
 
     if window is not None:
         raise DefinitionError(f"{path}: table {name!r}: a window in an aggregate over a table's rows is not "
