@@ -103,6 +103,10 @@ class Outcome:
     drops: list = field(default_factory=list)        # Waiting records that leave the state
 
 
+def _first(item: tuple):
+    return item[0]
+
+
 def step(window: Window, new: list[Waiting], waiting: dict[tuple, list[Waiting]], leaving: list[Waiting],
          watermark: int | None) -> Outcome:
     """One batch of one state partition. `new`: its accepted records; `waiting`: the stored records
@@ -114,23 +118,27 @@ def step(window: Window, new: list[Waiting], waiting: dict[tuple, list[Waiting]]
     new_by = {}
     for record in new:
         new_by.setdefault((record.side, record.key), []).append(record)
+    pairs, seen = out.pairs.append, matched.add
     for a in (r for r in new if r.side == "a"):
-        for b in waiting.get(("b", a.key), []) + new_by.get(("b", a.key), []):
-            if window.pairs(a, b):
-                out.pairs.append((a, b))
-                matched.update({("a", a.position), ("b", b.position)})
+        for partners in (waiting.get(("b", a.key), ()), new_by.get(("b", a.key), ())):
+            for b in partners:
+                if window.pairs(a, b):
+                    pairs((a, b))
+                    seen(("a", a.position))
+                    seen(("b", b.position))
     for b in (r for r in new if r.side == "b"):
-        for a in waiting.get(("a", b.key), []):
+        for a in waiting.get(("a", b.key), ()):
             if window.pairs(a, b):
-                out.pairs.append((a, b))
-                matched.update({("a", a.position), ("b", b.position)})
+                pairs((a, b))
+                seen(("a", a.position))
+                seen(("b", b.position))
 
     def gone(record: Waiting) -> bool:
         return watermark is not None and window.leaves_at(record) < watermark
 
     left_now = {(r.side, r.position): r for r in leaving}
     left_now.update(((r.side, r.position), r) for r in new if gone(r))
-    for (side, position), record in sorted(left_now.items()):
+    for (side, position), record in sorted(left_now.items(), key=_first):
         if not (record.matched or (side, position) in matched) and window.keeps_unmatched(side):
             out.unmatched.append(record)
     out.drops = list(leaving)

@@ -91,13 +91,25 @@ def _records(partials: pa.Table) -> list[Waiting]:
     """The batch's accepted records of one partition, in position order on each side."""
     if not partials.num_rows:
         return []
-    columns = {c: partials.column(c).to_pylist() if c in partials.column_names else [None] * partials.num_rows
-               for c in ("_k0", "_k1", "_side", "_t", "_u", "_a", "_b")}
-    out = []
-    for key, position, side, t, u, a, b in zip(*columns.values()):
-        fields = a if side == "a" else b
-        out.append(Waiting(side, key, position, t, u, False, tuple(fields.values())))
-    return sorted(out, key=lambda r: (r.side, tuple(int(x) for x in r.position.split(":"))))
+    n = partials.num_rows
+    columns = [partials.column(c).to_pylist() for c in ("_k0", "_k1", "_side", "_t", "_u")]
+    # Each side's fields as a tuple per row, read column by column (a struct's to_pylist makes a dict a row).
+    sides = {}
+    for side in ("a", "b"):
+        name = f"_{side}"
+        if name in partials.column_names:
+            fields = [f.to_pylist() for f in partials.column(name).combine_chunks().flatten()]
+            sides[side] = list(zip(*fields)) if fields else [()] * n
+        else:
+            sides[side] = [None] * n
+    out = [Waiting(side, key, position, t, u, False, sides[side][i])
+           for i, (key, position, side, t, u) in enumerate(zip(*columns))]
+    return sorted(out, key=_position_order)
+
+
+def _position_order(record: Waiting) -> tuple:
+    partition, _, offset = record.position.partition(":")
+    return record.side, int(partition), int(offset)
 
 
 def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
