@@ -230,14 +230,14 @@ def _produce(args) -> int:
               file=sys.stderr, flush=True)
 
     if args.file in (None, "-"):
-        done = topics.produce_lines(args.table, sys.stdin, progress=progress)
+        done = topics.produce_lines(args.table, sys.stdin, progress=progress, join=args.join)
     else:
         try:
             source = open(args.file, encoding="utf-8", errors="surrogateescape")
         except OSError as exc:
             raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
         with source:
-            done = topics.produce_lines(args.table, source, progress=progress)
+            done = topics.produce_lines(args.table, source, progress=progress, join=args.join)
     print(f"produced {done.records} records to {done.topic} ({done.seconds:.2f}s, every delivery confirmed)")
     if done.not_json_objects:
         print(f"{done.not_json_objects} of them are not JSON objects: the table will dead-letter them with a reason "
@@ -513,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("produce", help="send JSON lines (one event per line) to a table's input topic")
     p.add_argument("table")
     p.add_argument("file", nargs="?", help="a file of JSON lines (default: standard input)")
+    p.add_argument("--join", action="store_true", help="to a windowed join's second stream (its `-- join_topic`)")
     p.set_defaults(func=_produce)
 
     p = sub.add_parser("dead-letters", help="a table's dead letters: counts by reason and the newest records")

@@ -77,18 +77,24 @@ def _send(producer, topic: str, value: bytes, key: bytes | None, delivered) -> s
 
 
 def produce_lines(name: str, lines: Iterable[str], rt: Runtime | None = None,
-                  progress: Callable[[int, float], None] | None = None) -> Produced:
-    """Every non-blank line as one record of the table's input topic, keyed by the table's key
-    columns where the line is a JSON object holding them (so one key's events stay in order on
-    one partition). Lines that are not JSON objects are sent too: the table dead-letters them
+                  progress: Callable[[int, float], None] | None = None, join: bool = False) -> Produced:
+    """Every non-blank line as one record of the table's input topic (with `join`, a windowed
+    join's second stream's), keyed by the table's key columns (a windowed join's: the stream's
+    join column) where the line is a JSON object holding them (so one key's events stay in order
+    on one partition). Lines that are not JSON objects are sent too: the table dead-letters them
     with a reason, as it would anyone's; the count says how many."""
     rt = rt or Runtime.from_env()
     table = _table(name, rt)
-    topic = input_topic(table)
+    spec = table.stream_join
+    if join and spec is None:
+        raise UserError(f"table {name!r} reads one topic, {input_topic(table)!r}; --join is for a windowed join of "
+                        f"two streams (`-- join_topic:`)")
+    topic = spec.topic if join else input_topic(table)
     if topic_metadata(admin(rt.bootstrap), rt.bootstrap, topic) is None:
         raise TopicMissing(f"table {name!r}: its topic {topic!r} does not exist (the broker does not create topics "
                            f"on first use); create it with `statetable create-topic {name}`")
-    keys = [c for c in table.key_columns if c in dict(table.schema)]
+    keys = [c for c in table.key_columns if c in dict(table.schema)] if spec is None else \
+        [spec.right_key if join else spec.left_key]
     failures: list[str] = []
 
     def delivered(err, _msg) -> None:

@@ -296,3 +296,30 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
     (tmp_path / "j.sql").write_text(header.replace("30s", "-5s") + JOINS["shipped"][1].format(out="x"))
     with pytest.raises(DefinitionError, match="join_grace"):
         load_all(tmp_path)
+
+
+def test_a_user_makes_both_topics_and_produces_to_each_stream_of_a_windowed_join(env, spark):
+    """`statetable create-topic` and `statetable produce [--join]` (ops.topics), as a user feeds a
+    join of two streams: each stream's lines reach its own topic, keyed by its join column, and
+    pair; --join on a table of one topic is refused in one line."""
+    from catalog.errors import UserError
+    from ops.topics import create_topic, produce_lines
+
+    rt, suffix = env
+    orders, shipments = "orders" + suffix, "shipments" + suffix
+    (rt.tables_dir / "shipped.sql").write_text(HEADER.format(orders=orders, shipments=shipments)
+                                               + JOINS["shipped"][1].format(out="shipped" + suffix))
+    assert [m["topic"] for m in create_topic("shipped", rt)["topics"]] == [orders, shipments]
+    a = produce_lines("shipped", ['{"id": 7, "customer": "ann", "ts": 1700000000000}', "not json"], rt)
+    b = produce_lines("shipped", ['{"order_id": 7, "carrier": "ups", "ts": 1700000004000}'], rt, join=True)
+    assert (a.topic, a.records, a.not_json_objects, b.topic, b.records) == (orders, 2, 1, shipments, 1)
+    keys = {m.topic(): m.key() for m in read_topic(rt.bootstrap, orders) + read_topic(rt.bootstrap, shipments)
+            if m.value() != b"not json"}
+    assert keys == {orders: b"[7]", shipments: b"[7]"}
+    jobs.run("shipped", until_caught_up=True, spark=spark, rt=rt)
+    assert [(r["id"], r["customer"], r["carrier"]) for r in shown(rt, "shipped").values()] == [(7, "ann", "ups")]
+    (rt.tables_dir / "plain.sql").write_text(f"-- topic: {orders}\n-- schema: id BIGINT, customer STRING\n"
+                                            "CREATE TABLE plain AS SELECT customer, COUNT(*) AS n FROM o GROUP BY customer;")
+    with pytest.raises(UserError, match="--join is for a windowed join") as caught:
+        produce_lines("plain", ['{"id": 1}'], rt, join=True)
+    assert "\n" not in str(caught.value)
