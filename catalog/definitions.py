@@ -44,6 +44,7 @@ HEADER_KEYS = {
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
     "format", "value_schema", "window_retention", "snapshot_phase", "join_topic", "join_schema", "join_grace",
+    "join_max_window",
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
@@ -104,6 +105,9 @@ class JoinSpec:
     table_column: str
 
 
+JOIN_MAX_WINDOW_MS = 7 * 86_400_000
+
+
 @dataclass(frozen=True)
 class StreamJoin:
     """A windowed join of two streams (Flink's interval join, ksqlDB's stream-stream JOIN ...
@@ -125,10 +129,15 @@ class StreamJoin:
     lower_ms: int
     upper_ms: int
     grace_ms: int                     # how far behind the newest event time a record may come (`-- join_grace:`)
+    # The longest an a-record's own window may stay open (its window column past its time,
+    # `-- join_max_window:`): one record with an end in year 9999 would otherwise wait in the
+    # state for ever; it is a dead letter (window_too_long) instead.
+    max_window_ms: int = JOIN_MAX_WINDOW_MS
 
     def meaning(self) -> list:
         return [self.topic, [list(c) for c in self.schema], self.kind, self.left_key, self.right_key,
-                self.left_time, self.left_until, self.right_time, self.lower_ms, self.upper_ms, self.grace_ms]
+                self.left_time, self.left_until, self.right_time, self.lower_ms, self.upper_ms, self.grace_ms,
+                self.max_window_ms]
 
 
 @dataclass
@@ -1523,7 +1532,8 @@ def _stream_join_table(path: Path, header: _Header, common: dict, name: str, sel
     spec = StreamJoin(topic=header.get("join_topic", right_node.name), schema=tuple(fields[ra]), kind=kind,
                       left_alias=la, right_alias=ra, left_key=a_key[1], right_key=b_key[1], left_time=left_time,
                       left_until=left_until, right_time=right_time, lower_ms=lower, upper_ms=upper,
-                      grace_ms=_duration_option(path, header, "join_grace", 0, name, zero=True))
+                      grace_ms=_duration_option(path, header, "join_grace", 0, name, zero=True),
+                      max_window_ms=_duration_option(path, header, "join_max_window", JOIN_MAX_WINDOW_MS, name))
     return TableDefinition(
         name=name, path=path, kind="source", topic=header.get("topic", left_node.name), schema=schema,
         key_columns=[key_name, POSITION], value_columns=[o for _, o in columns], stream_schema=fields[la],

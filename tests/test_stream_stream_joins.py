@@ -323,3 +323,32 @@ def test_a_user_makes_both_topics_and_produces_to_each_stream_of_a_windowed_join
     with pytest.raises(UserError, match="--join is for a windowed join") as caught:
         produce_lines("plain", ['{"id": 1}'], rt, join=True)
     assert "\n" not in str(caught.value)
+
+
+def test_a_record_whose_window_would_stay_open_for_years_is_a_dead_letter_not_a_resident(env, spark):
+    """A join whose window ends at a column of a (Nexmark's auction `expires`): an `a` record
+    whose end is past `-- join_max_window` goes to the dead letters as window_too_long, counted;
+    one within it pairs; the bound is refused when it is not a positive duration."""
+    from catalog.definitions import DefinitionError, load_all
+    from ops.topics import create_topic, produce_lines
+
+    rt, suffix = env
+    orders, shipments = "due_orders" + suffix, "due_shipments" + suffix
+    header = (f"-- topic: {orders}\n-- schema: id BIGINT, customer STRING, ts TIMESTAMP, due TIMESTAMP\n"
+              f"-- join_topic: {shipments}\n-- join_schema: order_id BIGINT, carrier STRING, ts TIMESTAMP\n"
+              "-- join_max_window: 1d\n")
+    sql = ("CREATE TABLE on_time AS SELECT o.id, o.customer, s.carrier FROM orders o JOIN shipments s "
+           "ON o.id = s.order_id AND s.ts BETWEEN o.ts AND o.due;")
+    (rt.tables_dir / "on_time.sql").write_text(header + sql)
+    create_topic("on_time", rt)
+    produce_lines("on_time", ['{"id": 1, "customer": "ann", "ts": 1700000000000, "due": 1700003600000}',
+                              '{"id": 2, "customer": "bob", "ts": 1700000000000, "due": "9999-12-31T00:00:00Z"}'], rt)
+    produce_lines("on_time", ['{"order_id": 1, "carrier": "ups", "ts": 1700000100000}',
+                              '{"order_id": 2, "carrier": "dhl", "ts": 1700000100000}'], rt, join=True)
+    commits = jobs.run("on_time", until_caught_up=True, spark=spark, rt=rt)
+    assert sum(c.counts.get("dead_window_too_long", 0) for c in commits) == 1
+    assert sorted(dead_letter_reasons(rt, "on_time").values()) == ["window_too_long"]
+    assert [(r["id"], r["carrier"]) for r in shown(rt, "on_time").values()] == [(1, "ups")]
+    (rt.tables_dir / "on_time.sql").write_text(header.replace("1d", "0s") + sql)
+    with pytest.raises(DefinitionError, match="join_max_window"):
+        load_all(rt.tables_dir)

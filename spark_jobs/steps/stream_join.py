@@ -183,7 +183,7 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
 
 
 def _judged(classified, source: TableDefinition, time_column: str, until_column: str, watermark: int | None,
-            now_ms: int):
+            now_ms: int, max_window_ms: int):
     """The stream's records with the event-time reasons (a windowed join's own) and `_t`, the
     event time of an accepted record."""
     from pyspark.sql import functions as F
@@ -197,7 +197,8 @@ def _judged(classified, source: TableDefinition, time_column: str, until_column:
     t, until = ms(time_column), ms(until_column)
     reason = (F.when(F.col("reason").isNotNull(), F.col("reason"))
               .when(t.isNull() | until.isNull(), F.lit("missing_event_time"))
-              .when(t > F.lit(now_ms + source.event_time_skew_ms), F.lit("future_event_time")))
+              .when(t > F.lit(now_ms + source.event_time_skew_ms), F.lit("future_event_time"))
+              .when(until - t > F.lit(max_window_ms), F.lit("window_too_long")))
     if watermark is not None:
         reason = reason.when(t < F.lit(watermark), F.lit("late"))
     return classified.withColumn("reason", reason).withColumn("_t", F.when(F.col("reason").isNull(), t))
@@ -244,7 +245,7 @@ def run(table_run, plan, started: float) -> BatchStep:
                 continue
             raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)
             classified = _judged(parse.classify(raw, source, [key], rows=True), source, time_column, until_column,
-                                 plan.watermark_ms, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
+                                 plan.watermark_ms, now_ms, join.max_window_ms).persist(StorageLevel.MEMORY_AND_DISK)
             for r in classified.groupBy("reason", "_partition").agg(F.count("*").alias("n"),
                                                                    F.max("_t").alias("t")).collect():
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["n"]
@@ -315,7 +316,7 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
         if not offsets.record_count:
             continue
         classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
-                             source, time_column, until_column, None, 1 << 62)
+                             source, time_column, until_column, None, 1 << 62, join.max_window_ms)
         frame = _side_rows(classified, source, side, key, time_column, until_column).toArrow()
         for record in _records(frame):
             partition, offset = (int(x) for x in record.position.split(":"))
