@@ -896,7 +896,7 @@ def _aggregate_table(path, create: exp.Create, header: dict, common: dict) -> Ta
     elif not schema_raw:
         raise _NeedsSchema(f"{path}: table {name!r} reads stream {stream.name!r}; declare its JSON fields "
                            f"with '-- schema: field TYPE, ...', or name a source table in FROM to aggregate "
-                           f"its rows", stream.name)
+                           f"its rows", stream.name, f"{path}: table {name!r}")
     else:
         schema = _parse_schema(header.where(path, "schema"), schema_raw)
     stream_alias = stream.alias or stream.name
@@ -1155,9 +1155,9 @@ def _computed_key(scope: "_Scope", node: exp.Expression, selected: dict[str, str
     return selected[text]
 
 
-def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -> str:
-    """A computed key's type, from sqlglot's type inference over the stream's schema: URL keys
-    are parsed by it, and the state keys only plain values."""
+def sql_type(node: exp.Expression, schema: list[tuple[str, str]] | dict[str, str]) -> str:
+    """An expression's Spark type over a stream's fields, by sqlglot's type inference, in the
+    schema's spelling (STRING, INT); "UNKNOWN" where the inference has none."""
     from sqlglot.optimizer.annotate_types import annotate_types
 
     # Columns qualified by their table: unqualified ones stay UNKNOWN to the inference, and so
@@ -1166,9 +1166,15 @@ def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -
         lambda n: exp.column(n.name, table="events") if isinstance(n, exp.Column) else n).as_("k")).from_("events")
     try:
         kind = annotate_types(query, schema={"events": dict(schema)}, dialect="spark").selects[0].type.sql(dialect="spark")
-    except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type below
+    except Exception:   # noqa: BLE001 - an inference gap is reported as an unknown type
         kind = "UNKNOWN"
-    kind = {"VARCHAR": "STRING", "TEXT": "STRING", "FLOAT": "DOUBLE", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+    return {"VARCHAR": "STRING", "TEXT": "STRING", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+
+
+def _key_type(path: Path, node: exp.Expression, schema: list[tuple[str, str]]) -> str:
+    """A computed key's type (sql_type): URL keys are parsed by it, and the state keys only plain values."""
+    kind = sql_type(node, schema)
+    kind = "DOUBLE" if kind == "FLOAT" else kind
     if kind not in KEY_TYPES:
         raise _invalid(path, node, f"GROUP BY {node.sql()} is {kind}; a computed key must be one of {list(KEY_TYPES)}: "
                                    f"CAST it, e.g. CAST({node.sql()} AS STRING)")
@@ -1302,9 +1308,10 @@ def input_definition(table: TableDefinition, tables: dict[str, TableDefinition])
 class _NeedsSchema(DefinitionError):
     """A stream without '-- schema:' that may yet be a source table (load_all knows them all)."""
 
-    def __init__(self, message: str, stream: str) -> None:
+    def __init__(self, message: str, stream: str, table: str) -> None:
         super().__init__(message)
         self.stream = stream
+        self.table = table          # "path: table 'name'", for a refusal that replaces this one
 
 
 OVER_TABLE = ("an aggregate over a source table's rows: SELECT keys, COUNT/SUM/AVG/MIN/MAX/COUNT(DISTINCT)/"
@@ -1339,7 +1346,7 @@ def _join_table(path: Path, header: dict, common: dict, name: str, select: exp.S
         problem = _fail(path, join, f"table {name!r}: JOIN {right_node.sql()} (not a source table defined beside it)",
                         TABLE_JOIN)
         # load_all parses once before it knows the source tables: a stream's join is parsed again then
-        raise _NeedsSchema(str(problem), right_node.name) if left.stream else problem
+        raise _NeedsSchema(str(problem), right_node.name, f"{path}: table {name!r}") if left.stream else problem
     kind = (join.side or "").lower() or "inner"
     if kind not in ("inner", "left") or join.kind and join.kind.upper() not in ("INNER", "OUTER"):
         raise _fail(path, join, f"{join.side or ''} {join.kind or ''} JOIN".strip(), "JOIN or LEFT JOIN")
@@ -1656,7 +1663,7 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
     for path, result in parsed.items():       # FROM a join that publishes no change topic: say so
         if isinstance(result, _NeedsSchema) and result.stream in joins and not joins[result.stream].output_topic:
             parsed[path] = DefinitionError(
-                f"{str(result).split(' reads ')[0]} reads join {result.stream!r}, whose rows reach other tables through its change topic; "
+                f"{result.table} reads join {result.stream!r}, whose rows reach other tables through its change topic; "
                 f"add '-- output_topic: <topic>' to {joins[result.stream].path}")
     _load_each(parsed, tables, broken)
     for table in list(tables.values()):

@@ -47,9 +47,9 @@ def create_topic(name: str, rt: Runtime | None = None) -> dict:
     each topic made, two for a windowed join of streams (its second stream's too)."""
     rt = rt or Runtime.from_env()
     table = _table(name, rt)
-    made = []
+    made, client = [], admin(rt.bootstrap)
     for topic in [input_topic(table)] + ([table.stream_join.topic] if table.stream_join is not None else []):
-        existed = topic_metadata(admin(rt.bootstrap), rt.bootstrap, topic) is not None
+        existed = topic_metadata(client, rt.bootstrap, topic) is not None
         ensure_topic(rt.bootstrap, topic, table.partitions)
         made.append({"topic": topic, "partitions": table.partitions, "created": not existed})
     return {**made[0], "topics": made}

@@ -29,6 +29,7 @@ def where_expression(table: TableDefinition):
 # Spark's DATE_FORMAT letters the Arrow pass writes alike (sqlglot hands them over as strftime
 # codes, a fixed width marked "strict"), and the characters it copies between them.
 _TIME_CODES = {"%Y": "%Y", "%mstrict": "%m", "%dstrict": "%d", "%Hstrict": "%H", "%Mstrict": "%M", "%Sstrict": "%S"}
+_LONGEST_FIRST = sorted(_TIME_CODES, key=len, reverse=True)
 _TIME_SEPARATORS = set("-:/ ._")
 DERIVED_TYPES = ("STRING", "BIGINT", "INT", "DOUBLE", "BOOLEAN")
 
@@ -43,22 +44,12 @@ def derived_types(table: TableDefinition) -> dict[str, str]:
 @functools.lru_cache(maxsize=256)
 def _derived_types(schema: tuple, derived: tuple, key_types: tuple) -> dict[str, str]:
     import sqlglot
-    from sqlglot import exp
-    from sqlglot.optimizer.annotate_types import annotate_types
+
+    from catalog.definitions import sql_type
 
     known, out = dict(key_types), {}
     for name, sql in derived:
-        kind = known.get(name)
-        if kind is None:
-            node = sqlglot.parse_one(sql, dialect="spark").transform(
-                lambda n: exp.column(n.name, table="events") if isinstance(n, exp.Column) else n)
-            try:
-                query = annotate_types(exp.select(node.as_("v")).from_("events"), schema={"events": dict(schema)},
-                                       dialect="spark")
-                kind = query.selects[0].type.sql(dialect="spark")
-            except Exception:   # noqa: BLE001 - an inference gap leaves the table to the Spark-SQL pass
-                kind = "UNKNOWN"
-            kind = {"VARCHAR": "STRING", "TEXT": "STRING", "SMALLINT": "INT", "TINYINT": "INT"}.get(kind, kind)
+        kind = known.get(name) or sql_type(sqlglot.parse_one(sql, dialect="spark"), schema)
         if kind not in DERIVED_TYPES:
             raise ArrowUnsupported(f"{sql} of type {kind}")
         out[name] = kind
@@ -196,7 +187,7 @@ def _converter(fields: dict[str, str], arithmetic: bool = True):
             raise ArrowUnsupported(f"DATE_FORMAT {node.sql(dialect='spark')}")
         text, out = pattern.this, []
         while text:
-            code = next((c for c in sorted(_TIME_CODES, key=len, reverse=True) if text.startswith(c)), None)
+            code = next((c for c in _LONGEST_FIRST if text.startswith(c)), None)
             if code is not None:
                 out.append(_TIME_CODES[code])
                 text = text[len(code):]

@@ -108,8 +108,12 @@ def _records(partials: pa.Table) -> list[Waiting]:
 
 
 def _position_order(record: Waiting) -> tuple:
+    return (record.side, *_partition_offset(record))
+
+
+def _partition_offset(record: Waiting) -> tuple[int, int]:
     partition, _, offset = record.position.partition(":")
-    return record.side, int(partition), int(offset)
+    return int(partition), int(offset)
 
 
 def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
@@ -319,7 +323,7 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
                              source, time_column, until_column, None, 1 << 62, join.max_window_ms)
         frame = _side_rows(classified, source, side, key, time_column, until_column).toArrow()
         for record in _records(frame):
-            partition, offset = (int(x) for x in record.position.split(":"))
+            partition, offset = _partition_offset(record)
             found = records.setdefault((side, partition), ([], []))
             found[0].append(offset)
             found[1].append(record)
