@@ -57,6 +57,9 @@ class CommitResult:
     seconds: float = 0.0
     rejected: tuple = ()     # ((encoded key, reason), ...): kept at their old value, see Transaction.commit
     changes: dict = field(default_factory=dict, repr=False, compare=False)   # encoded key -> new bytes (None: deleted)
+    # encoded key -> the new value as Python, for the changed keys the commit folded itself (not
+    # the additive fast path's): what a mirror or change-topic row would otherwise decode again.
+    values: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 class StatePartition:
@@ -249,6 +252,7 @@ class Transaction:
         self.partition = partition
         self.batch_id = batch_id
         self._ops: dict[bytes, tuple[int, object]] = {}
+        self.values: dict = {}      # set by the commit: see CommitResult.values
         self.status = TxStatus.STARTED
 
     def refused(self, method: str) -> TransactionClosed:
@@ -389,14 +393,18 @@ class Transaction:
         h = digests.xxh3_64_intdigest      # entry_hash, inlined: see state.digest
         rejected = []
         limit = VALUE_LIMIT
+        values = {}
         for key, old, (kind, value) in zip(keys, olds, self._ops.values()):
             try:
                 if kind == _MERGE:
                     new = add(old, value) if add is not None and old is not None else None
                     if new is None:
-                        new = encode(merge(None if old is None else decode(old), value))
+                        value = merge(None if old is None else decode(old), value)
+                        new = encode(value)
+                        values[key] = value
                 elif kind == _PUT:
                     new = encode(value)
+                    values[key] = value
                 else:
                     new = None
             except CodecError:
@@ -417,6 +425,7 @@ class Transaction:
                 digest += h(key + new, seed=len(key))
                 count += 1
         digest &= digests.MASK
+        self.values = values        # for `outputs`, which builds its records from the changes
 
         faults.point("commit.before_changelog")
         offset = meta.changelog_offset
@@ -439,4 +448,4 @@ class Transaction:
             log.warning("%s[%d] batch %d: %d keys refused (%s); they keep their old values", part.table,
                         part.partition, self.batch_id, len(rejected), sorted({r for _, r in rejected}))
         return CommitResult(self.batch_id, False, len(changes), offset, digest, count,
-                            time.monotonic() - started, tuple(rejected), changes)
+                            time.monotonic() - started, tuple(rejected), changes, values)

@@ -33,9 +33,10 @@ from catalog.priority import yield_cpu_to_queries
 PRELOADED_ENV = "STATETABLE_WORKER_DAEMON_STARTED"
 
 
-def _commit(ctx: TaskContext, partition: int, part, tx, outputs=None, touched=None) -> tuple[dict, dict]:
+def _commit(ctx: TaskContext, partition: int, part, tx, outputs=None, touched=None) -> tuple[dict, dict, dict]:
     """Purge expired windows and keys past their TTL, commit the partition's batch, and summarise
-    it for the driver; also the commit's changes (encoded key -> new bytes). `outputs`: see
+    it for the driver; also the commit's changes (encoded key -> new bytes) and their new values
+    (CommitResult.values). `outputs`: see
     Transaction.commit; `touched`: see state.windows.expire_idle."""
     purged = expired = 0
     window = ctx.table.window
@@ -56,11 +57,19 @@ def _commit(ctx: TaskContext, partition: int, part, tx, outputs=None, touched=No
         "digest": format(meta.digest, "016x"), "key_count": meta.key_count, "applied_batch": meta.applied_batch,
         "purged": purged, "expired": expired,
         "rejected": tuple((list(codec.decode_key(k)), reason) for k, reason in result.rejected),
-    }, result.changes
+    }, result.changes, result.values
 
 
 def _partial_values(column, function: str) -> list:
     """A partial column from the Arrow pass as the Python values the aggregates fold."""
+    if function in ("latest_by_offset", "latest_keeping_nulls"):
+        # (order, value), None when every value was skipped (o null, or the struct itself): read
+        # field by field, as a struct's to_pylist builds a dict per row (q18 folds five of these).
+        import pyarrow.compute as pc
+
+        orders = pc.struct_field(column, "o").to_pylist()
+        values = pc.struct_field(column, "v").to_pylist()
+        return [None if o is None else (o, v) for o, v in zip(orders, values)]
     values = column.to_pylist()
     if function == "sum" and (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         return values
@@ -74,8 +83,6 @@ def _partial_values(column, function: str) -> list:
         return [None if v is None else (_number(v["s"], whole), v["n"]) for v in values]
     if function == "count_distinct":
         return [tuple(sorted(v)) if v is not None else () for v in values]
-    if function in ("latest_by_offset", "latest_keeping_nulls"):   # o is null when every value was skipped
-        return [None if v is None or v["o"] is None else (v["o"], v["v"]) for v in values]
     if function == "topk":
         return [tuple(ranked([(e["score"], e["o"], tuple(e["typed"].values())) for e in (v or [])]))
                 for v in values]
@@ -115,22 +122,26 @@ def partial_values(table: TableDefinition, partials) -> list:
     return list(zip(*[_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]))
 
 
-def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, changes: dict | None):
+def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, changes: dict | None,
+                  values: dict | None = None):
     """The rows a commit changed, as mirror.change_columns (JSON per column). A re-run of a
     committed batch (`changes` None) takes every partial key's row from the state, since the first
-    run may have died before its mirror file was written."""
+    run may have died before its mirror file was written. `values`: the commit's new values as
+    Python (CommitResult.values), used instead of decoding their bytes again (a table of long
+    strings spent a fifth of its merge there: Nexmark q18)."""
     from spark_jobs.delta.mirror import change_columns
 
+    decode, values = codec.decode_value, values or {}
     if changes is None:
         rows = list(last.values())
-        raw = part.get_raw_many(list(last))
+        decoded = [None if r is None else decode(r) for r in part.get_raw_many(list(last))]
     else:
         rows = [row for key, row in last.items() if key in changes]
-        raw = [changes[key] for key in last if key in changes]
-    decode = codec.decode_value
+        decoded = [values[key] if key in values else None if changes[key] is None else decode(changes[key])
+                   for key in last if key in changes]
     take = pa.array(rows, pa.int64())
-    return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
-                          [None if r is None else decode(r) for r in raw], aggregator)
+    return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)], decoded,
+                          aggregator)
 
 
 def unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
@@ -233,7 +244,7 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
                                        frozenset(sessions[1]) if sessions is not None else frozenset())
             if not changes:
                 return []
-            built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes)
+            built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes, tx.values)
             built["other"] = unbatched_rows(ctx.table, spec.aggregator, last, changes)
             return change_records(ctx.table.output_topic, built["rows"]) + \
                 change_records(ctx.table.output_topic, built["other"])
@@ -242,14 +253,16 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
         touched = None if ttl is None else {key: value[ttl] for key, value in zip(keys, values)}
         if sessions is not None:
             touched = sessions[0]
-        commit, changes = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None, touched)
+        commit, changes, new_values = _commit(ctx, partition, part, tx, outputs if ctx.table.output_topic else None,
+                                              touched)
         lap("commit")
         if mirror_dir is not None:
             from spark_jobs.delta.mirror import write_change_rows
 
             rows = built.get("rows") if not commit["noop"] else None
             if rows is None:
-                rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes)
+                rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes,
+                                     new_values)
             if not commit["noop"] and (ctx.table.ttl_ms or sessions is not None):
                 other = built.get("other")
                 rows = pa.concat_tables([rows, other if other is not None else

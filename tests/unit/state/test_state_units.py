@@ -27,6 +27,49 @@ def test_key_order_equals_tuple_order(keys):
     assert [codec.decode_key(e) for e in encoded] == sorted(keys)
 
 
+def _reference_bytes(item) -> bytes:
+    """The codec's layout written out plainly (tag, body; strings 0x00-terminated with 0x00 escaped
+    as 0x00 0xFF): what its fast paths must reproduce byte for byte."""
+    import decimal
+    import struct
+
+    def escaped(raw: bytes) -> bytes:
+        return raw.replace(b"\x00", b"\x00\xff") + b"\x00"
+    if item is None:
+        return b"\x01"
+    if isinstance(item, bool):
+        return b"\x03" if item else b"\x02"
+    if isinstance(item, int):
+        return b"\x10" + struct.pack(">Q", item + (1 << 63))
+    if isinstance(item, float):
+        bits = struct.unpack(">Q", struct.pack(">d", item))[0]
+        return b"\x20" + struct.pack(">Q", bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63))
+    if isinstance(item, str):
+        return b"\x30" + escaped(item.encode())
+    if isinstance(item, decimal.Decimal):
+        return b"\x28" + escaped(str(item).encode())
+    if isinstance(item, bytes):
+        return b"\x40" + escaped(item)
+    return b"\x50" + b"".join(_reference_bytes(i) for i in item) + b"\x00"
+
+
+values = st.recursive(
+    st.one_of(scalars, st.text(alphabet="a\x00\xff\u00ff", max_size=5),
+              st.decimals(allow_nan=False, allow_infinity=False, places=2)),
+    lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=12)
+
+
+@settings(max_examples=300)
+@given(st.lists(values, min_size=1, max_size=5).map(tuple))
+def test_values_encode_to_the_reference_bytes_and_decode_back(value):
+    """The codec's type-first fast paths (ints, strings, tuples) and the decoder's inline ints and
+    strings give the layout's own bytes and values, 0x00 inside strings and nesting included."""
+    encoded = codec.encode_value(value)
+    assert encoded == bytes([codec.FORMAT_VERSION]) + _reference_bytes(value)
+    assert codec.decode_value(encoded) == value
+    assert codec.decode_key(codec.encode_key(value)) == value
+
+
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=True), min_size=2, max_size=30))
 def test_float_order(values):
     encoded = sorted(codec.encode_key((v,)) for v in values)
