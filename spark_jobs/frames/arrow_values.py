@@ -405,9 +405,15 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 
 def nesting_rejects(values: pa.Array) -> list[int]:
     """Indices of values nested deeper than MAX_JSON_DEPTH (brackets inside strings do not
-    count). Only values with that many opening brackets at all are scanned."""
-    opening = pc.add(pc.count_substring(values, "["), pc.count_substring(values, "{"))
-    suspects = pc.indices_nonzero(pc.fill_null(pc.greater(opening, MAX_JSON_DEPTH), False)).to_pylist()
+    count). Only values long enough to hold that many opening brackets are counted, and only
+    those with that many at all are scanned: counting every value's brackets was two passes over
+    the batch's bytes (0.3 CPU s per 200,000 Nexmark bids, to find none)."""
+    long = pc.indices_nonzero(pc.fill_null(pc.greater(pc.binary_length(values), MAX_JSON_DEPTH), False))
+    if not len(long):
+        return []
+    candidates = pc.take(values, long)
+    opening = pc.add(pc.count_substring(candidates, "["), pc.count_substring(candidates, "{"))
+    suspects = pc.take(long, pc.indices_nonzero(pc.fill_null(pc.greater(opening, MAX_JSON_DEPTH), False))).to_pylist()
     out = []
     for i in suspects:
         text = np.frombuffer(_JSON_STRING.sub(b"", values[i].as_py()), dtype=np.uint8)
@@ -418,11 +424,32 @@ def nesting_rejects(values: pa.Array) -> list[int]:
 
 
 def looks_like_object(values: pa.Array):
-    """True where a value is `{...}` on one line: what the block reader may take."""
-    first = pc.binary_slice(values, 0, 1)
-    last = pc.binary_slice(values, -1)
-    brace = pc.and_(pc.equal(first, pa.scalar(b"{", pa.binary())), pc.equal(last, pa.scalar(b"}", pa.binary())))
-    return pc.fill_null(pc.and_(brace, pc.invert(pc.match_substring(values, "\n"))), False)
+    """True where a value is `{...}` on one line: what the block reader may take. Read off the
+    array's own offsets and bytes with numpy (first byte, last byte, the rows a newline falls
+    in), not with string kernels that copied every value's first and last byte and searched each
+    value apart (0.19 CPU s per 200,000 Nexmark bids, against ~0.02)."""
+    n = len(values)
+    if n == 0:
+        return pa.array([], pa.bool_())
+    if values.type not in (pa.binary(), pa.large_binary()):
+        values = values.cast(pa.large_binary() if values.type in (pa.large_string(),) else pa.binary())
+    _, offsets_buffer, data_buffer = values.buffers()
+    kind = np.int64 if values.type == pa.large_binary() else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=kind)[values.offset:values.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    starts, ends = offsets[:-1], offsets[1:]
+    present = ends > starts
+    first = np.zeros(n, np.uint8)
+    last = np.zeros(n, np.uint8)
+    first[present] = data[starts[present]]
+    last[present] = data[ends[present] - 1]
+    ok = present & (first == ord("{")) & (last == ord("}"))
+    lines = np.flatnonzero(data[offsets[0]:offsets[-1]] == ord("\n")) + offsets[0]
+    if len(lines):
+        ok[np.searchsorted(offsets, lines, side="right") - 1] = False
+    if values.null_count:
+        ok &= np.asarray(values.is_valid())
+    return pa.array(ok)
 
 
 def _from_rows(rows: list[dict], schema: list[tuple[str, str]]) -> pa.Table:

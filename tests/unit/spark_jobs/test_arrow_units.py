@@ -101,3 +101,37 @@ def test_a_pass_task_folds_its_partials_to_one_row_per_key(tmp_path, monkeypatch
     refolded = {(r["_k0"], r["_k1"]): (r["_a0"], r["_a1"], r["_a2"]["s"], r["_a2"]["n"], r["_a3"])
                 for r in folded.to_pylist()}
     assert {k: (n, int(s), a_s, a_n, m) for k, (n, s, a_s, a_n, m) in refolded.items()} == expected
+
+
+def _looks_like_object_per_value(raw: bytes | None) -> bool:
+    return raw is not None and raw[:1] == b"{" and raw[-1:] == b"}" and b"\n" not in raw
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_which_values_the_block_reader_may_take_is_read_off_the_buffers_as_per_value(seed):
+    """arrow_values.looks_like_object reads the array's offsets and bytes with numpy: the same
+    answer as a per-value check, on slices (an offset into the buffers), large_binary, nulls and
+    empty values."""
+    import random
+
+    from spark_jobs.frames.arrow_values import looks_like_object
+
+    rng = random.Random(seed)
+    pieces = [b"{", b"}", b"\n", b"a", b"\"", b"\xc3\xa9", b""]
+    values = [None if rng.random() < 0.1 else b"".join(rng.choice(pieces) for _ in range(rng.randrange(6)))
+              for _ in range(rng.randrange(60))]
+    for kind in (pa.binary(), pa.large_binary()):
+        whole = pa.array(values, kind)
+        for part, raw in ((whole, values), (whole.slice(3, 40), values[3:43])):
+            assert looks_like_object(part).to_pylist() == [_looks_like_object_per_value(v) for v in raw]
+
+
+def test_only_values_nested_past_the_limit_are_rejected_and_short_ones_are_not_counted():
+    from spark_jobs.frames.arrow_values import MAX_JSON_DEPTH, nesting_rejects
+
+    deep = b"{" + b'"a":[' * (MAX_JSON_DEPTH + 1) + b"1" + b"]" * (MAX_JSON_DEPTH + 1) + b"}"
+    at_limit = b'{"a":' + b"[" * (MAX_JSON_DEPTH - 1) + b"1" + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    in_a_string = b'{"s":"' + b"[" * (MAX_JSON_DEPTH + 5) + b'"}'
+    values = pa.array([b'{"a":1}', deep, None, at_limit, in_a_string, b"[" * (MAX_JSON_DEPTH + 1)], pa.binary())
+    assert nesting_rejects(values) == [1, 5]
+    assert nesting_rejects(values.slice(1)) == [0, 4]
