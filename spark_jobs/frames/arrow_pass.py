@@ -88,16 +88,14 @@ def check_supported(table: TableDefinition) -> None:
     if scaled:
         raise ArrowUnsupported(f"DECIMAL(p,s) field {scaled[0]}")     # the pass reads bare DECIMALs only
     keys = [k.split(".")[-1] for k in table.key_columns]
-    inputs = [a.split(".")[-1] for g in table.aggregates for a in g.args]
-    for name in keys + inputs:
+    for name in keys + _aggregate_inputs(table):
         if name not in fields:
             raise ArrowUnsupported(f"column {name}")
         kind = fields[name].split("(")[0]
         # A key's state partition is hashed from its Python value in the pass, and a TIMESTAMP,
         # DATE or DECIMAL has no value both passes give alike. An aggregate's TIMESTAMP input is
-        # another matter: it reaches the merge as Spark's own TIMESTAMP column from either pass
-        # (UTC sessions), so the state folds the same microseconds (Nexmark's q18 keeps the last
-        # bid's dateTime). DATE and DECIMAL inputs stay with Spark.
+        # folded as epoch milliseconds (_stored_inputs), the value the Spark-SQL pass keeps
+        # (Nexmark's q18 keeps the last bid's dateTime). DATE and DECIMAL inputs stay with Spark.
         if kind in ("DATE", "DECIMAL") or (kind == "TIMESTAMP" and name in keys):
             raise ArrowUnsupported(f"{fields[name]} column {name} as a key or aggregate input")
     for agg in table.aggregates:
@@ -142,10 +140,15 @@ def output_schema(table: TableDefinition) -> pa.Schema:
 _STORED = {"TIMESTAMP": "BIGINT"}
 
 
+def _aggregate_inputs(table: TableDefinition) -> list[str]:
+    """The fields the aggregates read, each once, in order."""
+    return list(dict.fromkeys(a.split(".")[-1] for g in table.aggregates for a in g.args))
+
+
 def _stored_inputs(events: pa.Table, table: TableDefinition, fields: dict[str, str]) -> pa.Table:
     """The events with each TIMESTAMP aggregate input as epoch milliseconds, floored as Spark's
     unix_millis floors (a time before 1970 included); keys and the WHERE saw the times as they are."""
-    for name in dict.fromkeys(a.split(".")[-1] for g in table.aggregates for a in g.args):
+    for name in _aggregate_inputs(table):
         if fields.get(name) == "TIMESTAMP":
             column = pc.floor_temporal(events.column(name), unit="millisecond")
             events = events.set_column(events.schema.get_field_index(name), name,

@@ -431,10 +431,8 @@ def looks_like_object(values: pa.Array):
     n = len(values)
     if n == 0:
         return pa.array([], pa.bool_())
-    if values.type not in (pa.binary(), pa.large_binary()):
-        values = values.cast(pa.large_binary() if values.type in (pa.large_string(),) else pa.binary())
-    _, offsets_buffer, data_buffer = values.buffers()
-    kind = np.int64 if values.type == pa.large_binary() else np.int32
+    _, offsets_buffer, data_buffer = values.buffers()       # binary or large_binary (parse_values)
+    kind = np.int64 if pa.types.is_large_binary(values.type) else np.int32
     offsets = np.frombuffer(offsets_buffer, dtype=kind)[values.offset:values.offset + n + 1].astype(np.int64)
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     starts, ends = offsets[:-1], offsets[1:]
