@@ -60,6 +60,27 @@ def shown(rt, name: str) -> dict:
     return {key[0]: row_of(table, key, value) for key, value in jobs.state_rows(name, rt).items()}
 
 
+def gold_stage_orders(rt) -> set:
+    """The orders orders_gold's rows stage holds (its a-rows, not the index entries)."""
+    from catalog.registry import stage_tables
+
+    table, _ = jobs.load_table("orders_gold", rt)
+    own, stage = stage_tables(table, rt)
+    own.close()
+    held = set()
+    try:
+        for p in range(table.partitions):
+            if stage.has_local_state(p):
+                part = stage.open_readonly(p)
+                try:
+                    held.update(key[0] for key, _ in part.items() if len(key) == 1)
+                finally:
+                    part.close()
+    finally:
+        stage.close()
+    return held
+
+
 @pytest.fixture
 def env(kafka, tmp_path):
     return isolated_runtime(kafka, tmp_path)
@@ -140,17 +161,23 @@ def test_joins_of_tables_equal_a_pandas_merge_after_every_round_of_changes_on_ei
     assert_each_batch_once_and_in_order(seen)
     assert {json.loads(k)["id"]: v for k, v in folded.items()} == shown(rt, "orders_tier_left")
 
+    # The batches kept only the orders that can pass the WHERE's own part (amount > 30) in the stage.
+    assert gold_stage_orders(rt) == {i for i, row in live["orders"].items() if row["amount"] > 30}
     # Lost disks: restored from snapshots and changelogs, then verify against a recomputation.
-    for name in ("orders_tier", "orders_note_left"):
+    for name in ("orders_tier", "orders_note_left", "orders_gold"):
         before = shown(rt, name)
         failures.inject(name, "wipe_local_store", rt)
         jobs.restore(name, rt=rt)
         assert shown(rt, name) == before
         result = verify(name, spark=spark, rt=rt)
         assert result.ok and result.keys_compared == len(before), result.summary()
-    # A rebuild rewrites both stages; later changes still find their rows through the index.
-    commit = rebuild("orders_tier", spark=spark, rt=rt)
-    assert commit.counts["keys_changed"] == 0
+    # A rebuild rewrites both stages; later changes still find their rows through the index. The
+    # rows stage of orders_gold keeps only the orders with amount > 30 (the WHERE's own part of
+    # orders), as its batches left it: the rebuild changes no key of the table.
+    for name in ("orders_tier", "orders_gold"):
+        commit = rebuild(name, spark=spark, rt=rt)
+        assert commit.counts["keys_changed"] == 0, name
+    assert gold_stage_orders(rt) == {i for i, row in live["orders"].items() if row["amount"] > 30}
     change("customers", 20)
     check(99)
 
@@ -211,3 +238,29 @@ def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
     assert gold.row((1, 8, 50), b_rows) == (1, 50, None) and gold.row((1, 7, 50), {7: (7, "silver")}) is None
     assert gold.row((1, 7, None), b_rows) is None
     assert changed_keys({1: (1, "a"), 2: (2, "b"), 3: (3, "c")}, {1: (1, "a"), 2: (2, "x"), 4: (4, "d")}) == [2, 3, 4]
+
+
+@pytest.mark.parametrize("where, kept, dropped", [
+    ("o.amount > 30 AND (c.tier = 'gold' OR c.tier IS NULL)", [(1, 7, 31)], [(1, 7, 30), (1, 7, None)]),
+    ("o.amount > 30 AND o.cust IS NOT NULL AND c.tier = 'gold'", [(1, 7, 31)], [(1, None, 31), (1, 7, 3)]),
+    ("(o.amount > 30 OR o.cust = 2) AND c.tier = 'gold'", [(1, 2, 3), (1, 7, 31)], [(1, 7, 3)]),
+    # a part over both sides, or none over a alone: every a-row is kept
+    ("o.amount > 30 OR c.tier = 'gold'", [(1, 7, 3), (1, 7, None)], []),
+    ("c.tier = 'gold'", [(1, 7, 3)], []),
+])
+def test_the_rows_stage_keeps_the_a_rows_the_where_s_own_part_of_a_passes(tmp_path, where, kept, dropped):
+    """Pure logic (table_stages.a_rows_kept): only a conjunct of the WHERE over a's columns alone
+    decides which a-rows the stage keeps; NULL fails it, as the joined row's WHERE would."""
+    from catalog.definitions import load_all
+    from spark_jobs.steps.table_stages import a_rows_kept
+
+    for name, text in SOURCES.items():
+        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
+    (tmp_path / "j.sql").write_text("CREATE TABLE j AS SELECT o.id, c.tier FROM orders o JOIN customers c "
+                                    f"ON o.cust = c.id WHERE {where};")
+    tables = load_all(tmp_path)
+    test = a_rows_kept(tables["j"], tables["orders"])
+    if not dropped:
+        assert test is None
+        return
+    assert [test(row) for row in kept + dropped] == [True] * len(kept) + [False] * len(dropped)

@@ -33,7 +33,7 @@ from catalog.runtime import arrow_filesystem
 from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
-from spark_jobs.steps.table_stages import INDEX, input_history, open_stage, read_input, summary
+from spark_jobs.steps.table_stages import INDEX, a_rows_kept, input_history, open_stage, read_input, summary
 from spark_jobs.frames.table_frames import latest_rows
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
@@ -138,11 +138,18 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     shape = JoinShape(ctx.table, ctx.source, pins["right"])
     b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
     keys, rows = encoded_keys(partials), partial_values(ctx.source, partials)
+    # An a-row that fails the WHERE's a-only part has no joined row: it is a deleted row to the
+    # stage, and a stream's such records are left out at once (they were never stored).
+    stream = ctx.source.stream
+    kept = a_rows_kept(ctx.table, ctx.source)
+    if kept is not None:
+        rows = [None if r is None or not kept(r) else r for r in rows]
+        if stream:
+            keys, rows = [k for k, r in zip(keys, rows) if r is not None], [r for r in rows if r is not None]
     rows_tables, part_rows, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         tx = part_rows.begin(ctx.batch_id)
         # A stream's rows are new positions, never changed: there is no old row to read.
-        stream = ctx.source.stream
         if part_rows.meta.applied_batch < ctx.batch_id:
             decode = codec.decode_value
             olds = [None] * len(keys) if stream else part_rows.get_raw_many(keys)

@@ -153,6 +153,9 @@ def _rebuild_rows(ctx: TaskContext, group, join_index: bool) -> pa.Table:
     table, part, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
         wanted = {k: v for k, v in zip(encoded_keys(partials), partial_values(ctx.source, partials)) if v is not None}
+        kept = a_rows_kept(ctx.table, ctx.source) if join_index else None
+        if kept is not None:                 # as merge_join keeps them
+            wanted = {k: v for k, v in wanted.items() if kept(v)}
         if join_index:                       # and the index from b's keys to a's rows
             wanted.update(index_entries(ctx.table, ctx.source, wanted))
         tx = part.begin(ctx.batch_id)
@@ -166,6 +169,32 @@ def _rebuild_rows(ctx: TaskContext, group, join_index: bool) -> pa.Table:
         return summary(partition, part, result, {"rows": round((time.monotonic() - started) * 1000)}, hydrated)
     finally:
         table.close()
+
+
+def a_rows_kept(table: TableDefinition, source: TableDefinition):
+    """The part of a join's WHERE that reads a's columns only, as a test of one a-row (None: no
+    such part). An a-row that fails it joins to no row whatever b holds, so the rows stage need
+    not keep it: a stream's such records are never stored, a table's row that comes to fail it
+    leaves the stage as a deleted row would (Nexmark q3 keeps a fifth of its auctions)."""
+    if not table.where:
+        return None
+    import sqlglot
+    from sqlglot import exp
+
+    from catalog.mapping import compiled
+
+    prefix = f"{table.stream_alias}."
+    tree = sqlglot.parse_one(table.where, dialect="spark")
+    conjuncts = list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
+    own = [c for c in conjuncts
+           if (names := {col.name for col in c.find_all(exp.Column)}) and all(n.startswith(prefix) for n in names)]
+    if not own:
+        return None
+    names = {f"{prefix}{c}" for c in source.value_columns}
+    test = compiled("compile_predicate", " AND ".join(f"({c.sql(dialect='spark')})" for c in own), names)
+    picks = sorted({(col.name, source.value_columns.index(col.name[len(prefix):]))
+                    for c in own for col in c.find_all(exp.Column)})
+    return lambda row: test({name: row[i] for name, i in picks})
 
 
 def index_entries(table: TableDefinition, source: TableDefinition, wanted: dict) -> dict:
