@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import sqlglot
+from sqlglot import exp
 
 from catalog.definitions import TableDefinition, input_definition
 from catalog.mapping import rows_spec
@@ -178,9 +180,6 @@ def a_rows_kept(table: TableDefinition, source: TableDefinition):
     leaves the stage as a deleted row would (Nexmark q3 keeps a fifth of its auctions)."""
     if not table.where:
         return None
-    import sqlglot
-    from sqlglot import exp
-
     from catalog.mapping import compiled
 
     prefix = f"{table.stream_alias}."
@@ -195,6 +194,49 @@ def a_rows_kept(table: TableDefinition, source: TableDefinition):
     picks = sorted({(col.name, source.value_columns.index(col.name[len(prefix):]))
                     for c in own for col in c.find_all(exp.Column)})
     return lambda row: test({name: row[i] for name, i in picks})
+
+
+_NUMBERS = ("BIGINT", "LONG", "INT", "INTEGER", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT")
+# What Spark evaluates as catalog.expressions does, with no way to raise under ANSI SQL: plain
+# comparisons of a column with a literal of its own kind, joined by AND, OR and NOT.
+_PLAIN = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.And, exp.Or, exp.Not, exp.Paren, exp.Is, exp.In,
+          exp.Null, exp.Boolean, exp.Column, exp.Identifier, exp.Literal)
+
+
+def a_rows_filter(table: TableDefinition, source: TableDefinition) -> str | None:
+    """The plain conjuncts of a_rows_kept's part as Spark SQL over latest_rows' `_v<i>` columns,
+    for a stream's records before they are shuffled to the merge tasks (q3: four in five of the
+    auctions never leave the read). The merge still applies a_rows_kept, so this needs only
+    never to drop a row that passes it; a conjunct it cannot say plainly is left to the merge."""
+    if not table.where:
+        return None
+    prefix = f"{table.stream_alias}."
+    kinds = dict(source.schema)
+    index = {c: i for i, c in enumerate(source.value_columns)}
+
+    def plain(node: exp.Expression) -> bool:
+        for column in node.find_all(exp.Column):
+            name = column.name[len(prefix):] if column.name.startswith(prefix) else None
+            if name not in index or kinds.get(name) not in (*_NUMBERS, "STRING", "BOOLEAN"):
+                return False
+        for child in node.walk():
+            if not isinstance(child, _PLAIN):
+                return False
+            if isinstance(child, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)):
+                column = next((c for c in (child.left, child.right) if isinstance(c, exp.Column)), None)
+                literal = next((c for c in (child.left, child.right) if isinstance(c, exp.Literal)), None)
+                if column is None or literal is None or \
+                        literal.is_string != (kinds[column.name[len(prefix):]] == "STRING"):
+                    return False
+        return True
+
+    tree = sqlglot.parse_one(table.where, dialect="spark")
+    conjuncts = [c for c in (tree.flatten() if isinstance(tree, exp.And) else [tree]) if plain(c)]
+    if not conjuncts:
+        return None
+    renamed = [c.copy().transform(lambda n: exp.column(f"_v{index[n.name[len(prefix):]]}")
+                                  if isinstance(n, exp.Column) else n) for c in conjuncts]
+    return " AND ".join(f"({c.sql(dialect='spark')})" for c in renamed)
 
 
 def index_entries(table: TableDefinition, source: TableDefinition, wanted: dict) -> dict:
