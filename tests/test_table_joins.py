@@ -240,6 +240,18 @@ def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
     assert changed_keys({1: (1, "a"), 2: (2, "b"), 3: (3, "c")}, {1: (1, "a"), 2: (2, "x"), 4: (4, "d")}) == [2, 3, 4]
 
 
+def _orders_joined_where(tmp_path, where: str) -> dict:
+    """The tables of a folder with orders, customers and notes and `j`: orders joined with
+    customers under `where`."""
+    from catalog.definitions import load_all
+
+    for name, text in SOURCES.items():
+        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
+    (tmp_path / "j.sql").write_text("CREATE TABLE j AS SELECT o.id, c.tier FROM orders o JOIN customers c "
+                                    f"ON o.cust = c.id WHERE {where};")
+    return load_all(tmp_path)
+
+
 @pytest.mark.parametrize("where, kept, dropped", [
     ("o.amount > 30 AND (c.tier = 'gold' OR c.tier IS NULL)", [(1, 7, 31)], [(1, 7, 30), (1, 7, None)]),
     ("o.amount > 30 AND o.cust IS NOT NULL AND c.tier = 'gold'", [(1, 7, 31)], [(1, None, 31), (1, 7, 3)]),
@@ -251,14 +263,9 @@ def test_a_joined_row_and_the_keys_a_pin_changed_are_what_sql_says(tmp_path):
 def test_the_rows_stage_keeps_the_a_rows_the_where_s_own_part_of_a_passes(tmp_path, where, kept, dropped):
     """Pure logic (table_stages.a_rows_kept): only a conjunct of the WHERE over a's columns alone
     decides which a-rows the stage keeps; NULL fails it, as the joined row's WHERE would."""
-    from catalog.definitions import load_all
     from spark_jobs.steps.table_stages import a_rows_kept
 
-    for name, text in SOURCES.items():
-        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
-    (tmp_path / "j.sql").write_text("CREATE TABLE j AS SELECT o.id, c.tier FROM orders o JOIN customers c "
-                                    f"ON o.cust = c.id WHERE {where};")
-    tables = load_all(tmp_path)
+    tables = _orders_joined_where(tmp_path, where)
     test = a_rows_kept(tables["j"], tables["orders"])
     if not dropped:
         assert test is None
@@ -280,14 +287,9 @@ def test_the_rows_stage_keeps_the_a_rows_the_where_s_own_part_of_a_passes(tmp_pa
 def test_a_stream_s_records_the_where_s_plain_part_fails_are_left_at_the_read(tmp_path, spark, where, spark_sql):
     """table_stages.a_rows_filter: Spark drops, before the shuffle, only records a_rows_kept drops
     too (over rows with NULLs, both ends of each comparison), so the merge sees every row it keeps."""
-    from catalog.definitions import load_all
     from spark_jobs.steps.table_stages import a_rows_filter, a_rows_kept
 
-    for name, text in SOURCES.items():
-        (tmp_path / f"{name}.sql").write_text(text.format(topic=name))
-    (tmp_path / "j.sql").write_text("CREATE TABLE j AS SELECT o.id, c.tier FROM orders o JOIN customers c "
-                                    f"ON o.cust = c.id WHERE {where};")
-    tables = load_all(tmp_path)
+    tables = _orders_joined_where(tmp_path, where)
     sql = a_rows_filter(tables["j"], tables["orders"])
     assert sql == spark_sql
     if sql is None:
