@@ -283,6 +283,9 @@ def test_the_rows_stage_keeps_the_a_rows_the_where_s_own_part_of_a_passes(tmp_pa
     ("o.amount + 1 > 30", None),
     ("o.amount > '30'", None),
     ("o.amount > o.cust", None),
+    ("o.cust IN (2, '3')", None),
+    ("30 < o.amount", "(30 < _v2)"),
+    ("o.cust IN (2, 3) AND o.amount + 1 > 3", "(_v1 IN (2, 3))"),
 ])
 def test_a_stream_s_records_the_where_s_plain_part_fails_are_left_at_the_read(tmp_path, spark, where, spark_sql):
     """table_stages.a_rows_filter: Spark drops, before the shuffle, only records a_rows_kept drops

@@ -219,15 +219,23 @@ def a_rows_filter(table: TableDefinition, source: TableDefinition) -> str | None
             name = column.name[len(prefix):] if column.name.startswith(prefix) else None
             if name not in index or kinds.get(name) not in (*_NUMBERS, "STRING", "BOOLEAN"):
                 return False
+        def same_kind(column, literals) -> bool:
+            """A column of a number compared with number literals, of a string with strings."""
+            kind = kinds[column.name[len(prefix):]] if isinstance(column, exp.Column) else None
+            return kind in (*_NUMBERS, "STRING") and bool(literals) and all(
+                isinstance(v, exp.Literal) and v.is_string == (kind == "STRING") for v in literals)
+
         for child in node.walk():
             if not isinstance(child, _PLAIN):
                 return False
             if isinstance(child, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)):
-                column = next((c for c in (child.left, child.right) if isinstance(c, exp.Column)), None)
-                literal = next((c for c in (child.left, child.right) if isinstance(c, exp.Literal)), None)
-                if column is None or literal is None or \
-                        literal.is_string != (kinds[column.name[len(prefix):]] == "STRING"):
+                column, other = (child.left, child.right) if isinstance(child.left, exp.Column) \
+                    else (child.right, child.left)
+                if not same_kind(column, [other]):
                     return False
+            elif isinstance(child, exp.In) and not same_kind(child.this, child.expressions) \
+                    or isinstance(child, exp.Is) and not isinstance(child.expression, exp.Null):
+                return False
         return True
 
     tree = sqlglot.parse_one(table.where, dialect="spark")
