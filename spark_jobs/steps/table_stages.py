@@ -173,22 +173,27 @@ def _rebuild_rows(ctx: TaskContext, group, join_index: bool) -> pa.Table:
         table.close()
 
 
+def _a_only_conjuncts(table: TableDefinition) -> list:
+    """The conjuncts of a join's WHERE that read a's columns (`alias.column`) and nothing else."""
+    if not table.where:
+        return []
+    prefix = f"{table.stream_alias}."
+    tree = sqlglot.parse_one(table.where, dialect="spark")
+    return [c for c in (tree.flatten() if isinstance(tree, exp.And) else [tree])
+            if (names := {col.name for col in c.find_all(exp.Column)}) and all(n.startswith(prefix) for n in names)]
+
+
 def a_rows_kept(table: TableDefinition, source: TableDefinition):
     """The part of a join's WHERE that reads a's columns only, as a test of one a-row (None: no
     such part). An a-row that fails it joins to no row whatever b holds, so the rows stage need
     not keep it: a stream's such records are never stored, a table's row that comes to fail it
     leaves the stage as a deleted row would (Nexmark q3 keeps a fifth of its auctions)."""
-    if not table.where:
+    own = _a_only_conjuncts(table)
+    if not own:
         return None
     from catalog.mapping import compiled
 
     prefix = f"{table.stream_alias}."
-    tree = sqlglot.parse_one(table.where, dialect="spark")
-    conjuncts = list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
-    own = [c for c in conjuncts
-           if (names := {col.name for col in c.find_all(exp.Column)}) and all(n.startswith(prefix) for n in names)]
-    if not own:
-        return None
     names = {f"{prefix}{c}" for c in source.value_columns}
     test = compiled("compile_predicate", " AND ".join(f"({c.sql(dialect='spark')})" for c in own), names)
     picks = sorted({(col.name, source.value_columns.index(col.name[len(prefix):]))
@@ -208,17 +213,15 @@ def a_rows_filter(table: TableDefinition, source: TableDefinition) -> str | None
     for a stream's records before they are shuffled to the merge tasks (q3: four in five of the
     auctions never leave the read). The merge still applies a_rows_kept, so this needs only
     never to drop a row that passes it; a conjunct it cannot say plainly is left to the merge."""
-    if not table.where:
-        return None
     prefix = f"{table.stream_alias}."
     kinds = dict(source.schema)
     index = {c: i for i, c in enumerate(source.value_columns)}
 
     def plain(node: exp.Expression) -> bool:
-        for column in node.find_all(exp.Column):
-            name = column.name[len(prefix):] if column.name.startswith(prefix) else None
-            if name not in index or kinds.get(name) not in (*_NUMBERS, "STRING", "BOOLEAN"):
-                return False
+        if any(kinds.get(c.name[len(prefix):]) not in (*_NUMBERS, "STRING", "BOOLEAN")
+               for c in node.find_all(exp.Column)):
+            return False
+
         def same_kind(column, literals) -> bool:
             """A column of a number compared with number literals, of a string with strings."""
             kind = kinds[column.name[len(prefix):]] if isinstance(column, exp.Column) else None
@@ -238,8 +241,7 @@ def a_rows_filter(table: TableDefinition, source: TableDefinition) -> str | None
                 return False
         return True
 
-    tree = sqlglot.parse_one(table.where, dialect="spark")
-    conjuncts = [c for c in (tree.flatten() if isinstance(tree, exp.And) else [tree]) if plain(c)]
+    conjuncts = [c for c in _a_only_conjuncts(table) if plain(c)]
     if not conjuncts:
         return None
     renamed = [c.copy().transform(lambda n: exp.column(f"_v{index[n.name[len(prefix):]]}")
