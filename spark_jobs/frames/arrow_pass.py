@@ -184,8 +184,10 @@ def _partial_type(agg, fields: dict[str, str]) -> tuple[str, pa.DataType]:
 
 
 # ------------------------------------------------------------------------------------- the pass
-def classify(batch: pa.RecordBatch, spec: PassSpec):
-    """(good events with source columns, dead letter table, counts by reason) of one Arrow batch."""
+def classify(batch: pa.RecordBatch, spec: PassSpec, key_fields: list[str] | None = None):
+    """(good events with source columns, dead letter table, counts by reason) of one Arrow batch.
+    `key_fields`: the fields a record must carry (missing_key), if not the stream's key fields (a
+    table's input rows: frames/arrow_rows.py)."""
     table = spec.table
     values = batch.column("value")
     n = len(values)
@@ -215,7 +217,7 @@ def classify(batch: pa.RecordBatch, spec: PassSpec):
 
     # Rules on parsed rows, in the order parse.classify applies them.
     rule = pa.nulls(parsed.num_rows, pa.string())
-    checks = [("missing_key", _any_null(parsed, table.stream_key_fields))]
+    checks = [("missing_key", _any_null(parsed, table.stream_key_fields if key_fields is None else key_fields))]
     if table.timed:
         event = parsed.column(table.event_time)
         checks.append(("missing_event_time", pc.is_null(event)))
@@ -513,7 +515,7 @@ def run(spec: PassSpec, batches):
             newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()
             max_event = newest if max_event is None else max(max_event, newest)
         if spec.bronze is not None and events.num_rows:
-            yield _shaped(_write_bronze(events, spec, batch), schema)
+            yield shaped(_write_bronze(events, spec, batch), schema)
         selected = events
         if where is not None:
             selected = events.filter(where)
@@ -525,7 +527,7 @@ def run(spec: PassSpec, batches):
         if spec.table.window is not None and selected.num_rows:
             selected = _windowed(selected.select(_aggregated_columns(selected, spec)), spec)
         if dead.num_rows:
-            yield _shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
+            yield shaped(dead.append_column("_kind", pa.array(["dead"] * dead.num_rows)), schema)
         if selected.num_rows:
             partials = preaggregate(selected, spec)
             if not fold:
@@ -544,7 +546,7 @@ def run(spec: PassSpec, batches):
     if max_event is not None:
         counts["max_event_ms"] = max_event
     if counts:
-        yield _shaped(pa.table({"_kind": ["stat"] * len(counts), "stat": list(counts),
+        yield shaped(pa.table({"_kind": ["stat"] * len(counts), "stat": list(counts),
                                 "stat_value": pa.array(list(counts.values()), pa.int64())}), schema)
 
 
@@ -556,10 +558,10 @@ def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> p
     partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions,
                                                               spec.table.routing_width)) \
         .append_column("_kind", pa.array(["partial"] * partials.num_rows))
-    return _shaped(partials, schema)
+    return shaped(partials, schema)
 
 
-def _shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+def shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     columns = []
     for field in schema:
         if field.name in table.column_names:

@@ -35,7 +35,7 @@ from spark_jobs.steps.clock import StepClock
 from spark_jobs.errors import GroupTooLarge
 from spark_jobs.steps.table_stages import (DELTA_SCHEMA, part_file, batch_folder, input_history,
                                      open_stage, read_input, retractions_path, summary)
-from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.frames.arrow_rows import latest_per_key
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 
@@ -83,7 +83,7 @@ def merge_rows(ctx: TaskContext, group) -> pa.Table:
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
-    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    partials = latest_per_key(group.filter(pc.equal(group.column("_kind"), "partial")), unique=ctx.source.stream)
     spec = rows_spec(ctx.table, ctx.namespace)
     table, part, hydrated = open_stage(spec, ctx, partition)
     try:
@@ -189,11 +189,10 @@ def run(table_run, plan, started: float) -> BatchStep:
     ctx = TaskContext.of(rt, table, plan.batch_id, source=source, retractions=batch_folder(root, plan.batch_id),
                          changelog=table_run.spec.changelog)
     with clock.step("rows"):
-        frames = table_run.frames
-        rows = frames.partitioned(latest_rows(read.classified, source)).withColumn("_kind", F.lit("partial"))
+        rows = read.rows.withColumn("_kind", F.lit("partial"))
         row_summaries = PartitionSummary.all_of(per_state_partition(
             spark, rows, table.partitions, lambda group: merge_rows(ctx, group), f"{table.name} batch {plan.batch_id}: rows"))
-        read.classified.unpersist()
+        read.persisted.unpersist()
 
     with clock.step("groups", "batch.after_merge"):
         deltas = spark.read.schema("_sp INT, _key BINARY, _delta BINARY").parquet(spark_path(ctx.retractions)) \

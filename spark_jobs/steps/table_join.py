@@ -34,7 +34,7 @@ from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.table_stages import INDEX, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
-from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.frames.arrow_rows import latest_per_key
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 
@@ -138,7 +138,7 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
-    partials = group.filter(pc.equal(group.column("_kind"), "partial"))
+    partials = latest_per_key(group.filter(pc.equal(group.column("_kind"), "partial")), unique=ctx.source.stream)
     right = ctx.table.joins[0].table
     shape = JoinShape(ctx.table, ctx.source, pins["right"])
     b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
@@ -253,16 +253,15 @@ def run(table_run, plan, started: float) -> BatchStep:
     ctx = TaskContext.of(rt, table, plan.batch_id, source=source, changelog=table_run.spec.changelog)
     mirror_dir = mirror.changes_path(rt, table.name)
     with clock.step("join", "batch.after_rows", "batch.after_merge"):
-        frames = table_run.frames
-        rows = latest_rows(read.classified, source)
+        rows = read.rows
         kept = a_rows_filter(table, source) if source.stream else None
         if kept is not None:        # a stream's record that cannot join is no row of a's either
             rows = rows.where(kept)
-        rows = frames.partitioned(rows).withColumn("_kind", F.lit("partial"))
+        rows = rows.withColumn("_kind", F.lit("partial"))
         summaries = PartitionSummary.all_of(per_state_partition(
             spark, rows, table.partitions, lambda group: merge_join(ctx, pins, changed_b, mirror_dir, group),
             f"{table.name} batch {plan.batch_id}: join"))
-        read.classified.unpersist()
+        read.persisted.unpersist()
     steps = clock.seconds
     log.info("%s batch %d: %d rows of %s changed, %d keys of %s changed (its batch %s); %d joined rows rewritten, "
              "%d changed, in %.1fs", table.name, plan.batch_id, sum(s.counts["rows_changed"] for s in summaries.values()),

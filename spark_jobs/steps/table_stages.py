@@ -67,9 +67,12 @@ def summary(partition: int, part, result, ms: dict, hydrated: bool, delta_keys: 
 
 @dataclass
 class InputRead:
-    """A batch's input records of a table of tables: classified by the input table's schema, counted,
-    bad ones dead-lettered (a tombstone is a delete, not an error)."""
-    classified: object           # a persisted DataFrame; unpersist when the stages are done
+    """A batch's input records of a table of tables: each key's latest row in the batch with its
+    state partition (`rows`: `_sp`, `_k0`, `_del`, `_v<i>`, and where the Arrow read made them,
+    `_partition` and `_offset`, which `latest_per_key` in the merge task reads), counted, bad
+    records dead-lettered (a tombstone is a delete, not an error)."""
+    rows: object
+    persisted: object            # the frame to unpersist when the stages are done
     reasons: dict
     read: int
     dead: int
@@ -77,7 +80,24 @@ class InputRead:
 
 def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
     """The read and dead-letter steps every table of tables shares (MicroBatchRunner's fault points
-    after_read, after_dead_letters and after_bronze, which these tables keep none of)."""
+    after_read, after_dead_letters and after_bronze, which these tables keep none of): the Arrow
+    read (frames/arrow_rows.py) where it covers the input, else Spark SQL's. STATETABLE_ENGINE=spark
+    forces the latter, as it does for aggregates."""
+    from spark_jobs.frames import arrow_rows
+
+    why = arrow_rows.unsupported(source)
+    if why is None and os.environ.get("STATETABLE_ENGINE") != "spark":
+        return _arrow_read(table_run, plan, clock, source)
+    log.debug("%s: Spark SQL reads %s (the Arrow read does not cover %s)", table_run.table.name, source.name, why)
+    return _spark_read(table_run, plan, clock, source)
+
+
+def _log_read(table_run, plan, clock, source: TableDefinition, read_count: int) -> None:
+    log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table_run.table.name, plan.batch_id,
+             read_count, source.name, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
+
+
+def _spark_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -86,7 +106,7 @@ def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
 
     from spark_jobs.steps import sinks
 
-    table, rt = table_run.table, table_run.rt
+    rt = table_run.rt
     with clock.step("read"):
         raw = spark_reader(table_run.spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
         classified = parse.classify(raw, source, _key_fields(source), now_ms=int(plan.created_at * 1000), rows=True,
@@ -96,13 +116,56 @@ def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
     read_count = sum(reasons.values())
     if not source.stream:       # a table's tombstones are deletes, not errors; a stream's are dead letters
         reasons[None] = reasons.get(None, 0) + reasons.pop("null_value", 0)
-    log.info("%s batch %d: read %d records of table %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
-             read_count, source.name, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
+    _log_read(table_run, plan, clock, source, read_count)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
         dead = parse.dead_letters(classified, plan.topic)
         dead = dead if source.stream else dead.where(F.col("reason") != "null_value")
         dead_count = sinks.write_dead_letters(table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
-    return InputRead(classified, reasons, read_count, dead_count)
+    rows = table_run.frames.partitioned(latest_rows(classified, source))
+    return InputRead(rows, classified, reasons, read_count, dead_count)
+
+
+def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
+    """One Arrow pass over the records (arrow_rows.run); Spark judges only the records whose Kafka
+    key is not plainly their key (arrow_rows.judged), and only when there are any."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs.engine.session import struct
+    from spark_jobs.frames import arrow_rows, parse
+    from spark_jobs.steps import sinks
+    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+
+    table, rt, spark = table_run.table, table_run.rt, table_run.spark
+    spec = arrow_rows.RowsSpec(source, table.partitions, plan.batch_id, now_ms=int(plan.created_at * 1000))
+    with clock.step("read"):
+        raw = spark_reader(spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group) \
+            .select("partition", "offset", "timestamp", "key", "value")
+        out = raw.mapInArrow(lambda batches: arrow_rows.run(spec, batches), struct(spark, arrow_rows.output_ddl(source))) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        stats: dict[str, int] = {}
+        for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
+            stats[row["stat"]] = stats.get(row["stat"], 0) + row["stat_value"]
+        undecided = stats.get("undecided", 0)
+        out_judged = arrow_rows.judged(out, source) if undecided else out
+        reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
+        if undecided:
+            for r in out_judged.where((F.col("_kind") == "row") & F.col("reason").isNotNull()) \
+                    .groupBy("reason").count().collect():
+                reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+    read_count = stats.get("read", 0)
+    reasons[None] = read_count - sum(reasons.values())
+    _log_read(table_run, plan, clock, source, read_count)
+    with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
+        dead = out_judged.where(F.col("reason").isNotNull())
+        dead_count = sinks.write_dead_letters(table_run, parse.dead_letter_records(
+            dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
+            F.col("size")), plan.batch_id, sum(n for r, n in reasons.items() if r))
+    rows = out_judged.where((F.col("_kind") == "row") & F.col("reason").isNull()) \
+        .select("_k0", "_del", *[f"_v{i}" for i in range(len(source.value_columns))], "_partition", "_offset", "_sp")
+    if undecided:               # a tombstone's key was Spark's to read: its partition too
+        rows = table_run.frames.partitioned(rows.drop("_sp"))
+    return InputRead(rows, out, reasons, read_count, dead_count)
 
 
 def _key_fields(source: TableDefinition) -> list[str]:
