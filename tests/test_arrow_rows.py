@@ -92,7 +92,6 @@ def _spark_side(spark, source, batches):
 
 
 def _arrow_side(spark, source, batches, partitions: int = 3):
-    from spark_jobs.frames.arrow_pass import shaped
 
     spec = arrow_rows.RowsSpec(source, partitions, 1, now_ms=None)
     schema = pa.schema([(name, dtype) for name, _, dtype in arrow_rows.output_columns(source)])
@@ -145,3 +144,58 @@ def test_the_arrow_read_of_a_table_s_records_equals_spark_sql_s_record_by_record
     placed = latest.filter(pa.compute.is_valid(latest.column("_sp")))
     assert placed.num_rows >= 8
     assert placed.column("_sp").to_pylist() == state_partitions(placed.select(["_k0"]), 3).to_pylist()
+
+
+def test_the_arrow_read_of_a_windowed_join_s_stream_equals_spark_sql_s(spark, tmp_path):
+    """A windowed join's side (stream_join): the join key required, then its event-time reasons in
+    stream_join._judged's order, each partition's newest accepted time, and the rows it hands on."""
+    from spark_jobs.steps.stream_join import _judged, _side_rows
+
+    source = _stream("a", tmp_path / "a.sql", "a", [("id", "BIGINT"), ("auction", "BIGINT"), ("ts", "TIMESTAMP"),
+                                                    ("until", "TIMESTAMP"), ("price", "BIGINT")])
+    now, watermark, longest = 1_767_000_000_000, 1_766_999_000_000, 3_600_000
+    at = lambda ms: ms                                                       # noqa: E731 - epoch ms in JSON
+
+    def value(**fields) -> bytes:
+        return json.dumps({"id": 1, "auction": 7, "ts": at(now - 5000), "until": at(now - 1000), "price": 3,
+                           **fields}).encode()
+    records = [(0, None, value()), (0, None, value(auction=None)), (0, None, value(ts=None)),
+               (0, None, value(until=None)), (0, None, value(ts=now + 10_000_000)),
+               (0, None, value(ts=now - 2 * longest, until=now)), (0, None, value(ts=watermark - 1, until=watermark)),
+               (0, None, value(ts=watermark, until=watermark + 5, auction=8)), (0, None, None), (0, None, b"{"),
+               (1, None, value(ts=now - 7000, auction=9)), (1, None, value(ts="1970-01-01T00:00:00.0015Z",
+                                                                          until=watermark + 1)),
+               (1, None, value(price="three"))]
+    batches = _batches(records)
+    from pyspark.sql import functions as F
+
+    raw = spark.createDataFrame(pa.Table.from_batches(batches).to_pandas()).select(
+        "partition", "offset", "key", "value", F.col("timestamp").cast("timestamp"))
+    classified = _judged(spark_parse.classify(raw, source, ["auction"], rows=True), source, "ts", "until", watermark,
+                         now, longest)
+    spark_dead = {(r["_partition"], r["_offset"]): r["reason"] for r in classified.where("reason IS NOT NULL").collect()}
+    spark_newest = {r["_partition"]: r["t"] for r in classified.where("reason IS NULL")
+                    .groupBy("_partition").agg(F.max("_t").alias("t")).collect()}
+    spark_rows = sorted(tuple(r) for r in _side_rows(latest_rows(classified, source), source, "a", "auction", "ts",
+                                                     "until").collect())
+
+    spec = arrow_rows.RowsSpec(source, 4, 1, now, join_key="auction",
+                               window=arrow_rows.WindowRule("ts", "until", watermark, longest))
+    schema = pa.schema([(name, dtype) for name, _, dtype in arrow_rows.output_columns(source)])
+    out = pa.concat_tables(pa.Table.from_batches([b]) for batch in batches for b in arrow_rows.run(spec, [batch]))
+    frame = spark.createDataFrame(out.cast(schema).to_pandas(), arrow_rows.output_ddl(source))
+    assert {(r["source_partition"], r["source_offset"]): r["reason"]
+            for r in frame.where("reason IS NOT NULL").collect()} == spark_dead
+    assert arrow_rows.collected_stats(frame) == {
+        "read": len(records), **{f"dead_{r}": list(spark_dead.values()).count(r) for r in set(spark_dead.values())},
+        **{f"newest_{p}": t for p, t in spark_newest.items()}}
+    arrow_side = _side_rows(arrow_rows.rows_frame(frame, source, positions=False), source, "a", "auction", "ts", "until")
+    assert sorted(tuple(r)[1:] for r in arrow_side.collect()) == spark_rows
+    assert len(spark_rows) == 3 and set(spark_dead.values()) >= {"missing_key", "missing_event_time", "future_event_time",
+                                                                "window_too_long", "late", "null_value",
+                                                                "malformed_json", "wrong_type"}
+    # Each row waits in the state partition of its join key (a windowed join's routing width is 1).
+    from spark_jobs.frames.arrow_keys import state_partitions
+
+    placed = arrow_side.select("_sp", "_k0").toArrow()
+    assert placed.column("_sp").to_pylist() == state_partitions(placed.select(["_k0"]), 4).to_pylist()

@@ -77,12 +77,27 @@ def output_ddl(source: TableDefinition) -> str:
 
 
 @dataclass(frozen=True)
+class WindowRule:
+    """A windowed join's own judgment of a stream's accepted records (stream_join._judged): each
+    needs its event time and window end, no later than the batch's clock allows, a window no
+    longer than the join's longest, and (after the first batch) a time not before the watermark."""
+    time_column: str
+    until_column: str
+    watermark_ms: int | None
+    max_window_ms: int
+
+
+@dataclass(frozen=True)
 class RowsSpec:
     source: TableDefinition       # the input table (a stream's records are rows keyed by position)
     partitions: int               # the reading table's state partitions (its `_sp`)
     batch_id: int
     now_ms: int | None
     max_value_bytes: int = MAX_VALUE_BYTES
+    # A windowed join's side: the join key, which every record must carry and which picks its
+    # state partition, and the rule of its event times.
+    join_key: str | None = None
+    window: WindowRule | None = None
 
 
 def run(spec: RowsSpec, batches):
@@ -98,7 +113,8 @@ def run(spec: RowsSpec, batches):
         for kind, table in _records(batch, spec, pass_spec):
             if kind == "stat":
                 for name, n in table.items():
-                    counts[name] = counts.get(name, 0) + n
+                    counts[name] = n if name not in counts else max(counts[name], n) \
+                        if name.startswith("newest_") else counts[name] + n
             elif table.num_rows:
                 yield shaped(table.append_column("_kind", pa.array([kind] * table.num_rows, pa.string())), schema)
     if counts:
@@ -110,7 +126,7 @@ def _records(batch: pa.RecordBatch, spec: RowsSpec, pass_spec):
     from spark_jobs.frames.arrow_pass import classify
 
     source = spec.source
-    key_fields = [] if source.stream else source.key_columns
+    key_fields = [spec.join_key] if spec.join_key else [] if source.stream else source.key_columns
     events, dead, read = classify(batch, pass_spec, key_fields=key_fields)
     stats = {"read": read}
     if not source.stream:       # a table's tombstones are deletes, or dead letters by their key
@@ -122,7 +138,11 @@ def _records(batch: pa.RecordBatch, spec: RowsSpec, pass_spec):
         stats[f"dead_{reason}"] = stats.get(f"dead_{reason}", 0) + 1
     yield "dead", dead
     if events.num_rows:
-        yield "row", _rows(batch, events, spec, stats)
+        rows = _rows(batch, events, spec, stats)
+        if spec.window is not None:
+            rows, late = _judge_times(batch, rows, spec, stats)
+            yield "dead", late
+        yield "row", rows
     yield "stat", stats
 
 
@@ -153,7 +173,9 @@ def _rows(batch: pa.RecordBatch, events: pa.Table, spec: RowsSpec, stats: dict) 
     out["_offset"] = events.column("source_offset")
     rows = pa.table(out)
     if source.stream:
-        return rows.append_column("_sp", state_partitions(rows.select(["_k0"]), spec.partitions))
+        route = rows.select(["_k0"]) if spec.join_key is None else \
+            pa.table({"_k0": out[f"_v{source.value_columns.index(spec.join_key)}"]})
+        return rows.append_column("_sp", state_partitions(route, spec.partitions))
     # Spark's rule: a Kafka key that is present must try_cast to the row's key. Its plain text
     # (what str() of the key gives) always does; anything else Spark judges.
     index = pc.index_in(events.column("source_offset"), value_set=batch.column("offset"))
@@ -174,6 +196,41 @@ def _rows(batch: pa.RecordBatch, events: pa.Table, spec: RowsSpec, stats: dict) 
             .append_column("source_partition", rows.column("_partition")) \
             .append_column("source_offset", rows.column("_offset"))
     return rows.append_column("_sp", state_partitions(rows.select(["_k0"]), spec.partitions))
+
+
+def _judge_times(batch: pa.RecordBatch, rows: pa.Table, spec: RowsSpec, stats: dict):
+    """(accepted rows, dead letters): stream_join._judged's reasons in its order, and each Kafka
+    partition's newest accepted event time as `newest_<partition>` (a maximum, not a sum)."""
+    rule, columns = spec.window, spec.source.value_columns
+    t = rows.column(f"_v{columns.index(rule.time_column)}").cast(pa.int64())
+    until = rows.column(f"_v{columns.index(rule.until_column)}").cast(pa.int64())
+    checks = [("missing_event_time", pc.or_(pc.is_null(t), pc.is_null(until))),
+              ("future_event_time", pc.greater(t, spec.now_ms + spec.source.event_time_skew_ms)),
+              ("window_too_long", pc.greater(pc.subtract(until, t), rule.max_window_ms))]
+    if rule.watermark_ms is not None:
+        checks.append(("late", pc.less(t, rule.watermark_ms)))
+    reason = pa.nulls(rows.num_rows, pa.string())
+    for name, mask in checks:
+        reason = pc.if_else(pc.and_(pc.is_null(reason), pc.fill_null(mask, False)), pa.scalar(name), reason)
+    rejected = pc.is_valid(reason)
+    accepted = rows.filter(pc.invert(rejected))
+    kept_t = t.filter(pc.invert(rejected))
+    if accepted.num_rows:
+        for partition in pc.unique(accepted.column("_partition")).to_pylist():
+            newest = pc.max(kept_t.filter(pc.equal(accepted.column("_partition"), partition))).as_py()
+            name = f"newest_{partition}"
+            stats[name] = newest if name not in stats else max(stats[name], newest)
+    if not pc.any(rejected).as_py():
+        return accepted, rows.slice(0, 0).select([])
+    refused = rows.filter(rejected)
+    reasons = reason.filter(rejected)
+    for name in reasons.to_pylist():
+        stats[f"dead_{name}"] = stats.get(f"dead_{name}", 0) + 1
+    index = pc.index_in(refused.column("_offset"), value_set=batch.column("offset"))
+    values = pc.take(batch.column("value"), index)
+    return accepted, pa.table({"reason": reasons, "source_partition": refused.column("_partition"),
+                               "source_offset": refused.column("_offset"), "value": values,
+                               "size": pc.binary_length(values).cast(pa.int32())})
 
 
 def _tombstones(batch: pa.RecordBatch, nulls: pa.Table, spec: RowsSpec, stats: dict):
@@ -246,6 +303,44 @@ def judged(out, source: TableDefinition):
                     F.lit("key_mismatch")))
     return out.withColumn("reason", F.when(undecided, reason).otherwise(F.col("reason"))) \
         .withColumn("_k0", F.when(undecided & F.col("_del"), kafka_key.try_cast(pk_type)).otherwise(F.col("_k0")))
+
+
+def collected_stats(out) -> dict[str, int]:
+    """The pass's statistics over all its tasks (counts summed, newest times the greatest)."""
+    from pyspark.sql import functions as F
+
+    stats: dict[str, int] = {}
+    for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
+        name, n = row["stat"], row["stat_value"]
+        stats[name] = n if name not in stats else max(stats[name], n) if name.startswith("newest_") else stats[name] + n
+    return stats
+
+
+def reasons_of(stats: dict[str, int]) -> dict:
+    """Records by reason (None: accepted), from the pass's statistics."""
+    reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
+    reasons[None] = stats.get("read", 0) - sum(reasons.values())
+    return reasons
+
+
+def dead_letter_frame(out, topic: str):
+    """The pass's (or its judged output's) refused records as parse.dead_letter_records."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.frames.parse import dead_letter_records
+
+    return dead_letter_records(out.where(F.col("reason").isNotNull()), topic, F.col("value"), F.col("reason"),
+                               F.col("source_partition"), F.col("source_offset"), F.col("size"))
+
+
+def rows_frame(out, source: TableDefinition, positions: bool = True):
+    """The accepted rows, as latest_rows shapes them, with `_sp` (and, for latest_per_key, their
+    positions)."""
+    from pyspark.sql import functions as F
+
+    return out.where((F.col("_kind") == "row") & F.col("reason").isNull()).select(
+        "_k0", "_del", *[f"_v{i}" for i in range(len(source.value_columns))],
+        *(["_partition", "_offset"] if positions else []), "_sp")
 
 
 def latest_per_key(rows: pa.Table, unique: bool = False) -> pa.Table:

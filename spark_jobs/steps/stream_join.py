@@ -24,6 +24,7 @@ found it and computes the same rows; the table's own commit is skipped as alread
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 
@@ -36,7 +37,9 @@ from state.interval_join import EXPIRY, WAITING, Waiting, Window, advanced, pair
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.summary import PartitionSummary
-from spark_jobs.steps.table_stages import open_stage, summary
+from spark_jobs.frames import arrow_rows
+from spark_jobs.frames.table_frames import latest_rows
+from spark_jobs.steps.table_stages import arrow_rows_pass, open_stage, summary
 from spark_jobs.steps.task_context import TaskContext
 
 log = logging.getLogger(__name__)
@@ -208,16 +211,14 @@ def _judged(classified, source: TableDefinition, time_column: str, until_column:
     return classified.withColumn("reason", reason).withColumn("_t", F.when(F.col("reason").isNull(), t))
 
 
-def _side_rows(classified, source: TableDefinition, side: str, key: str, time_column: str, until_column: str):
-    """A side's accepted records as the tasks take them: `_k0` the join key, `_k1` the position,
-    `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields."""
+def _side_rows(rows, source: TableDefinition, side: str, key: str, time_column: str, until_column: str):
+    """A side's accepted records (latest_rows' shape) as the tasks take them: `_k0` the join key,
+    `_k1` the position, `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields;
+    and `_sp`, where the Arrow read gave it."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.frames.table_frames import latest_rows
-
-    rows = latest_rows(classified, source)
     index = {c: i for i, c in enumerate(source.value_columns)}
-    return rows.select(F.col(f"_v{index[key]}").alias("_k0"), F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
+    return rows.select(*(["_sp"] if "_sp" in rows.columns else []),F.col(f"_v{index[key]}").alias("_k0"), F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
                        F.col(f"_v{index[time_column]}").cast("long").alias("_t"),
                        F.col(f"_v{index[until_column]}").cast("long").alias("_u"),
                        F.struct(*[F.col(f"_v{index[c]}").alias(c) for c in source.value_columns[1:]]).alias(f"_{side}"))
@@ -247,6 +248,18 @@ def run(table_run, plan, started: float) -> BatchStep:
         for side, source, offsets, key, time_column, until_column in sides:
             if not offsets.record_count:
                 continue
+            if arrow_rows.unsupported(source) is None and os.environ.get("STATETABLE_ENGINE") != "spark":
+                spec = arrow_rows.RowsSpec(source, table.partitions, plan.batch_id, now_ms, join_key=key,
+                                           window=arrow_rows.WindowRule(time_column, until_column, plan.watermark_ms,
+                                                                        join.max_window_ms))
+                out, stats = arrow_rows_pass(table_run, offsets, spec)
+                for reason, n in arrow_rows.reasons_of(stats).items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+                newest.update((f"{side}:{name[7:]}", t) for name, t in stats.items() if name.startswith("newest_"))
+                judged.append((side, source, key, time_column, until_column, out,
+                               arrow_rows.dead_letter_frame(out, offsets.topic),
+                               arrow_rows.rows_frame(out, source, positions=False)))
+                continue
             raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)
             classified = _judged(parse.classify(raw, source, [key], rows=True), source, time_column, until_column,
                                  plan.watermark_ms, now_ms, join.max_window_ms).persist(StorageLevel.MEMORY_AND_DISK)
@@ -255,15 +268,15 @@ def run(table_run, plan, started: float) -> BatchStep:
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["n"]
                 if r["reason"] is None and r["t"] is not None:
                     newest[f"{side}:{r['_partition']}"] = r["t"]
-            judged.append((side, source, offsets.topic, key, time_column, until_column, classified))
+            judged.append((side, source, key, time_column, until_column, classified,
+                           parse.dead_letters(classified, offsets.topic), latest_rows(classified, source)))
     read_count = sum(reasons.values())
     last = table_run.log.last_commit()
     frontiers = advanced((last.event_times if last is not None else None) or {}, newest)
     watermark = watermark_after(plan.watermark_ms, frontiers, set((plan.joins or {}).get("behind") or ()), join.grace_ms)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
         dead = None
-        for _, _, topic, _, _, _, classified in judged:
-            frame = parse.dead_letters(classified, topic)
+        for *_, frame, _ in judged:
             dead = frame if dead is None else dead.unionByName(frame)
         dead_count = 0 if dead is None else sinks.write_dead_letters(
             table_run, dead, plan.batch_id, sum(n for r, n in reasons.items() if r))
@@ -271,16 +284,17 @@ def run(table_run, plan, started: float) -> BatchStep:
     mirror_dir = mirror.changes_path(rt, table.name)
     with clock.step("join", "batch.after_rows", "batch.after_merge"):
         rows = None
-        for side, source, _, key, time_column, until_column, classified in judged:
-            frame = _side_rows(classified, source, side, key, time_column, until_column)
+        for side, source, key, time_column, until_column, _, _, latest in judged:
+            frame = _side_rows(latest, source, side, key, time_column, until_column)
+            frame = frame if "_sp" in frame.columns else table_run.frames.partitioned(frame)
             rows = frame if rows is None else rows.unionByName(frame, allowMissingColumns=True)
         if rows is not None:
-            rows = table_run.frames.partitioned(rows).withColumn("_kind", F.lit("partial"))
+            rows = rows.withColumn("_kind", F.lit("partial"))
         summaries = PartitionSummary.all_of(per_state_partition(
             spark, rows, table.partitions, lambda group: merge_pairs(ctx, mirror_dir, group),
             f"{table.name} batch {plan.batch_id}: join"))
-        for *_, classified in judged:
-            classified.unpersist()
+        for *_, persisted, _, _ in judged:
+            persisted.unpersist()
     counts = {name: sum(s.counts.get(name, 0) for s in summaries.values())
               for name in ("pairs", "unmatched", "left_state", "waiting")}
     log.info("%s batch %d: read %d records of two streams (%d dead letters), watermark %s; %d pairs and %d unmatched "
@@ -321,7 +335,7 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
             continue
         classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
                              source, time_column, until_column, None, 1 << 62, join.max_window_ms)
-        frame = _side_rows(classified, source, side, key, time_column, until_column).toArrow()
+        frame = _side_rows(latest_rows(classified, source), source, side, key, time_column, until_column).toArrow()
         for record in _records(frame):
             partition, offset = _partition_offset(record)
             found = records.setdefault((side, partition), ([], []))

@@ -128,44 +128,48 @@ def _spark_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
 def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     """One Arrow pass over the records (arrow_rows.run); Spark judges only the records whose Kafka
     key is not plainly their key (arrow_rows.judged), and only when there are any."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark_jobs.engine.session import struct
-    from spark_jobs.frames import arrow_rows, parse
+    from spark_jobs.frames import arrow_rows
     from spark_jobs.steps import sinks
-    from spark_jobs.steps.offsets import OffsetRange, spark_reader
+    from spark_jobs.steps.offsets import OffsetRange
 
-    table, rt, spark = table_run.table, table_run.rt, table_run.spark
-    spec = arrow_rows.RowsSpec(source, table.partitions, plan.batch_id, now_ms=int(plan.created_at * 1000))
+    spec = arrow_rows.RowsSpec(source, table_run.table.partitions, plan.batch_id, now_ms=int(plan.created_at * 1000))
     with clock.step("read"):
-        raw = spark_reader(spark, rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group) \
-            .select("partition", "offset", "timestamp", "key", "value")
-        out = raw.mapInArrow(lambda batches: arrow_rows.run(spec, batches), struct(spark, arrow_rows.output_ddl(source))) \
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        stats: dict[str, int] = {}
-        for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
-            stats[row["stat"]] = stats.get(row["stat"], 0) + row["stat_value"]
+        out, stats = arrow_rows_pass(table_run, OffsetRange(plan.topic, plan.ranges), spec)
         undecided = stats.get("undecided", 0)
         out_judged = arrow_rows.judged(out, source) if undecided else out
-        reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
+        reasons = arrow_rows.reasons_of(stats)
         if undecided:
             for r in out_judged.where((F.col("_kind") == "row") & F.col("reason").isNotNull()) \
                     .groupBy("reason").count().collect():
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+                reasons[None] -= r["count"]
     read_count = stats.get("read", 0)
-    reasons[None] = read_count - sum(reasons.values())
     _log_read(table_run, plan, clock, source, read_count)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
-        dead = out_judged.where(F.col("reason").isNotNull())
-        dead_count = sinks.write_dead_letters(table_run, parse.dead_letter_records(
-            dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
-            F.col("size")), plan.batch_id, sum(n for r, n in reasons.items() if r))
-    rows = out_judged.where((F.col("_kind") == "row") & F.col("reason").isNull()) \
-        .select("_k0", "_del", *[f"_v{i}" for i in range(len(source.value_columns))], "_partition", "_offset", "_sp")
+        dead_count = sinks.write_dead_letters(table_run, arrow_rows.dead_letter_frame(out_judged, plan.topic),
+                                              plan.batch_id, sum(n for r, n in reasons.items() if r))
+    rows = arrow_rows.rows_frame(out_judged, source)
     if undecided:               # a tombstone's key was Spark's to read: its partition too
         rows = table_run.frames.partitioned(rows.drop("_sp"))
     return InputRead(rows, out, reasons, read_count, dead_count)
+
+
+def arrow_rows_pass(table_run, offsets, spec):
+    """(the persisted output of arrow_rows.run over `offsets`' records, its statistics)."""
+    from pyspark import StorageLevel
+
+    from spark_jobs.engine.session import struct
+    from spark_jobs.frames import arrow_rows
+    from spark_jobs.steps.offsets import spark_reader
+
+    spark = table_run.spark
+    raw = spark_reader(spark, table_run.rt.bootstrap, offsets, table_run.reader_group) \
+        .select("partition", "offset", "timestamp", "key", "value")
+    out = raw.mapInArrow(lambda batches: arrow_rows.run(spec, batches), struct(spark, arrow_rows.output_ddl(spec.source))) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    return out, arrow_rows.collected_stats(out)
 
 
 def _key_fields(source: TableDefinition) -> list[str]:
