@@ -73,3 +73,26 @@ def test_a_parse_for_callbacks_builds_only_the_dags_they_name():
     assert set(two) == {"players__incremental", "movies__restore_verify"}
     odd = _parse_file(SimpleNamespace(callback_requests=[SimpleNamespace()]))     # a request it cannot read
     assert set(odd) == set(everything)
+
+
+def test_a_task_s_success_callback_queues_no_parse_and_a_failure_s_does(monkeypatch):
+    """A task that ends in the triggerer with success sends a callback the dag-processor's parse
+    does nothing with (processor._execute_task_callbacks returns for it): with the fix, it queues
+    no parse of the file; a failure or retry callback still does."""
+    from airflow.callbacks.callback_requests import TaskCallbackRequest
+    from airflow.utils.state import TaskInstanceState
+
+    queued = []
+    monkeypatch.setattr(manager.DagFileProcessorManager, "_add_callback_to_queue",
+                        lambda self, request: queued.append(request.task_callback_type))
+    monkeypatch.setattr(sys, "argv", ["airflow", "dag-processor"])
+    assert airflow_fixes.apply()
+    mgr = object.__new__(manager.DagFileProcessorManager)
+
+    def request(state):
+        return TaskCallbackRequest.model_construct(filepath="statetable_tables.py", bundle_name="dags-folder",
+                                                   task_callback_type=state, ti=SimpleNamespace(task_id="batch"))
+    for state in (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.UP_FOR_RETRY,
+                  TaskInstanceState.SUCCESS):
+        mgr._add_callback_to_queue(request(state))
+    assert queued == [TaskInstanceState.FAILED, TaskInstanceState.UP_FOR_RETRY]
