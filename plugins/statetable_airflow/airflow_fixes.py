@@ -56,10 +56,7 @@ def keep_parse_time_after_callbacks() -> bool:
             not {"last_finish_time", "num_dags", "import_errors"} <= {f.name for f in attrs.fields(stat_cls)}:
         log.warning("statetable: Airflow's dag-processor fix not applied: this Airflow's manager differs")
         return False
-    if getattr(original, MARK, False):
-        return True
 
-    @functools.wraps(original)
     def handle_parsing_result(self, file, proc, *args, **kwargs):
         before = self._file_stats.get(file)
         result = original(self, file, proc, *args, **kwargs)
@@ -71,35 +68,44 @@ def keep_parse_time_after_callbacks() -> bool:
                                                   num_dags=before.num_dags, import_errors=before.import_errors)
         return result
 
-    setattr(handle_parsing_result, MARK, True)
-    cls.handle_parsing_result = handle_parsing_result
+    return _replace_once(cls, "handle_parsing_result", handle_parsing_result)
+
+
+def _manager_class(fix: str):
+    """Airflow's DagFileProcessorManager, or None (said in the log) where this Airflow has none."""
+    try:
+        from airflow.dag_processing import manager
+    except ImportError as exc:
+        log.warning("statetable: Airflow's %s fix not applied: %s", fix, exc)
+        return None
+    return getattr(manager, "DagFileProcessorManager", None)
+
+
+def _replace_once(cls, name: str, patched) -> bool:
+    """`cls.name` replaced by `patched` (which calls the original), unless an earlier apply did."""
+    original = getattr(cls, name)
+    if not getattr(original, MARK, False):
+        patched = functools.wraps(original)(patched)
+        setattr(patched, MARK, True)
+        setattr(cls, name, patched)
     return True
 
 
 def skip_success_task_callbacks() -> bool:
     """Drop a task's success callback request before it queues a parse of its DAG file: the parse
     would run nothing for it (see the module's docstring)."""
-    try:
-        from airflow.callbacks.callback_requests import TaskCallbackRequest
-        from airflow.dag_processing import manager
-    except ImportError as exc:
-        log.warning("statetable: Airflow's success-callback fix not applied: %s", exc)
-        return False
-    cls = getattr(manager, "DagFileProcessorManager", None)
+    from airflow.callbacks.callback_requests import TaskCallbackRequest   # in every Airflow 3
+
+    cls = _manager_class("success-callback")
     original = getattr(cls, "_add_callback_to_queue", None)
     if original is None or not hasattr(TaskCallbackRequest, "is_failure_callback"):
         log.warning("statetable: Airflow's success-callback fix not applied: this Airflow's manager differs")
         return False
-    if getattr(original, MARK, False):
-        return True
 
-    @functools.wraps(original)
-    def _add_callback_to_queue(self, request, *args, **kwargs):
+    def add_callback_to_queue(self, request, *args, **kwargs):
         if isinstance(request, TaskCallbackRequest) and not request.is_failure_callback:
             self.log.debug("statetable: no parse for %s's success callback (nothing runs for it)", request.ti.task_id)
             return None
         return original(self, request, *args, **kwargs)
 
-    setattr(_add_callback_to_queue, MARK, True)
-    cls._add_callback_to_queue = _add_callback_to_queue
-    return True
+    return _replace_once(cls, "_add_callback_to_queue", add_callback_to_queue)
