@@ -237,10 +237,10 @@ def classify(batch: pa.RecordBatch, spec: PassSpec, key_fields: list[str] | None
     events = parsed.append_column("source_partition", pc.take(batch.column("partition"), good_index)) \
         .append_column("source_offset", pc.take(batch.column("offset"), good_index)) \
         .append_column("source_timestamp", pc.take(batch.column("timestamp"), good_index))
-    return events, _dead_letters(batch, pa.array(dead_index, pa.int64()), dead_reason, spec), n
+    return events, dead_letters(batch, pa.array(dead_index, pa.int64()), dead_reason, spec), n
 
 
-def _dead_letters(batch: pa.RecordBatch, index, reasons: list[str], spec: PassSpec) -> pa.Table:
+def dead_letters(batch: pa.RecordBatch, index, reasons: list[str], spec: PassSpec) -> pa.Table:
     """Dead-letter rows for the batch's records at `index`. Oversize values are kept as their
     first KiB; the size column keeps the real size."""
     values = pc.take(batch.column("value"), index)
@@ -509,7 +509,7 @@ def run(spec: PassSpec, batches):
         events, late = _split_late(events, spec)
         if late.num_rows:
             lookup = pc.index_in(late.column("source_offset"), value_set=batch.column("offset"))
-            dead = pa.concat_tables([dead, _dead_letters(batch, lookup, ["late"] * late.num_rows, spec)])
+            dead = pa.concat_tables([dead, dead_letters(batch, lookup, ["late"] * late.num_rows, spec)])
             counts["late"] = counts.get("late", 0) + late.num_rows
         if spec.table.timed and events.num_rows:
             newest = pc.max(_millis(events.column(spec.table.event_time))).as_py()

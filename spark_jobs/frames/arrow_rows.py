@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from catalog.definitions import TableDefinition
 from spark_jobs.frames.arrow_keys import state_partitions
+from spark_jobs.frames.arrow_pass import PassSpec, classify, dead_letters, shaped
 from spark_jobs.frames.arrow_values import arrow_type
 from spark_jobs.frames.formats import transcodes
 from spark_jobs.frames.parse import MAX_VALUE_BYTES
@@ -102,8 +103,6 @@ class RowsSpec:
 
 def run(spec: RowsSpec, batches):
     """mapInArrow body: row, dead-letter and stat rows (output_columns)."""
-    from spark_jobs.frames.arrow_pass import PassSpec, shaped
-
     schema = pa.schema([(name, dtype) for name, _, dtype in output_columns(spec.source)])
     pass_spec = PassSpec(spec.source, spec.batch_id, spec.now_ms, None, None, max_value_bytes=spec.max_value_bytes)
     counts: dict[str, int] = {}
@@ -113,8 +112,7 @@ def run(spec: RowsSpec, batches):
         for kind, table in _records(batch, spec, pass_spec):
             if kind == "stat":
                 for name, n in table.items():
-                    counts[name] = n if name not in counts else max(counts[name], n) \
-                        if name.startswith("newest_") else counts[name] + n
+                    _add_stat(counts, name, n)
             elif table.num_rows:
                 yield shaped(table.append_column("_kind", pa.array([kind] * table.num_rows, pa.string())), schema)
     if counts:
@@ -122,9 +120,7 @@ def run(spec: RowsSpec, batches):
                                 "stat_value": pa.array(list(counts.values()), pa.int64())}), schema)
 
 
-def _records(batch: pa.RecordBatch, spec: RowsSpec, pass_spec):
-    from spark_jobs.frames.arrow_pass import classify
-
+def _records(batch: pa.RecordBatch, spec: RowsSpec, pass_spec: PassSpec):
     source = spec.source
     key_fields = [spec.join_key] if spec.join_key else [] if source.stream else source.key_columns
     events, dead, read = classify(batch, pass_spec, key_fields=key_fields)
@@ -140,7 +136,7 @@ def _records(batch: pa.RecordBatch, spec: RowsSpec, pass_spec):
     if events.num_rows:
         rows = _rows(batch, events, spec, stats)
         if spec.window is not None:
-            rows, late = _judge_times(batch, rows, spec, stats)
+            rows, late = _judge_times(batch, rows, spec, pass_spec, stats)
             yield "dead", late
         yield "row", rows
     yield "stat", stats
@@ -198,7 +194,7 @@ def _rows(batch: pa.RecordBatch, events: pa.Table, spec: RowsSpec, stats: dict) 
     return rows.append_column("_sp", state_partitions(rows.select(["_k0"]), spec.partitions))
 
 
-def _judge_times(batch: pa.RecordBatch, rows: pa.Table, spec: RowsSpec, stats: dict):
+def _judge_times(batch: pa.RecordBatch, rows: pa.Table, spec: RowsSpec, pass_spec: PassSpec, stats: dict):
     """(accepted rows, dead letters): stream_join._judged's reasons in its order, and each Kafka
     partition's newest accepted event time as `newest_<partition>` (a maximum, not a sum)."""
     rule, columns = spec.window, spec.source.value_columns
@@ -218,19 +214,14 @@ def _judge_times(batch: pa.RecordBatch, rows: pa.Table, spec: RowsSpec, stats: d
     if accepted.num_rows:
         for partition in pc.unique(accepted.column("_partition")).to_pylist():
             newest = pc.max(kept_t.filter(pc.equal(accepted.column("_partition"), partition))).as_py()
-            name = f"newest_{partition}"
-            stats[name] = newest if name not in stats else max(stats[name], newest)
+            _add_stat(stats, f"newest_{partition}", newest)
     if not pc.any(rejected).as_py():
         return accepted, rows.slice(0, 0).select([])
-    refused = rows.filter(rejected)
-    reasons = reason.filter(rejected)
-    for name in reasons.to_pylist():
-        stats[f"dead_{name}"] = stats.get(f"dead_{name}", 0) + 1
-    index = pc.index_in(refused.column("_offset"), value_set=batch.column("offset"))
-    values = pc.take(batch.column("value"), index)
-    return accepted, pa.table({"reason": reasons, "source_partition": refused.column("_partition"),
-                               "source_offset": refused.column("_offset"), "value": values,
-                               "size": pc.binary_length(values).cast(pa.int32())})
+    reasons = reason.filter(rejected).to_pylist()
+    for name in reasons:
+        _add_stat(stats, f"dead_{name}", 1)
+    index = pc.index_in(rows.column("_offset").filter(rejected), value_set=batch.column("offset"))
+    return accepted, dead_letters(batch, index, reasons, pass_spec)
 
 
 def _tombstones(batch: pa.RecordBatch, nulls: pa.Table, spec: RowsSpec, stats: dict):
@@ -311,9 +302,13 @@ def collected_stats(out) -> dict[str, int]:
 
     stats: dict[str, int] = {}
     for row in out.where(F.col("_kind") == "stat").select("stat", "stat_value").collect():
-        name, n = row["stat"], row["stat_value"]
-        stats[name] = n if name not in stats else max(stats[name], n) if name.startswith("newest_") else stats[name] + n
+        _add_stat(stats, row["stat"], row["stat_value"])
     return stats
+
+
+def _add_stat(stats: dict[str, int], name: str, n: int) -> None:
+    """Counts add up; a partition's newest event time (`newest_<p>`) is the greatest seen."""
+    stats[name] = n if name not in stats else max(stats[name], n) if name.startswith("newest_") else stats[name] + n
 
 
 def reasons_of(stats: dict[str, int]) -> dict:
@@ -321,16 +316,6 @@ def reasons_of(stats: dict[str, int]) -> dict:
     reasons = {name[5:]: n for name, n in stats.items() if name.startswith("dead_")}
     reasons[None] = stats.get("read", 0) - sum(reasons.values())
     return reasons
-
-
-def dead_letter_frame(out, topic: str):
-    """The pass's (or its judged output's) refused records as parse.dead_letter_records."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs.frames.parse import dead_letter_records
-
-    return dead_letter_records(out.where(F.col("reason").isNotNull()), topic, F.col("value"), F.col("reason"),
-                               F.col("source_partition"), F.col("source_offset"), F.col("size"))
 
 
 def rows_frame(out, source: TableDefinition, positions: bool = True):

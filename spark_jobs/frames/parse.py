@@ -250,6 +250,15 @@ def dead_letter_records(frame, topic: str, value, reason, partition, offset, siz
     )
 
 
+def pass_dead_letters(out, topic: str):
+    """An Arrow pass's refused records (rows with a `reason` and their `value`, `size` and source
+    coordinates: arrow_pass.run's, arrow_rows.run's) as dead_letter_records."""
+    from pyspark.sql import functions as F
+
+    return dead_letter_records(out.where(F.col("reason").isNotNull()), topic, F.col("value"), F.col("reason"),
+                               F.col("source_partition"), F.col("source_offset"), F.col("size"))
+
+
 def dead_letters(classified, topic: str):
     """Rejected records, truncated to 1 KiB when oversize (the size header keeps the real size)."""
     from pyspark.sql import functions as F

@@ -58,10 +58,8 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
              read_count, clock.seconds["read"], read_count / max(clock.seconds["read"], 1e-6))
 
     with clock.step("dead_letters"):
-        dead = out.where(F.col("_kind") == "dead")
-        dead_count = sinks.write_dead_letters(table_run, parse.dead_letter_records(
-            dead, plan.topic, F.col("value"), F.col("reason"), F.col("source_partition"), F.col("source_offset"),
-            F.col("size")), plan.batch_id, sum(n for r, n in reasons.items() if r) + late_count)
+        dead_count = sinks.write_dead_letters(table_run, parse.pass_dead_letters(out, plan.topic), plan.batch_id,
+                                              sum(n for r, n in reasons.items() if r) + late_count)
 
     with clock.step("bronze"):
         if bronze is not None:

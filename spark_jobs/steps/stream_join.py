@@ -257,7 +257,7 @@ def run(table_run, plan, started: float) -> BatchStep:
                     reasons[reason] = reasons.get(reason, 0) + n
                 newest.update((f"{side}:{name[7:]}", t) for name, t in stats.items() if name.startswith("newest_"))
                 judged.append((side, source, key, time_column, until_column, out,
-                               arrow_rows.dead_letter_frame(out, offsets.topic),
+                               parse.pass_dead_letters(out, offsets.topic),
                                arrow_rows.rows_frame(out, source, positions=False)))
                 continue
             raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)

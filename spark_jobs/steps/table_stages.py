@@ -130,7 +130,7 @@ def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     key is not plainly their key (arrow_rows.judged), and only when there are any."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.frames import arrow_rows
+    from spark_jobs.frames import arrow_rows, parse
     from spark_jobs.steps import sinks
     from spark_jobs.steps.offsets import OffsetRange
 
@@ -148,7 +148,7 @@ def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     read_count = stats.get("read", 0)
     _log_read(table_run, plan, clock, source, read_count)
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
-        dead_count = sinks.write_dead_letters(table_run, arrow_rows.dead_letter_frame(out_judged, plan.topic),
+        dead_count = sinks.write_dead_letters(table_run, parse.pass_dead_letters(out_judged, plan.topic),
                                               plan.batch_id, sum(n for r, n in reasons.items() if r))
     rows = arrow_rows.rows_frame(out_judged, source)
     if undecided:               # a tombstone's key was Spark's to read: its partition too
