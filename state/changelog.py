@@ -203,7 +203,9 @@ class ChangelogWriter:
 
         try:
             self.producer.begin_transaction()
-            half = len(changes) // 2
+            # Half the records sent before the point, when a test arms it; a flush there otherwise
+            # would stop every batch's sends mid-way for nothing.
+            half = len(changes) // 2 if faults.armed()[0] == "commit.mid_changelog" else -1
             for i, (key, value) in enumerate(changes.items()):
                 self._produce(key, value, headers, on_delivery)
                 if i == half:

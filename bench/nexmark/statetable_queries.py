@@ -78,10 +78,13 @@ QUERIES = {
           "FROM q5_changes GROUP BY window_start;",
     # q8 (monitor new users): people who opened an auction in the 10-second window they joined in.
     # A person has one event, so Nexmark's key (id, window) is the person's id; the chain's join
-    # (q8_join) keeps each auction whose seller joined in its window, this keeps its person once.
+    # (q8_join) keeps each auction whose seller joined in its window, this keeps its person once,
+    # reading the join's change topic as a stream of inserts (a windowed join's rows are final), as
+    # q4_final and q9 do.
     # The window's start is the person's time floored to 10 s (answers), as TIMESTAMPs are epoch
     # milliseconds in a join's WHERE.
-    "q8": "CREATE TABLE q8 AS SELECT id, MAX(name) AS name, MAX(person_time) AS person_time FROM q8_join GROUP BY id;",
+    "q8": "-- topic: {prefix}q8-join\n-- schema: id BIGINT, name STRING, person_time BIGINT\n-- partitions: 4\n"
+          "CREATE TABLE q8 AS SELECT id, MAX(name) AS name, MAX(person_time) AS person_time FROM q8_changes GROUP BY id;",
     # q20 (expanded bids of category 10): each bid with its auction; a bid before its auction joins when it comes
     "q20": BID + "CREATE TABLE q20 AS SELECT b.auction, b.bidder, b.price, b.channel, b.dateTime, a.itemName, "
                  "a.initialBid, a.reserve, a.seller, a.category FROM bid b JOIN auction a ON b.auction = a.id "

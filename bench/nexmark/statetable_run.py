@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ def main() -> None:
         parser.add_argument(flag, required=True)
     parser.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(QUERIES))
     args = parser.parse_args()
+    # The batches' own lines (each step's seconds, the slowest task's profile) in the peer's log.txt
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
     from catalog.mapping import row_of
     from catalog.runtime import Runtime

@@ -99,6 +99,9 @@ class RowsSpec:
     # state partition, and the rule of its event times.
     join_key: str | None = None
     window: WindowRule | None = None
+    # The value columns the reader uses (None: all); the others come out NULL, as the windowed
+    # join's _side_rows stores them, so a bid's url and extra never cross into the JVM (q4).
+    keep: frozenset | None = None
 
 
 def run(spec: RowsSpec, batches):
@@ -158,6 +161,8 @@ def _rows(batch: pa.RecordBatch, events: pa.Table, spec: RowsSpec, stats: dict) 
     for i, name in enumerate(source.value_columns):
         if source.stream and name == source.key_columns[0]:
             out[f"_v{i}"] = position
+        elif spec.keep is not None and name not in spec.keep:
+            out[f"_v{i}"] = pa.nulls(n, _stored_type(kinds[name])[1])
         elif kinds[name] == "TIMESTAMP":
             out[f"_v{i}"] = pc.floor_temporal(events.column(name), unit="millisecond") \
                 .cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())

@@ -90,6 +90,24 @@ class PairShape:
                      else None if rows[side] is None else rows[side][i] for side, i in self.picks)
 
 
+def used_fields(table: TableDefinition) -> dict[str, set[str]]:
+    """Each side's fields ("a", "b") that a joined row or the WHERE reads: the others are NULL in
+    what the join reads and stores (_side_rows), so a record waits with what it will give."""
+    import sqlglot
+    from sqlglot import exp
+
+    join = table.stream_join
+    aliases = {join.left_alias: "a", join.right_alias: "b"}
+    names = [source for source, _ in table.join_columns if source not in (STREAM_JOIN_KEY, POSITION)]
+    if table.where:
+        names += [c.name for c in sqlglot.parse_one(table.where, dialect="spark").find_all(exp.Column)]   # `a.x`
+    used: dict[str, set[str]] = {"a": set(), "b": set()}
+    for name in names:
+        alias, _, column = name.partition(".")
+        used[aliases[alias]].add(column)
+    return used
+
+
 def _records(partials: pa.Table) -> list[Waiting]:
     """The batch's accepted records of one partition, in position order on each side."""
     if not partials.num_rows:
@@ -132,6 +150,7 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
     window = Window(join.lower_ms, join.upper_ms, join.kind)
     new = _records(group.filter(pc.equal(group.column("_kind"), "partial")))
     stage_table, stage, _ = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
+    marks = [("", started), ("records", time.monotonic())]    # each step's end: the task's profile
     try:
         done = stage.meta.applied_batch >= ctx.batch_id
         outcome, waiting_count = None, 0
@@ -145,7 +164,9 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
                         in stage.items_between((EXPIRY,), (EXPIRY, ctx.join_watermark))]
                 raw = stage.get_raw_many([codec.encode_key(k) for k in keys])
                 leaving = [Waiting.of(k, codec.decode_value(v)) for k, v in zip(keys, raw) if v is not None]
+            marks.append(("waiting", time.monotonic()))
             outcome = step(window, new, waiting, leaving, ctx.join_watermark)
+            marks.append(("pairing", time.monotonic()))
         spec = state_spec(ctx.table, ctx.namespace)
         table, part, hydrated = open_stage(replace(spec, changelog=ctx.changelog or spec.changelog), ctx, partition)
         try:
@@ -159,12 +180,15 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
                     key = ((a or b).key, pair_position(a, b))
                     tx.put(key, row)
                     written.append(codec.encode_key(key))
+            marks.append(("shaping", time.monotonic()))
             result = tx.commit(outputs_of(ctx.table, None))
+            marks.append(("state_commit", time.monotonic()))
             if partition == 0:
                 faults.point("batch.mid_merge")
             if mirror_dir is not None and not done:
                 changed = result.changes if not result.noop else dict(zip(written, part.get_raw_many(written)))
                 write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
+            marks.append(("mirror", time.monotonic()))
             rows_changed = 0
             if outcome is not None:
                 rows_tx = stage.begin(ctx.batch_id)
@@ -178,7 +202,9 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
                 if partition == 0:
                     faults.point("rows.after_commit")
             waiting_count = stage.meta.key_count // 2
-            ms = {"join": round((time.monotonic() - started) * 1000)}
+            marks.append(("rows_commit", time.monotonic()))
+            ms = {"join": round((time.monotonic() - started) * 1000),
+                  **{name: round((t - before) * 1000) for (_, before), (name, t) in zip(marks, marks[1:])}}
             return summary(partition, part, result, ms, hydrated, delta_keys=len(new), rows_changed=rows_changed,
                            pairs=0 if outcome is None else len(outcome.pairs),
                            unmatched=0 if outcome is None else len(outcome.unmatched),
@@ -211,17 +237,24 @@ def _judged(classified, source: TableDefinition, time_column: str, until_column:
     return classified.withColumn("reason", reason).withColumn("_t", F.when(F.col("reason").isNull(), t))
 
 
-def _side_rows(rows, source: TableDefinition, side: str, key: str, time_column: str, until_column: str):
+def _side_rows(rows, source: TableDefinition, side: str, key: str, time_column: str, until_column: str,
+               used: set[str]):
     """A side's accepted records (latest_rows' shape) as the tasks take them: `_k0` the join key,
-    `_k1` the position, `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields;
-    and `_sp`, where the Arrow read gave it."""
+    `_k1` the position, `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields
+    (those not `used` NULL); and `_sp`, where the Arrow read gave it."""
     from pyspark.sql import functions as F
 
     index = {c: i for i, c in enumerate(source.value_columns)}
-    return rows.select(*(["_sp"] if "_sp" in rows.columns else []),F.col(f"_v{index[key]}").alias("_k0"), F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
+
+    def field(c: str):
+        column = f"_v{index[c]}"
+        return (F.col(column) if c in used else F.lit(None).cast(rows.schema[column].dataType)).alias(c)
+
+    return rows.select(*(["_sp"] if "_sp" in rows.columns else []), F.col(f"_v{index[key]}").alias("_k0"),
+                       F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
                        F.col(f"_v{index[time_column]}").cast("long").alias("_t"),
                        F.col(f"_v{index[until_column]}").cast("long").alias("_u"),
-                       F.struct(*[F.col(f"_v{index[c]}").alias(c) for c in source.value_columns[1:]]).alias(f"_{side}"))
+                       F.struct(*[field(c) for c in source.value_columns[1:]]).alias(f"_{side}"))
 
 
 def run(table_run, plan, started: float) -> BatchStep:
@@ -243,6 +276,7 @@ def run(table_run, plan, started: float) -> BatchStep:
     now_ms = int(plan.created_at * 1000)
     sides = (("a", left, OffsetRange(plan.topic, plan.ranges), join.left_key, join.left_time, join.left_until),
              ("b", right, OffsetRange(b_topic or join.topic, b_ranges), join.right_key, join.right_time, join.right_time))
+    used = used_fields(table)
     with clock.step("read"):
         judged, reasons, newest = [], {}, {}
         for side, source, offsets, key, time_column, until_column in sides:
@@ -251,7 +285,8 @@ def run(table_run, plan, started: float) -> BatchStep:
             if arrow_rows.unsupported(source) is None and os.environ.get("STATETABLE_ENGINE") != "spark":
                 spec = arrow_rows.RowsSpec(source, table.partitions, plan.batch_id, now_ms, join_key=key,
                                            window=arrow_rows.WindowRule(time_column, until_column, plan.watermark_ms,
-                                                                        join.max_window_ms))
+                                                                        join.max_window_ms),
+                                           keep=frozenset(used[side] | {key, time_column, until_column}))
                 out, stats = arrow_rows_pass(table_run, offsets, spec)
                 for reason, n in arrow_rows.reasons_of(stats).items():
                     reasons[reason] = reasons.get(reason, 0) + n
@@ -285,7 +320,7 @@ def run(table_run, plan, started: float) -> BatchStep:
     with clock.step("join", "batch.after_rows", "batch.after_merge"):
         rows = None
         for side, source, key, time_column, until_column, _, _, latest in judged:
-            frame = _side_rows(latest, source, side, key, time_column, until_column)
+            frame = _side_rows(latest, source, side, key, time_column, until_column, used[side])
             frame = frame if "_sp" in frame.columns else table_run.frames.partitioned(frame)
             rows = frame if rows is None else rows.unionByName(frame, allowMissingColumns=True)
         if rows is not None:
@@ -298,9 +333,10 @@ def run(table_run, plan, started: float) -> BatchStep:
     counts = {name: sum(s.counts.get(name, 0) for s in summaries.values())
               for name in ("pairs", "unmatched", "left_state", "waiting")}
     log.info("%s batch %d: read %d records of two streams (%d dead letters), watermark %s; %d pairs and %d unmatched "
-             "rows written, %d records left the state, %d wait, in %.1fs", table.name, plan.batch_id, read_count,
-             dead_count, watermark, counts["pairs"], counts["unmatched"], counts["left_state"], counts["waiting"],
-             sum(clock.seconds.values()))
+             "rows written, %d records left the state, %d wait, in %.1fs; the slowest task's ms: %s", table.name,
+             plan.batch_id, read_count, dead_count, watermark, counts["pairs"], counts["unmatched"],
+             counts["left_state"], counts["waiting"], sum(clock.seconds.values()),
+             max(summaries.values(), key=lambda s: s.ms.get("join", 0)).ms if summaries else {})
     return BatchStep(reasons=reasons, read=read_count, dead=dead_count, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), steps=clock.seconds, watermark=watermark,
                      extra={f"join_{name}": n for name, n in counts.items()}, event_times=frontiers)
@@ -335,7 +371,8 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
             continue
         classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
                              source, time_column, until_column, None, 1 << 62, join.max_window_ms)
-        frame = _side_rows(latest_rows(classified, source), source, side, key, time_column, until_column).toArrow()
+        frame = _side_rows(latest_rows(classified, source), source, side, key, time_column, until_column,
+                           used_fields(table)[side]).toArrow()
         for record in _records(frame):
             partition, offset = _partition_offset(record)
             found = records.setdefault((side, partition), ([], []))
