@@ -36,6 +36,8 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
     armed = task_faults(spark)
 
     def run(batches):
+        import gc
+
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -44,8 +46,18 @@ def per_state_partition(spark, partials, partitions: int, body, what: str) -> di
         if not batches:
             return
         task = pa.Table.from_batches(batches)
-        for sp in sorted(pc.unique(task.column("_sp")).to_pylist()):     # one, unless tasks were merged
-            yield from body(task.filter(pc.equal(task.column("_sp"), sp))).to_batches()
+        # No cyclic garbage collection while the task runs: a merge holds a record, a tuple and a
+        # row per input record (a million), none of them in cycles, and the collector's full
+        # passes over them cost more than the work (a windowed join's 460,000 change rows: 1.33 s
+        # with it, 0.52 s without). It resumes when the task ends; the worker lives on.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for sp in sorted(pc.unique(task.column("_sp")).to_pylist()):     # one, unless tasks were merged
+                yield from body(task.filter(pc.equal(task.column("_sp"), sp))).to_batches()
+        finally:
+            if collecting:
+                gc.enable()
 
     summaries = {}
     for row in rows.repartitionById(partitions, "_sp").mapInArrow(run, struct(spark, "summary STRING")).collect():
