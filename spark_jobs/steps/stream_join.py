@@ -314,7 +314,11 @@ def run(table_run, plan, started: float) -> BatchStep:
                                            window=arrow_rows.WindowRule(time_column, until_column, plan.watermark_ms,
                                                                         join.max_window_ms),
                                            keep=frozenset(used[side] | {key, time_column, until_column}))
+                began = time.monotonic()
                 out, stats = arrow_rows_pass(table_run, offsets, spec)
+                log.info("%s batch %d: read %d records of %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
+                         stats.get("read", 0), offsets.topic, time.monotonic() - began,
+                         stats.get("read", 0) / max(time.monotonic() - began, 1e-6))
                 for reason, n in arrow_rows.reasons_of(stats).items():
                     reasons[reason] = reasons.get(reason, 0) + n
                 newest.update((f"{side}:{name[7:]}", t) for name, t in stats.items() if name.startswith("newest_"))
