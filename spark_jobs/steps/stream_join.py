@@ -212,9 +212,12 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
             if partition == 0:
                 faults.point("batch.mid_merge")
             if mirror_dir is not None and not done:
-                write_change_rows(mirror_dir, ctx.batch_id, partition, written.changed(result.changes) if not result.noop
-                                  else unbatched_rows(ctx.table, None, {}, dict(zip(written.encoded, part.get_raw_many(
-                                      written.encoded)))))
+                if result.noop:     # an earlier attempt committed the table: its rows as stored
+                    stored = dict(zip(written.encoded, part.get_raw_many(written.encoded)))
+                    changed = unbatched_rows(ctx.table, None, {}, stored)
+                else:
+                    changed = written.changed(result.changes)
+                write_change_rows(mirror_dir, ctx.batch_id, partition, changed)
             marks.append(("mirror", time.monotonic()))
             rows_changed = 0
             if outcome is not None:
