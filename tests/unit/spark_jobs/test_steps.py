@@ -210,3 +210,34 @@ def test_window_purges_fall_at_each_tables_snapshot_phase(tmp_path):
     pinned = table("pinned", "-- snapshot_phase: 0\n")
     assert [b for b in range(25) if purge_at(pinned, b, 5)] == [0, 10, 20]
     assert [b for b in range(25) if purge_at(table("plain", window=False), b, 5)] == []
+
+
+WINDOWED = ("-- topic: p\n-- schema: id BIGINT, name STRING, city STRING, dateTime TIMESTAMP\n-- partitions: 2\n"
+            "-- join_topic: a\n-- join_schema: id BIGINT, seller BIGINT, itemName STRING, dateTime TIMESTAMP\n"
+            "-- join_grace: 10s\n-- output_topic: j-out\nCREATE TABLE j AS SELECT p.id, p.name, a.itemName FROM p p "
+            "JOIN a a ON p.id = a.seller AND a.dateTime BETWEEN p.dateTime - INTERVAL '10' SECOND AND p.dateTime "
+            "+ INTERVAL '10' SECOND WHERE a.dateTime - a.dateTime % 10000 = p.dateTime - p.dateTime % 10000;")
+
+
+def test_a_windowed_join_keeps_the_fields_its_rows_and_where_read_and_builds_its_change_rows_as_stored(tmp_path):
+    """What a windowed join's records carry (stream_join.used_fields: the SELECT's and the
+    WHERE's fields, a WHERE field kept though no row shows it), and its change rows built from
+    the rows it put (stream_join.Written) equal to those decoded from the commit's bytes."""
+    from catalog.definitions import parse
+    from spark_jobs.steps.merge_task import unbatched_rows
+    from spark_jobs.steps.stream_join import Written, used_fields
+    from state import codec
+
+    (tmp_path / "j.sql").write_text(WINDOWED)
+    table = parse(tmp_path / "j.sql")
+    assert used_fields(table) == {"a": {"name", "dateTime"}, "b": {"itemName", "dateTime"}}
+
+    rows = {(7, "0:1|1:2"): (7, "0:1|1:2", "Ann \"é\"", "lamp"), (-3, "0:5|1:9"): (-3, "0:5|1:9", None, "x\\y"),
+            (8, "1:4|0:0"): (8, "1:4|0:0", "Bo", "chair")}
+    written = Written(table)
+    for key, row in rows.items():
+        written.add(key, codec.encode_key(key), row)
+    stored = {codec.encode_key(k): codec.encode_value(v) for k, v in rows.items() if k[0] != 8}   # 8: unchanged
+    built = written.changed(stored)
+    assert built.equals(unbatched_rows(table, None, {}, stored))
+    assert sorted(built.column("key").to_pylist()) == ['[-3, "0:5|1:9"]', '[7, "0:1|1:2"]']
