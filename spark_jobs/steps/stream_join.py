@@ -79,6 +79,12 @@ class PairShape:
             self.where = compiled("compile_predicate", table.where, names)
             referenced = {c.name for c in sqlglot.parse_one(table.where, dialect="spark").find_all(exp.Column)}
             self.where_picks = [(name, *pick(name)) for name in sorted(referenced)]
+        # Each side's fields a row or the WHERE reads: the others are NULL in what the join reads
+        # and stores (_side_rows, RowsSpec.keep), so a record waits with what it will give.
+        self.used: dict[str, set[str]] = {"a": set(), "b": set()}
+        for side, i in [*self.picks, *((side, i) for _, side, i in self.where_picks)]:
+            if i is not None:
+                self.used[side].add(fields[side][i])
 
     def row(self, a: Waiting | None, b: Waiting | None) -> tuple | None:
         rows = {"a": None if a is None else a.row, "b": None if b is None else b.row}
@@ -88,24 +94,6 @@ class PairShape:
         key = (a or b).key
         return tuple(key if side == STREAM_JOIN_KEY else pair_position(a, b) if side == POSITION
                      else None if rows[side] is None else rows[side][i] for side, i in self.picks)
-
-
-def used_fields(table: TableDefinition) -> dict[str, set[str]]:
-    """Each side's fields ("a", "b") that a joined row or the WHERE reads: the others are NULL in
-    what the join reads and stores (_side_rows), so a record waits with what it will give."""
-    import sqlglot
-    from sqlglot import exp
-
-    join = table.stream_join
-    aliases = {join.left_alias: "a", join.right_alias: "b"}
-    names = [source for source, _ in table.join_columns if source not in (STREAM_JOIN_KEY, POSITION)]
-    if table.where:
-        names += [c.name for c in sqlglot.parse_one(table.where, dialect="spark").find_all(exp.Column)]   # `a.x`
-    used: dict[str, set[str]] = {"a": set(), "b": set()}
-    for name in names:
-        alias, _, column = name.partition(".")
-        used[aliases[alias]].add(column)
-    return used
 
 
 def _records(partials: pa.Table) -> list[Waiting]:
@@ -306,7 +294,7 @@ def run(table_run, plan, started: float) -> BatchStep:
     now_ms = int(plan.created_at * 1000)
     sides = (("a", left, OffsetRange(plan.topic, plan.ranges), join.left_key, join.left_time, join.left_until),
              ("b", right, OffsetRange(b_topic or join.topic, b_ranges), join.right_key, join.right_time, join.right_time))
-    used = used_fields(table)
+    used = PairShape(table).used
     with clock.step("read"):
         judged, reasons, newest = [], {}, {}
         for side, source, offsets, key, time_column, until_column in sides:
@@ -319,9 +307,9 @@ def run(table_run, plan, started: float) -> BatchStep:
                                            keep=frozenset(used[side] | {key, time_column, until_column}))
                 began = time.monotonic()
                 out, stats = arrow_rows_pass(table_run, offsets, spec)
+                seconds = time.monotonic() - began
                 log.info("%s batch %d: read %d records of %s in %.1fs (%.0f records/s)", table.name, plan.batch_id,
-                         stats.get("read", 0), offsets.topic, time.monotonic() - began,
-                         stats.get("read", 0) / max(time.monotonic() - began, 1e-6))
+                         stats.get("read", 0), offsets.topic, seconds, stats.get("read", 0) / max(seconds, 1e-6))
                 for reason, n in arrow_rows.reasons_of(stats).items():
                     reasons[reason] = reasons.get(reason, 0) + n
                 newest.update((f"{side}:{name[7:]}", t) for name, t in stats.items() if name.startswith("newest_"))
@@ -406,7 +394,7 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
         classified = _judged(parse.classify(spark_reader(spark, rt.bootstrap, offsets), source, [key], rows=True),
                              source, time_column, until_column, None, 1 << 62, join.max_window_ms)
         frame = _side_rows(latest_rows(classified, source), source, side, key, time_column, until_column,
-                           used_fields(table)[side]).toArrow()
+                           shape.used[side]).toArrow()
         for record in _records(frame):
             partition, offset = _partition_offset(record)
             found = records.setdefault((side, partition), ([], []))

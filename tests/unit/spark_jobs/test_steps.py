@@ -220,17 +220,17 @@ WINDOWED = ("-- topic: p\n-- schema: id BIGINT, name STRING, city STRING, dateTi
 
 
 def test_a_windowed_join_keeps_the_fields_its_rows_and_where_read_and_builds_its_change_rows_as_stored(tmp_path):
-    """What a windowed join's records carry (stream_join.used_fields: the SELECT's and the
+    """What a windowed join's records carry (stream_join.PairShape.used: the SELECT's and the
     WHERE's fields, a WHERE field kept though no row shows it), and its change rows built from
     the rows it put (stream_join.Written) equal to those decoded from the commit's bytes."""
     from catalog.definitions import parse
     from spark_jobs.steps.merge_task import unbatched_rows
-    from spark_jobs.steps.stream_join import Written, used_fields
+    from spark_jobs.steps.stream_join import PairShape, Written
     from state import codec
 
     (tmp_path / "j.sql").write_text(WINDOWED)
     table = parse(tmp_path / "j.sql")
-    assert used_fields(table) == {"a": {"name", "dateTime"}, "b": {"itemName", "dateTime"}}
+    assert PairShape(table).used == {"a": {"name", "dateTime"}, "b": {"itemName", "dateTime"}}
 
     rows = {(7, "0:1|1:2"): (7, "0:1|1:2", "Ann \"é\"", "lamp"), (-3, "0:5|1:9"): (-3, "0:5|1:9", None, "x\\y"),
             (8, "1:4|0:0"): (8, "1:4|0:0", "Bo", "chair")}
