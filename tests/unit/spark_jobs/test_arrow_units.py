@@ -135,3 +135,27 @@ def test_only_values_nested_past_the_limit_are_rejected_and_short_ones_are_not_c
     values = pa.array([b'{"a":1}', deep, None, at_limit, in_a_string, b"[" * (MAX_JSON_DEPTH + 1)], pa.binary())
     assert nesting_rejects(values) == [1, 5]
     assert nesting_rejects(values.slice(1)) == [0, 4]
+
+
+@pytest.mark.parametrize("pattern", ["yyyy-MM-dd", "yyyyMMdd", "dd.MM/yyyy", "yyyy", "MM", "yyyy-MM"])
+def test_a_date_only_date_format_is_cut_from_the_day_as_strftime_writes_it(pattern):
+    """A DATE_FORMAT of date fields takes the day's text, not strftime: the same strings for
+    times before 1970, in year 1 and past year 9999 (the slices count from the end)."""
+    import numpy as np
+    import pyarrow.acero as acero
+    import pyarrow.compute as pc
+
+    from spark_jobs.frames.arrow_where import value_expression
+
+    seconds = np.concatenate([[253402300800, 253402300799, -62135596800, 400000000000, -1, 0],
+                              np.random.default_rng(5).integers(-62_000_000_000, 300_000_000_000, 5000)])
+    micros = seconds * 1_000_000 + np.random.default_rng(6).integers(0, 1_000_000, len(seconds))
+    times = pa.table({"t": pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC"))})
+    expression = value_expression(f"DATE_FORMAT(t, '{pattern}')", {"t": "TIMESTAMP"})
+    assert "strftime" not in str(expression)
+    ours = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(times)),
+        acero.Declaration("project", acero.ProjectNodeOptions([expression], ["v"]))]).to_table(use_threads=False)
+    codes = pattern.replace("yyyy", "%Y").replace("MM", "%m").replace("dd", "%d")
+    whole = pa.array(seconds, pa.int64()).cast(pa.timestamp("s", tz="UTC"))
+    assert ours.column("v").to_pylist() == pc.strftime(whole, codes).to_pylist()
