@@ -154,6 +154,25 @@ def _with_computed(table: TableDefinition, row: dict) -> dict:
     return row
 
 
+def computed_columns(table: TableDefinition, names: list[str], columns: list[list], values: list) -> list[list]:
+    """Each computed column's values (None where `values` says the row is gone), as _with_computed
+    gives them, from the rows' key and aggregate results held as columns (`names`, hidden
+    aggregates too): a dict a row for the expressions, and no row_of, _hide or JSON of the
+    whole row (a mirror of q17's 30,000 keys a task: 374 ms row by row)."""
+    functions = [compiled("compile_value", sql, _row_columns(table)) for sql in table.computed.values()]
+    out: list[list] = [[] for _ in functions]
+    appends = [(column.append, function) for column, function in zip(out, functions)]
+    for row_values, value in zip(zip(*columns), values):
+        if value is None:
+            for append, _ in appends:
+                append(None)
+            continue
+        row = dict(zip(names, row_values))
+        for append, function in appends:
+            append(function(row))
+    return out
+
+
 def shown(table: TableDefinition, row: dict | None) -> dict | None:
     """`row` if the table shows it: HAVING (catalog/expressions.py) hides a row that does not pass,
     while the state keeps its aggregate."""

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from state import faults
 from state.aggregates import Aggregate
 from spark_jobs.delta import delta_files
-from catalog.mapping import finite_value, key_names, row_of, shown, state_spec
+from catalog.mapping import computed_columns, finite_value, key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime
 from spark_jobs.errors import MirrorUnstable
@@ -104,9 +104,8 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
     column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
     million-key batch has a million rows here. A row HAVING hides is a delete here."""
     rows = None
-    if table.having is not None or table.computed:
-        # The row as row_of shows it, one by one: HAVING judges it, and computed columns exist
-        # only there (the column-wise path below knows only the stored aggregates).
+    if table.having is not None:
+        # The row as row_of shows it, one by one: HAVING judges it (its computed columns too).
         columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
         aggregator = aggregator or state_spec(table).aggregator
         rows = [None if v is None else shown(table, row_of(table, k, v, aggregator))
@@ -116,11 +115,18 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
     key_json = _joined("[", _separated(key_parts.values()), "]")
     key_row = _joined("{", _separated(key_parts.values(), list(key_parts)), "}")
-    if table.computed:
+    if rows is not None and table.computed:
         row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
                               pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
     else:
-        value_names, value_columns = _value_columns(table, values, aggregator)
+        names, columns = _value_columns(table, values, aggregator, hidden=bool(table.computed))
+        hidden = {a.name for a in table.aggregates if a.hidden}
+        value_names = [n for n in names if n not in hidden]
+        value_columns = [c for n, c in zip(names, columns) if n not in hidden]
+        if table.computed:      # computed from every aggregate, hidden ones too, shown after them
+            keys_as_lists = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
+            value_names += list(table.computed)
+            value_columns += computed_columns(table, key_names(table) + names, keys_as_lists + columns, values)
         # A dict's order: a value column named like a key column (a source table's key) takes the
         # key's place, as row_of's dict.update does.
         row_parts = {**key_parts, **dict(zip(value_names, [_json_fragments(c, finite=True) for c in value_columns]))}
@@ -148,8 +154,9 @@ def _joined(opening: str, parts: list, closing: str):
     return pc.binary_join_element_wise(pa.scalar(opening), *parts, pa.scalar(closing), pa.scalar(""))
 
 
-def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[list[str], list[list]]:
-    """The row's value columns as the API shows them, column by column (None for a deleted row)."""
+def _value_columns(table: TableDefinition, values: list, aggregator, hidden: bool = False) -> tuple[list[str], list[list]]:
+    """The row's value columns as the API shows them, column by column (None for a deleted row);
+    `hidden`: the aggregates kept only for computed columns, HAVING or the TTL too."""
     aggregator = aggregator or state_spec(table).aggregator
     if aggregator is None:                  # a table of rows (catalog.mapping.state_spec)
         names = list(table.value_columns)
@@ -158,7 +165,7 @@ def _value_columns(table: TableDefinition, values: list, aggregator) -> tuple[li
     aggs = list(aggregator.columns.values())
     skip = len(aggs) - len(table.aggregates)        # a RetractingAggregator's row count comes first
     for i, (column, agg) in enumerate(zip(table.aggregates, aggs[skip:]), start=skip):
-        if column.hidden:
+        if column.hidden and not hidden:
             continue
         states = [None if v is None else v[i] for v in values]
         if type(agg).result is not Aggregate.result:

@@ -42,6 +42,12 @@ AGGREGATE = """-- topic: t1
 -- partitions: 2
 CREATE TABLE t AS SELECT k, j, COUNT(v) AS n, SUM(w) AS s, AVG(v) AS a, MAX(v) AS m FROM events GROUP BY k, j;
 """
+COMPUTED = """-- topic: t3
+-- schema: k STRING, w BIGINT, v DOUBLE
+-- partitions: 2
+CREATE TABLE c AS SELECT k, COUNT(*) AS n, CAST(SUM(w) / COUNT(*) AS BIGINT) AS avg_w, MAX(v) * 2 AS m2,
+CONCAT(k, '!') AS tag FROM events GROUP BY k;
+"""
 SOURCE = """-- topic: t2
 -- schema: id BIGINT, name STRING, score DOUBLE
 -- partitions: 2
@@ -54,6 +60,10 @@ CREATE TABLE p (id BIGINT PRIMARY KEY, name STRING, score DOUBLE);
      [(1, 5, (2.5, 1), 2.5), (2, None, (float("nan"), 2), float("inf")), (3, 2 ** 62, (0, 0), None), None]),
     (AGGREGATE, [("a", 1)], [None]),
     (AGGREGATE, [], []),
+    # computed columns over hidden aggregates (SUM, MAX) and the key; NaN, None and big values
+    (COMPUTED, [("a",), ('b"é',), ("c",), ("d",), ("e",)],
+     [(3, 10, 1.5), (1, None, float("nan")), None, (2, 2 ** 62, None), (4, -7, float("-inf"))]),
+    (COMPUTED, [("a",)], [None]),
     (SOURCE, [(1,), (2,), (3,)], [(1, "Ann", 1.5), None, (3, "Bo\\b\n", None)]),
     (SOURCE, [(1,), (2,)], [(1, "Ann", 1), (2, "x", 2.0)]),
 ])
