@@ -159,14 +159,25 @@ def _arithmetic(kind, left, right):
         if right == 0:
             return None
         if isinstance(left, int):
-            remainder = abs(left) % abs(right)            # the dividend's sign, as Java's %
-            return _wrap64(remainder if left >= 0 else -remainder)
+            return _java_remainder(left, right)
         return math.fmod(left, right) if isinstance(left, float) else _DECIMALS.remainder(left, right)
     if isinstance(left, decimal.Decimal):
         op = {exp.Add: _DECIMALS.add, exp.Sub: _DECIMALS.subtract, exp.Mul: _DECIMALS.multiply}[kind]
         return op(left, right)
     result = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul}[kind](left, right)
     return _wrap64(result) if isinstance(result, int) else result
+
+
+def _java_remainder(left: int, right: int) -> int | None:
+    """BIGINT % BIGINT: the dividend's sign, as Java's %; NULL for a zero divisor."""
+    if right == 0:
+        return None
+    remainder = abs(left) % abs(right)
+    return _wrap64(remainder if left >= 0 else -remainder)
+
+
+_INTEGER_OPS = {exp.Add: lambda a, b: _wrap64(a + b), exp.Sub: lambda a, b: _wrap64(a - b),
+                exp.Mul: lambda a, b: _wrap64(a * b), exp.Mod: _java_remainder}
 
 
 def _decimal_divide(left: decimal.Decimal, right: decimal.Decimal) -> decimal.Decimal:
@@ -303,9 +314,18 @@ def _compile(node: exp.Expression, columns: set[str]) -> Callable[[dict], object
     if isinstance(node, _ARITHMETIC):
         kind = type(node)
         left, right = _compile(node.left, columns), _compile(node.right, columns)
+        integers = _INTEGER_OPS.get(kind)
+
+        def arithmetic(row):
+            # Two plain integers (a join's times, counts and sums) skip the operand checks and the
+            # widening: 4 us a row of a Nexmark q8 WHERE, of 5 nodes, went mostly to them.
+            a, b = left(row), right(row)
+            if integers is not None and type(a) is int and type(b) is int:
+                return integers(a, b)
+            return _safe(_arithmetic, kind, a, b)
         if _kind(node, columns if isinstance(columns, dict) else {}) == "int":     # INT wraps at 32 bits
-            return lambda row: _wrap32(_safe(_arithmetic, kind, left(row), right(row)))
-        return lambda row: _safe(_arithmetic, kind, left(row), right(row))
+            return lambda row: _wrap32(arithmetic(row))
+        return arithmetic
     if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
         inner = _compile(node.this, columns)
         return lambda row: inner(row) is None

@@ -84,3 +84,23 @@ def test_generated_date_expressions_over_generated_values_never_raise():
     got = _bounded(_evaluate_all, forms, numbers + texts)
     for sql, values in got.items():
         assert all(v is None or isinstance(v, (int, float, str)) for v in values), sql
+
+
+@pytest.mark.parametrize("sql, row, expected", [
+    ("a - a % 10000", {"a": 1_796_001_989_953}, 1_796_001_980_000),
+    ("a % b", {"a": -7, "b": 3}, -1),                         # the dividend's sign, as Java's %
+    ("a % b", {"a": 7, "b": -3}, 1),
+    ("a % b", {"a": 7, "b": 0}, None),                        # NULL, not an error
+    ("a + b", {"a": 2**63 - 1, "b": 1}, -(2**63)),            # BIGINT wraps with ANSI off
+    ("a * b", {"a": 2**62, "b": 4}, 0),
+    ("a - b", {"a": -(2**63), "b": 1}, 2**63 - 1),
+    ("a + b", {"a": True, "b": 1}, None),                     # a boolean is no operand
+    ("a + b", {"a": "2", "b": 1}, 3.0),                       # text as a DOUBLE
+    ("a / b", {"a": 7, "b": 2}, 3.5),                         # `/` of integers is a DOUBLE
+])
+def test_integer_arithmetic_takes_its_short_path_with_spark_s_semantics(sql, row, expected):
+    """Two plain integers skip the operand checks (a windowed join's WHERE over times), and
+    still wrap, keep Java's remainder sign and give NULL for a zero divisor; anything else takes
+    the general path."""
+    value = compile_value(sqlglot.parse_one(sql, dialect="spark"), set(row))(row)
+    assert value == expected and type(value) is type(expected)
