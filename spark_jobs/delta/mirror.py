@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state import faults
-from state.aggregates import Aggregate
+from state.aggregates import Aggregate, LatestByOffset
 from spark_jobs.delta import delta_files
 from catalog.mapping import computed_columns, finite_value, key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition
@@ -167,9 +167,12 @@ def _value_columns(table: TableDefinition, values: list, aggregator, hidden: boo
     for i, (column, agg) in enumerate(zip(table.aggregates, aggs[skip:]), start=skip):
         if column.hidden and not hidden:
             continue
-        states = [None if v is None else v[i] for v in values]
-        if type(agg).result is not Aggregate.result:
-            states = [None if v is None else agg.result(s) for v, s in zip(values, states)]
+        if type(agg).result is LatestByOffset.result:      # (order, value): its value, without a call
+            states = [None if v is None or v[i] is None else v[i][1] for v in values]
+        elif type(agg).result is not Aggregate.result:
+            states = [None if v is None else agg.result(v[i]) for v in values]
+        else:
+            states = [None if v is None else v[i] for v in values]
         names.append(column.name)
         columns.append(states)
     return names, columns

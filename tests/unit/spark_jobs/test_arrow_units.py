@@ -48,6 +48,11 @@ COMPUTED = """-- topic: t3
 CREATE TABLE c AS SELECT k, COUNT(*) AS n, CAST(SUM(w) / COUNT(*) AS BIGINT) AS avg_w, MAX(v) * 2 AS m2,
 CONCAT(k, '!') AS tag FROM events GROUP BY k;
 """
+LATEST = """-- topic: t4
+-- schema: k BIGINT, s STRING, v DOUBLE
+-- partitions: 2
+CREATE TABLE l AS SELECT k, LATEST_BY_OFFSET(s) AS s, LATEST_BY_OFFSET(v, false) AS v FROM events GROUP BY k;
+"""
 SOURCE = """-- topic: t2
 -- schema: id BIGINT, name STRING, score DOUBLE
 -- partitions: 2
@@ -64,6 +69,8 @@ CREATE TABLE p (id BIGINT PRIMARY KEY, name STRING, score DOUBLE);
     (COMPUTED, [("a",), ('b"é',), ("c",), ("d",), ("e",)],
      [(3, 10, 1.5), (1, None, float("nan")), None, (2, 2 ** 62, None), (4, -7, float("-inf"))]),
     (COMPUTED, [("a",)], [None]),
+    # LATEST_BY_OFFSET's (order, value) states: a value, a NULL value kept, no state yet, a gone key
+    (LATEST, [(1,), (2,), (3,), (4,)], [((5, "x\n"), (6, 1.5)), ((7, "é"), (8, None)), (None, (9, float("nan"))), None]),
     (SOURCE, [(1,), (2,), (3,)], [(1, "Ann", 1.5), None, (3, "Bo\\b\n", None)]),
     (SOURCE, [(1,), (2,)], [(1, "Ann", 1), (2, "x", 2.0)]),
 ])
