@@ -186,14 +186,15 @@ class ChangelogWriter:
 
     def _transaction(self, batch_id: int, changes: dict[bytes, bytes | None], marker: Marker,
                      extra: list[tuple[str, bytes, bytes | None]]) -> int:
-        headers = [(BATCH_HEADER, str(batch_id).encode())]
+        # A batch's records carry no header and no delivery callback of their own: its marker,
+        # the transaction's last record, names the batch of the records before it (a partition
+        # has one writer, so a transaction's records are contiguous), and commit_transaction
+        # fails if any record was not delivered. Both cost a q18 merge task ~1.3 us a record of
+        # ~3 (250,000 records beside two busy cores: 0.77 s with them, 0.45 s without).
+        # Records of older builds carry BATCH_HEADER; replay still reads it.
         extra_headers = [(OUTPUT_BATCH_HEADER, str(batch_id).encode())]
         marker_offset: list[int] = []
         errors: list = []
-
-        def on_delivery(err, msg):
-            if err is not None:
-                errors.append(err)
 
         def on_marker(err, msg):
             if err is not None:
@@ -207,16 +208,16 @@ class ChangelogWriter:
             # would stop every batch's sends mid-way for nothing.
             half = len(changes) // 2 if faults.armed()[0] == "commit.mid_changelog" else -1
             for i, (key, value) in enumerate(changes.items()):
-                self._produce(key, value, headers, on_delivery)
+                self._produce(key, value, None, None)
                 if i == half:
                     self.producer.flush(30)
                     faults.point("commit.mid_changelog")
             for topic, key, value in extra:
-                self._produce(key, value, extra_headers, on_delivery, topic=topic)
+                self._produce(key, value, extra_headers, None, topic=topic)
             marker, parts = marker.split()
             for index, part in enumerate(parts):
-                self._produce(refusal_key(batch_id, index), part, headers, on_delivery)
-            self._produce(marker_key(batch_id), marker.encode(), headers, on_marker)
+                self._produce(refusal_key(batch_id, index), part, None, None)
+            self._produce(marker_key(batch_id), marker.encode(), [(BATCH_HEADER, str(batch_id).encode())], on_marker)
             self._commit()
         except (KafkaException, SystemError) as exc:
             error = _kafka_error(exc)
@@ -260,10 +261,13 @@ class ChangelogWriter:
 
     def _produce(self, key: bytes, value: bytes | None, headers, callback, topic: str | None = None) -> None:
         placed = {} if topic else {"partition": self.partition}
+        if headers is not None:
+            placed["headers"] = headers
+        if callback is not None:
+            placed["on_delivery"] = callback
         while True:
             try:
-                self.producer.produce(topic or self.topic, value, key=key, headers=headers, on_delivery=callback,
-                                      **placed)
+                self.producer.produce(topic or self.topic, value, key=key, **placed)
                 return
             except BufferError:
                 self.producer.poll(0.05)

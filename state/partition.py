@@ -141,9 +141,15 @@ class StatePartition:
                 if is_refusal(record.key):
                     refusal_parts.append(codec.decode_value(record.value))
                 elif is_marker(record.key):
+                    marker = Marker.decode(record.value)
+                    if target_batch is not None and marker.batch_id > target_batch:
+                        # the records since the last marker were this later batch's
+                        unmarked.clear()
+                        done = True
+                        break
                     pending.update(unmarked)
                     unmarked.clear()
-                    last_marker = Marker.decode(record.value).joined(refusal_parts)
+                    last_marker = marker.joined(refusal_parts)
                     refusal_parts = []
                     next_offset = record.offset + 1
                     if len(pending) >= write_every:

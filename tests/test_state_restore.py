@@ -118,6 +118,19 @@ def test_truncated_changelog_restores_to_snapshot_and_refuses_beyond(built):
     assert table.restore(2, target_batch=5).applied_batch == 5
 
 
+def test_a_restore_to_an_earlier_batch_stops_at_the_marker_after_it(built):
+    """A batch's changelog records carry no batch header: the marker after them names their
+    batch. A restore to batch 4 (the snapshot after 2) applies 3 and 4 and none of 5's records,
+    which the replay reads before 5's marker."""
+    table, _ = built
+    assert reference(4) != reference(5)
+    table.wipe_local()
+    reports = [table.restore(p, target_batch=4) for p in range(PARTITIONS)]
+    assert [(r.snapshot_batch, r.applied_batch) for r in reports] == [(2, 4)] * PARTITIONS
+    assert sum(r.replayed_records for r in reports) > 0
+    assert contents(table, readonly=True) == reference(4)
+
+
 def test_restore_past_the_changelog_end_names_the_missing_batches(built):
     table, _ = built
     with pytest.raises(ChangelogGap, match=rf"batches {BATCHES}\.\.{BATCHES + 3} are missing"):
