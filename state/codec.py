@@ -59,7 +59,23 @@ def _encode_into(out: bytearray, item) -> None:
     elif kind is tuple:
         out.append(_TUPLE)
         for element in item:
-            _encode_into(out, element)
+            if type(element) is tuple:
+                # a row of (order, value) pairs (LATEST_BY_OFFSET, TOPK): its ints and strings
+                # without a call each, the rest through the general path
+                out.append(_TUPLE)
+                for leaf in element:
+                    leaf_kind = type(leaf)
+                    if leaf_kind is int and -_INT_BIAS <= leaf < _INT_BIAS:
+                        out += _pack_tagged_q(_INT, leaf + _INT_BIAS)
+                    elif leaf_kind is str and "\x00" not in leaf:
+                        out.append(_STR)
+                        out += leaf.encode()
+                        out.append(0)
+                    else:
+                        _encode_into(out, leaf)
+                out.append(_END)
+            else:
+                _encode_into(out, element)
         out.append(_END)
     else:
         _encode_other(out, item)
