@@ -193,6 +193,35 @@ def test_nexmark_q5_is_each_sliding_windows_auctions_with_the_most_bids_in_every
     assert differing(answers("q5", flink), want) != "ok"
 
 
+def test_nexmark_q12_counts_each_bidders_bids_per_10_second_window_by_the_bids_time_in_every_systems_rows():
+    """q12 by event time: a bid at a window's end (10.000 s) counts in the next window; Flink's
+    window start (a TIMESTAMP(3)) and Spark's (ISO with a zone) answer as statetable's epoch ms."""
+    import pandas as pd
+
+    from bench.nexmark.__main__ import _flink_rows, _spark_rows
+    from bench.nexmark.statetable_queries import answers, differing, expected
+
+    first = 1796083200000          # 2026-12-01T00:00:00Z
+    bids = pd.DataFrame({"auction": 1, "bidder": [7, 7, 8, 7], "price": 5, "channel": "A", "url": "u", "extra": "",
+                         "dateTime": ["2026-12-01T00:00:00.000Z", "2026-12-01T00:00:09.999Z",
+                                      "2026-12-01T00:00:03.000Z", "2026-12-01T00:00:10.000Z"]})
+    empty = {c: [] for c in ("id", "seller", "category", "dateTime", "expires", "itemName", "initialBid", "reserve")}
+    frames = {"bid": bids, "auction": pd.DataFrame(empty),
+              "person": pd.DataFrame({"id": [], "name": [], "city": [], "state": [], "dateTime": []})}
+    want = expected(frames)["q12"]
+    assert want == {(7, first): (2,), (8, first): (1,), (7, first + 10_000): (1,)}
+    statetable = [{"bidder": 7, "starttime": first, "bid_count": 2, "endtime": first + 10_000},
+                  {"bidder": 8, "starttime": first, "bid_count": 1, "endtime": first + 10_000},
+                  {"bidder": 7, "starttime": first + 10_000, "bid_count": 1, "endtime": first + 20_000}]
+    flink = [{"bidder": 7, "bid_count": 2, "starttime": "2026-12-01T00:00:00", "endtime": "2026-12-01T00:00:10"},
+             {"bidder": 8, "bid_count": 1, "starttime": "2026-12-01T00:00:00", "endtime": "2026-12-01T00:00:10"},
+             {"bidder": 7, "bid_count": 1, "starttime": "2026-12-01T00:00:10", "endtime": "2026-12-01T00:00:20"}]
+    spark = [{**r, "starttime": r["starttime"] + ".000Z"} for r in flink]
+    assert answers("q12", statetable) == answers("q12", _flink_rows("q12", flink)) == \
+        answers("q12", _spark_rows("q12", spark)) == want
+    assert differing(answers("q12", _flink_rows("q12", flink[:2])), want) != "ok"
+
+
 def test_nexmark_spark_rows_take_statetables_shape_and_a_refusal_is_reported_not_checked():
     """Spark's sink rows (ISO times, AVG as a double, a session's end) answer as pandas does, and
     a query Spark refuses shows Spark's error in the report instead of a figure (bench/nexmark)."""

@@ -34,7 +34,7 @@ from bench.nexmark.statetable_queries import (
     Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, _values, answers, differing, exact_gaps, expected, pd_ms,
 )
 
-PEER_QUERIES = ("q3", "q4", "q5", "q8", "q9", "q7", "q11", "q15", "q16", "q17", "q18", "q19", "q20")   # Nexmark's texts Flink runs
+PEER_QUERIES = ("q3", "q4", "q5", "q8", "q9", "q7", "q11", "q12", "q15", "q16", "q17", "q18", "q19", "q20")   # Nexmark's texts Flink runs
 
 
 def json_ceiling(values: list[bytes]) -> dict:
@@ -117,6 +117,8 @@ def _spark_rows(query: str, rows: list[dict]) -> list[dict]:
     if query == "q11":
         return [{"bidder": r["bidder"], "starttime": _ms(r["starttime"]), "bid_count": r["bid_count"],
                  "last_bid": _ms(r["endtime"]) - SESSION_GAP_MS} for r in rows]
+    if query == "q12":
+        return [{**r, "starttime": _ms(r["starttime"])} for r in rows]
     if query in ("q17", "q4"):
         column = "avg_price" if query == "q17" else "avg_final"
         return [{**r, column: int(r[column])} for r in rows]
@@ -145,7 +147,7 @@ def _flink_rows(query: str, rows: list[dict]) -> list[dict]:
         return [{"category": r["id"], "avg_final": r["final"]} for r in rows]
     if query == "q5":
         return [{"window_start": _ms(r["starttime"]), "auction": r["auction"], "num": r["num"]} for r in rows]
-    if query == "q8":
+    if query in ("q8", "q12"):
         return [{**r, "starttime": _ms(r["starttime"])} for r in rows]
     if query == "q9":
         return [{"auction": r["auction"], "price": r["price"], "bidder": r["bidder"], "dateTime": _ms(r["bid_dateTime"])}

@@ -1,5 +1,5 @@
 """Apache Flink SQL peer for bench/nexmark: the Nexmark repository's own query texts (q3, q4, q5,
-q7, q8, q9, q11, q15-q20), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
+q7, q8, q9, q11, q12, q15-q20), over the same JSON topics statetable reads, RocksDB state, exactly-once checkpoints,
 mini-batch.
 
 The Nexmark texts read views over one union topic and write to a blackhole; here the `bid`,
@@ -8,7 +8,7 @@ offsets present at start, so each job ends by itself, with Nexmark's watermark 4
 newest event time), and each query writes to
 an upsert-kafka topic keyed by its primary key (q7, append-only, to a Kafka topic keyed by its
 columns), read back afterwards (last value per key) for the answer check. The SELECTs are
-Nexmark's, unchanged. Writes <out>/result.json: per query the seconds and the rows. Standalone
+Nexmark's, unchanged, but for q12's window over the bid's time instead of processing time. Writes <out>/result.json: per query the seconds and the rows. Standalone
 on purpose: it imports nothing of statetable's (it runs in its own venv, .bench/venvs/flink).
 """
 from __future__ import annotations
@@ -94,6 +94,12 @@ QUERIES = {
             "SELECT B.bidder, count(*) as bid_count, SESSION_START(B.`dateTime`, INTERVAL '10' SECOND) as starttime, "
             "SESSION_END(B.`dateTime`, INTERVAL '10' SECOND) as endtime FROM bid B "
             "GROUP BY B.bidder, SESSION(B.`dateTime`, INTERVAL '10' SECOND)"),
+    # q12: Nexmark's text over the bid's own time (DESCRIPTOR(`dateTime`)) for its processing time
+    "q12": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3), "
+            "PRIMARY KEY (bidder, starttime) NOT ENFORCED",
+            "SELECT bidder, count(*) as bid_count, window_start AS starttime, window_end AS endtime "
+            "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND)) "
+            "GROUP BY bidder, window_start, window_end"),
     "q15": ("`day` VARCHAR, total_bids BIGINT, " + RANKS.format("bids") + ", total_bidders BIGINT, "
             + RANKS.format("bidders") + ", total_auctions BIGINT, " + RANKS.format("auctions")
             + ", PRIMARY KEY (`day`) NOT ENFORCED",
@@ -127,7 +133,7 @@ QUERIES = {
             "reserve, A.`dateTime`, expires, seller, category, A.extra FROM bid AS B INNER JOIN auction AS A on "
             "B.auction = A.id WHERE A.category = 10"),
 }
-KEYS = {"q3": ("id",), "q8": ("id", "starttime"), "q20": ("auction", "bidder", "price", "bid_dateTime"), "q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q15": ("day",),
+KEYS = {"q3": ("id",), "q8": ("id", "starttime"), "q20": ("auction", "bidder", "price", "bid_dateTime"), "q7": ("auction", "bidder", "dateTime", "price"), "q11": ("bidder", "starttime"), "q12": ("bidder", "starttime"), "q15": ("day",),
         "q16": ("channel", "day"), "q17": ("auction", "day"), "q18": ("bidder", "auction"), "q19": ("auction", "rank_number")}
 
 
