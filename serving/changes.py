@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 
 from state import codec
-from state.changelog import is_marker, partition_bounds, replay
+from state.changelog import is_marker, marker_batch, partition_bounds, replay
 from catalog.batch_log import BatchCommit, BatchLog
 from catalog.definitions import TableDefinition
 from catalog.mapping import key_names, row_of, shown, state_spec, time_columns
@@ -72,16 +72,29 @@ def changes(table: TableDefinition, rt: Runtime, aggregator, topic: str, previou
         start = previous.get(partition)
         if start is None:
             bounds = partition_bounds(rt.bootstrap, topic, partition)
-            start = 0 if bounds is None else bounds[0]
+            start = _batch_start(rt, topic, partition, 0 if bounds is None else bounds[0], end, commit.batch_id)
         for records in replay(rt.bootstrap, topic, partition, start, end):
             for record in records:
-                if record.batch_id != commit.batch_id or is_marker(record.key):
+                # A batch's records carry no batch of their own (its marker, last, names it), and
+                # [start, end) is the batch's; a record of an older build names its batch.
+                if is_marker(record.key) or record.batch_id not in (-1, commit.batch_id):
                     continue
                 key = codec.decode_key(record.key)
                 value = None if record.value is None else codec.decode_value(record.value)
                 yield {"key": dict(zip(names, key)),
                        "row": None if value is None else with_times(shown(table, row_of(table, key, value, aggregator)),
                                                                     timed, times)}
+
+
+def _batch_start(rt: Runtime, topic: str, partition: int, start: int, end: int, batch_id: int) -> int:
+    """Where `batch_id`'s records begin in [start, end) when no earlier commit of this topic says
+    so (a table's first batch, or its first on a topic a rebuild moved it to): after the last
+    marker of another batch. The range is read twice then, never held."""
+    for records in replay(rt.bootstrap, topic, partition, start, end):
+        for record in records:
+            if is_marker(record.key) and marker_batch(record.key) != batch_id:
+                start = record.offset + 1
+    return start
 
 
 def _event(table: TableDefinition, commit: BatchCommit, rows: Iterator[dict]) -> Iterator[str]:

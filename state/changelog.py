@@ -26,7 +26,7 @@ from state.kafka_admin import ensure_topic, metadata_consumer, partition_waterma
 from state.kafka_config import client_config
 
 __all__ = ["BATCH_HEADER", "ChangelogRecord", "ChangelogWriter", "MARKER_PREFIX", "Marker",
-           "OUTPUT_BATCH_HEADER", "RECORD_LIMIT", "REFUSAL_PART_BYTES", "VALUE_LIMIT", "ensure_changelog",
+           "OUTPUT_BATCH_HEADER", "RECORD_LIMIT", "marker_batch", "REFUSAL_PART_BYTES", "VALUE_LIMIT", "ensure_changelog",
            "is_marker", "is_refusal", "marker_key", "partition_bounds", "refusal_key", "replay", "topic_name"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,11 @@ def marker_key(batch_id: int) -> bytes:
 def is_marker(key: bytes) -> bool:
     """A batch's marker, or one of its refusal parts (see refusal_key): never a data key."""
     return key.startswith(MARKER_PREFIX)
+
+
+def marker_batch(key: bytes) -> int:
+    """The batch a marker or refusal part key belongs to (see is_marker)."""
+    return int.from_bytes(key[len(MARKER_PREFIX):len(MARKER_PREFIX) + 8], "big", signed=True)
 
 
 def refusal_key(batch_id: int, index: int) -> bytes:
