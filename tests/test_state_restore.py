@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from state import changelog
+from state import changelog, codec
 from state.errors import ChangelogGap
 from state.kafka_admin import admin, delete_topic
 from state.table import StateTable
@@ -178,3 +178,27 @@ def test_a_writer_fenced_by_a_newer_one_stops_and_its_batch_is_never_visible(kaf
     newer.close()
     records = [r for chunk in replay(kafka, topic, 0, 0, end) for r in chunk]
     assert [r.key for r in records] == [b"k1", changelog.marker_key(1), b"k2", changelog.marker_key(2)]
+
+
+def test_a_push_query_finds_where_a_batch_begins_in_its_changelog_after_the_other_batches_marker(built):
+    """With no earlier commit to name where batch 5's records begin (a push query's first batch on
+    a topic), they begin after batch 4's marker: the changes it serves are batch 5's alone, the
+    keys batch 5 changed, with the values it left."""
+    from types import SimpleNamespace
+
+    from serving.changes import _batch_start
+
+    table, _ = built
+    topic = table.spec.changelog_topic
+    for p in range(PARTITIONS):
+        end = changelog.partition_bounds(table.bootstrap, topic, p)[1]
+        records = [r for chunk in changelog.replay(table.bootstrap, topic, p, 0, end) for r in chunk]
+        markers = {changelog.marker_batch(r.key): r.offset for r in records if changelog.is_marker(r.key)}
+        assert sorted(markers) == list(range(BATCHES))
+        start = _batch_start(SimpleNamespace(bootstrap=table.bootstrap), topic, p, 0, markers[5] + 1, 5)
+        assert start == markers[4] + 1
+        served = {codec.decode_key(r.key): None if r.value is None else codec.decode_value(r.value)
+                  for r in records if start <= r.offset <= markers[5] and not changelog.is_marker(r.key)}
+        before, after = reference(4), reference(5)
+        assert served == {k: after.get(k) for k in set(before) | set(after)
+                          if table.partition_of(k) == p and before.get(k) != after.get(k)}
