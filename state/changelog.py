@@ -26,8 +26,8 @@ from state.kafka_admin import ensure_topic, metadata_consumer, partition_waterma
 from state.kafka_config import client_config
 
 __all__ = ["BATCH_HEADER", "ChangelogRecord", "ChangelogWriter", "MARKER_PREFIX", "Marker",
-           "OUTPUT_BATCH_HEADER", "RECORD_LIMIT", "marker_batch", "REFUSAL_PART_BYTES", "VALUE_LIMIT", "ensure_changelog",
-           "is_marker", "is_refusal", "marker_key", "partition_bounds", "refusal_key", "replay", "topic_name"]
+           "OUTPUT_BATCH_HEADER", "RECORD_LIMIT", "REFUSAL_PART_BYTES", "VALUE_LIMIT", "ensure_changelog",
+           "is_marker", "is_refusal", "marker_batch", "marker_key", "partition_bounds", "refusal_key", "replay", "topic_name"]
 
 log = logging.getLogger(__name__)
 

@@ -106,10 +106,9 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
     rows = None
     if table.having is not None:
         # The row as row_of shows it, one by one: HAVING judges it (its computed columns too).
-        columns = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
         aggregator = aggregator or state_spec(table).aggregator
         rows = [None if v is None else shown(table, row_of(table, k, v, aggregator))
-                for k, v in zip(zip(*columns), values)]
+                for k, v in zip(zip(*_as_lists(keys)), values)]
         values = [None if r is None else v for r, v in zip(rows, values)]
     deleted = [v is None for v in values]
     key_parts = dict(zip(key_names(table), [_json_fragments(c) for c in keys]))
@@ -124,9 +123,8 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
         value_names = [n for n in names if n not in hidden]
         value_columns = [c for n, c in zip(names, columns) if n not in hidden]
         if table.computed:      # computed from every aggregate, hidden ones too, shown after them
-            keys_as_lists = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in keys]
             value_names += list(table.computed)
-            value_columns += computed_columns(table, key_names(table) + names, keys_as_lists + columns, values)
+            value_columns += computed_columns(table, key_names(table) + names, _as_lists(keys) + columns, values)
         # A dict's order: a value column named like a key column (a source table's key) takes the
         # key's place, as row_of's dict.update does.
         row_parts = {**key_parts, **dict(zip(value_names, [_json_fragments(c, finite=True) for c in value_columns]))}
@@ -134,6 +132,11 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
             pa.array(deleted, pa.bool_()), key_row, _joined("{", _separated(row_parts.values(), list(row_parts)), "}"))
     return pa.table({"key": key_json, "key_object": key_row, "row": row_json,
                      "deleted": pa.array(deleted, pa.bool_())})
+
+
+def _as_lists(columns: list) -> list[list]:
+    """Key columns (Arrow arrays or Python sequences) as Python lists."""
+    return [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in columns]
 
 
 _COMMA = pa.scalar(", ")
