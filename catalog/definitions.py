@@ -1294,7 +1294,7 @@ def as_change_topic_source(join: TableDefinition) -> TableDefinition:
 
 def read_by_change_topic(table: TableDefinition) -> bool:
     """A join's rows reach the tables on it through its change topic (as_change_topic_source)."""
-    return table.table_join or table.stream_join is not None
+    return table.table_join or table.stream_join is not None and table.kind == "source"
 
 
 def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
@@ -1441,10 +1441,9 @@ def _stream_join_table(path: Path, header: _Header, common: dict, name: str, sel
             raise DefinitionError(f"{path}: table {name!r} joins two streams: declare the "
                                   f"{'first' if needed == 'schema' else 'joined'} stream's JSON fields with "
                                   f"'-- {needed}: field TYPE, ...'")
-    for clause in ("group", "having"):
-        if select.args.get(clause):
-            raise _fail(path, select.args[clause], f"table {name!r}: {clause.upper()} in a join of two streams "
-                                                   f"(aggregate its output_topic in a table of its own)", STREAM_JOIN)
+    if select.args.get("having"):
+        raise _fail(path, select.args["having"], f"table {name!r}: HAVING in a join of two streams (aggregate its "
+                                                 f"output_topic in a table of its own)", STREAM_JOIN)
     source = select.args.get("from") or select.args.get("from_")
     joins = select.args.get("joins") or []
     if len(joins) != 1 or not isinstance(joins[0].this, exp.Table):
@@ -1517,6 +1516,20 @@ def _stream_join_table(path: Path, header: _Header, common: dict, name: str, sel
     if left_until == left_time and upper < lower:
         raise _invalid(path, between, f"table {name!r}: window {between.sql()} is empty (its upper bound is below "
                                       f"its lower one); swap the bounds")
+    spec = StreamJoin(topic=header.get("join_topic", right_node.name), schema=tuple(fields[ra]), kind=kind,
+                      left_alias=la, right_alias=ra, left_key=a_key[1], right_key=b_key[1], left_time=left_time,
+                      left_until=left_until, right_time=right_time, lower_ms=lower, upper_ms=upper,
+                      grace_ms=_duration_option(path, header, "join_grace", 0, name, zero=True),
+                      max_window_ms=_duration_option(path, header, "join_max_window", JOIN_MAX_WINDOW_MS, name))
+    sides = {alias: _stream(alias, path, "-", f) for alias, f in fields.items()}
+    where = select.args.get("where")
+    where = _join_where(path, name, where.this, sides, column) if where else None
+    shared = dict(name=name, path=path, topic=header.get("topic", left_node.name), stream_schema=fields[la],
+                  stream_alias=la, where=where, stream_join=spec, **{**common, "bronze": False, "event_time": None})
+    if select.args.get("group"):
+        keys, aggregates, columns, schema = _pair_groups(path, name, select, column, types, (a_key, b_key))
+        return TableDefinition(kind="aggregate", schema=schema, key_columns=keys, aggregates=aggregates,
+                               join_columns=columns, **shared)
     key_name = a_key[1]
     columns, schema = [(STREAM_JOIN_KEY, key_name), (POSITION, POSITION)], [(key_name, types[la][key_name]),
                                                                         (POSITION, "STRING")]
@@ -1533,19 +1546,66 @@ def _stream_join_table(path: Path, header: _Header, common: dict, name: str, sel
                                              f"{POSITION}; rename it with AS")
         columns.append((f"{alias}.{col}", out))
         schema.append((out, types[alias][col]))
-    sides = {alias: _stream(alias, path, "-", f) for alias, f in fields.items()}
-    where = select.args.get("where")
-    where = _join_where(path, name, where.this, sides, column) if where else None
-    spec = StreamJoin(topic=header.get("join_topic", right_node.name), schema=tuple(fields[ra]), kind=kind,
-                      left_alias=la, right_alias=ra, left_key=a_key[1], right_key=b_key[1], left_time=left_time,
-                      left_until=left_until, right_time=right_time, lower_ms=lower, upper_ms=upper,
-                      grace_ms=_duration_option(path, header, "join_grace", 0, name, zero=True),
-                      max_window_ms=_duration_option(path, header, "join_max_window", JOIN_MAX_WINDOW_MS, name))
-    return TableDefinition(
-        name=name, path=path, kind="source", topic=header.get("topic", left_node.name), schema=schema,
-        key_columns=[key_name, POSITION], value_columns=[o for _, o in columns], stream_schema=fields[la],
-        stream_alias=la, join_columns=columns, where=where, stream_join=spec,
-        **{**common, "bronze": False, "event_time": None})
+    return TableDefinition(kind="source", schema=schema, key_columns=[key_name, POSITION],
+                           value_columns=[o for _, o in columns], join_columns=columns, **shared)
+
+
+# What an aggregate over a windowed join's pairs may compute: a pair is final when it is written,
+# but the order pairs are found in is not the streams' order (a bid pairs when its auction comes),
+# so LATEST_BY_OFFSET and TOPK's ties, which rank by arrival, would differ from a replay's.
+PAIR_AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
+
+
+def _pair_groups(path: Path, name: str, select: exp.Select, column, types: dict, join_keys: tuple) -> tuple:
+    """A windowed join with GROUP BY (Nexmark q4's `MAX(b.price) ... GROUP BY a.id, a.category`):
+    the pairs are folded into their group where they are found, never stored or published as
+    rows. The group begins with the join key, so a group lives in the state partition where its
+    pairs' records wait. Returns (key columns, aggregates, join_columns, schema): join_columns
+    picks each key column and each aggregate's argument (named `alias.column`) from a pair."""
+    group = select.args["group"]
+    by = [column(node) for node in group.expressions]
+    if not by or by[0] not in join_keys or len(set(by)) != len(by):
+        raise _invalid(path, group, f"table {name!r}: a join of two streams groups by its join key first ("
+                                    f"{' or '.join(f'{a}.{c}' for a, c in join_keys)}), each column once: its "
+                                    f"pairs are folded where the join key's records wait; list it first")
+
+    class Scope:        # what _aggregate asks of its scope: an argument is a column of a pair
+        def __init__(self) -> None:
+            self.path = path
+
+        @staticmethod
+        def argument(node: exp.Expression) -> str:
+            return ".".join(column(node))
+
+    names, aggregates = {}, []
+    for projection in select.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(target, exp.Column):
+            found = column(target)
+            if found not in by:
+                raise _invalid(path, target, f"table {name!r}: column {target.sql()} is neither in GROUP BY nor "
+                                             f"aggregated; add it to GROUP BY or aggregate it (e.g. MAX)")
+            names[found] = projection.alias if isinstance(projection, exp.Alias) else found[1]
+            continue
+        if not isinstance(projection, exp.Alias):
+            raise _invalid(path, projection, f"table {name!r}: name the aggregate {projection.sql()} with AS")
+        aggregate = _aggregate(Scope(), projection.alias, target)
+        if aggregate.function not in PAIR_AGGREGATES:
+            raise _fail(path, target, f"table {name!r}: {target.sql()} over a windowed join's pairs, which are "
+                                      f"found in no stream's order", "COUNT, SUM, MIN, MAX, AVG and COUNT(DISTINCT) "
+                                      "over a windowed join; for the others, aggregate its output_topic in a table "
+                                      "of its own")
+        aggregates.append(aggregate)
+    keys = [names.get(found, found[1]) for found in by]
+    shown = keys + [a.name for a in aggregates]
+    if len(set(shown)) != len(shown):
+        raise _invalid(path, select, f"table {name!r}: columns {shown} name one column twice; rename one with AS")
+    arguments = list(dict.fromkeys(a for aggregate in aggregates for a in aggregate.args))
+    columns = [(STREAM_JOIN_KEY, keys[0])] + [(f"{a}.{c}", k) for (a, c), k in zip(by[1:], keys[1:])] + \
+        [(argument, argument) for argument in arguments]
+    schema = [(k, types[a][c]) for (a, c), k in zip(by, keys)] + \
+        [(argument, types[argument.split(".")[0]][argument.split(".")[1]]) for argument in arguments]
+    return keys, aggregates, columns, schema
 
 
 def stream_join_sides(table: TableDefinition) -> tuple[TableDefinition, TableDefinition]:

@@ -133,6 +133,8 @@ def time_columns(table: TableDefinition, tables: dict[str, TableDefinition] | No
     joined = {j.alias: dict((tables or {})[j.table].schema) for j in table.joins if j.table in (tables or {})}
 
     def type_of(column: str) -> str | None:
+        if column in fields:        # an aggregate over a windowed join names its arguments `alias.column`
+            return fields[column]
         alias, _, name = column.rpartition(".")
         if alias and alias != table.stream_alias:
             return joined.get(alias, {}).get(name)
@@ -144,7 +146,8 @@ def time_columns(table: TableDefinition, tables: dict[str, TableDefinition] | No
         found.update((name, fields.get(name)) for name in table.value_columns)
     found.update((a.name, type_of(a.args[0])) for a in table.aggregates
                  if a.function in _PASSING_TYPE and len(a.args) == 1 and a.args[0] not in table.derived)
-    found.update((name, fields.get(name) or type_of(column)) for column, name in table.join_columns)
+    if table.kind == "source":      # a join's columns (an aggregate's join_columns are its arguments)
+        found.update((name, fields.get(name) or type_of(column)) for column, name in table.join_columns)
     return {name: dtype for name, dtype in found.items() if dtype in TIME_TYPES}
 
 

@@ -38,7 +38,15 @@ JOINS = {    # name -> (kind, SQL)
                               "FULL OUTER JOIN shipments s ON s.order_id = o.id AND o.ts BETWEEN "
                               "s.ts - INTERVAL '20' SECOND AND s.ts + INTERVAL '5' SECOND WHERE s.carrier IS NULL "
                               "OR s.carrier <> 'pigeon';"),
+    # An aggregate over a left join's rows (Nexmark q4's shape): the pairs and the orders left
+    # unmatched are folded into their (order, carrier) group, never stored as rows.
+    "order_carriers": ("left", "-- output_topic: {out}-groups\nCREATE TABLE order_carriers AS SELECT o.id AS order_id, "
+                               "s.carrier, COUNT(*) AS pairs, COUNT(s.ts) AS shipments, MAX(s.ts) AS last_shipped, "
+                               "COUNT(DISTINCT o.customer) AS customers FROM orders o LEFT JOIN shipments s "
+                               "ON o.id = s.order_id AND s.ts BETWEEN o.ts - INTERVAL '5' SECOND AND o.ts + INTERVAL "
+                               "'20' SECOND WHERE s.carrier IS NULL OR s.carrier <> 'pigeon' GROUP BY o.id, s.carrier;"),
 }
+GROUPED = {"order_carriers"}
 BASE = 1_700_000_000_000
 
 
@@ -119,13 +127,13 @@ class Feed:
 
         def put(key, order, shipment) -> None:
             carrier = None if shipment is None else shipment["carrier"]
-            if name == "all_shipments" and carrier == "pigeon":
+            if name in ("all_shipments", "order_carriers") and carrier == "pigeon":
                 return
             row = {"id": key, "rowposition": f"{'' if order is None else order['pos']}|"
                                              f"{'' if shipment is None else shipment['pos']}",
                    "customer": None if order is None else order["customer"], "carrier": carrier}
-            if name == "shipped":
-                row["shipped_at"] = shipment["ts"]
+            if name == "shipped" or name in GROUPED:
+                row["shipped_at"] = None if shipment is None else shipment["ts"]
             out[(row["id"], row["rowposition"])] = row
 
         for _, p in pairs.iterrows():
@@ -139,7 +147,21 @@ class Feed:
             for _, s in shipments[~shipments["pos"].isin(pairs["pos_s"])].iterrows():
                 if s["ts"] + BEFORE_MS < watermark:
                     put(int(s["order_id"]), None, s)
-        return out
+        return grouped(out.values()) if name in GROUPED else out
+
+
+def grouped(rows) -> dict:
+    """order_carriers by pandas: the joined rows per (order, carrier), NULL carriers a group."""
+    frame = pd.DataFrame(list(rows), columns=["id", "customer", "carrier", "shipped_at"])
+    out = {}
+    for (order, carrier), g in frame.groupby(["id", "carrier"], dropna=False):
+        carrier = None if pd.isna(carrier) else carrier
+        shipped = g["shipped_at"].dropna()
+        out[(int(order), carrier)] = {"order_id": int(order), "carrier": carrier, "pairs": len(g),
+                                      "shipments": len(shipped),
+                                      "last_shipped": int(shipped.max()) if len(shipped) else None,
+                                      "customers": int(g["customer"].nunique())}
+    return out
 
 
 def shown(rt, name: str) -> dict:
@@ -164,7 +186,7 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
     from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
-    names = ("shipped", "all_shipments")        # the left join's rules: tests/unit/state, and ksqlDB's cases
+    names = ("shipped", "all_shipments", "order_carriers")   # the left join's rules: tests/unit/state, ksqlDB's cases
     feed = Feed(rt, suffix, 69, names=names)
     # A table on the join, as a user chains them: it reads the join's change topic, not its streams.
     (rt.tables_dir / "per_carrier.sql").write_text(
@@ -202,6 +224,9 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
     folded, seen = fold_change_topic(rt.bootstrap, feed.out)
     assert_each_batch_once_and_in_order(seen)
     assert {(v["id"], v["rowposition"]) for v in folded.values()} == set(shown(rt, "shipped"))
+    folded, seen = fold_change_topic(rt.bootstrap, feed.out + "-groups")     # the groups, never the pairs
+    assert_each_batch_once_and_in_order(seen)
+    assert {(v["order_id"], v["carrier"]): v for v in folded.values()} == shown(rt, "order_carriers")
 
     before = shown(rt, "all_shipments")
     failures.inject("all_shipments", "wipe_local_store", rt)
@@ -217,26 +242,32 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", ["all_shipments", "order_carriers"])
 def test_a_windowed_join_of_two_streams_is_exact_after_a_kill_at_every_point_of_its_steps(kafka, engine, spark,
-                                                                                          tmp_path):
-    """The full outer join killed at each point of its steps (JOIN_POINTS), a round of both
-    streams produced before every kill; then its rows and folded change topic equal pandas and
-    no (key, batch) reaches the change topic twice."""
+                                                                                          tmp_path, name):
+    """The full outer join, and the aggregate over a left join, killed at each point of its steps
+    (JOIN_POINTS), a round of both streams produced before every kill; then its rows and folded
+    change topic equal pandas and no (key, batch) reaches the change topic twice (a group's
+    pairs folded twice would count twice)."""
     from spark_jobs.recompute.verify import verify
     from tests.test_table_aggregates import JOIN_POINTS, _kill_at_every_point
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
-    feed = Feed(rt, suffix, 70, names=("all_shipments",))
-    path = rt.tables_dir / "all_shipments.sql"
+    feed = Feed(rt, suffix, 70, names=(name,))
+    path = rt.tables_dir / f"{name}.sql"
+    out = feed.out + "-groups" if name in GROUPED else feed.out
     path.write_text("-- mirror_every: 2\n-- snapshot_every: 3\n" + path.read_text().replace(
-        "CREATE TABLE", f"-- output_topic: {feed.out}\nCREATE TABLE"))
-    _kill_at_every_point(rt, engine, "all_shipments", lambda: feed.round(orders=25), JOIN_POINTS)
-    want = feed.want("all_shipments")
-    assert want and shown(rt, "all_shipments") == want
-    folded, seen = fold_change_topic(rt.bootstrap, feed.out)
+        "CREATE TABLE", f"-- output_topic: {feed.out}\nCREATE TABLE" if name not in GROUPED else "CREATE TABLE"))
+    _kill_at_every_point(rt, engine, name, lambda: feed.round(orders=25), JOIN_POINTS)
+    want = feed.want(name)
+    assert want and shown(rt, name) == want
+    folded, seen = fold_change_topic(rt.bootstrap, out)
     assert_each_batch_once_and_in_order(seen)
-    assert {(v["id"], v["rowposition"]): v for v in folded.values()} == want
-    result = verify("all_shipments", spark=spark, rt=rt)
+    if name in GROUPED:
+        assert {(v["order_id"], v["carrier"]): v for v in folded.values()} == want
+    else:
+        assert {(v["id"], v["rowposition"]): v for v in folded.values()} == want
+    result = verify(name, spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(want), result.summary()
 
 
@@ -253,6 +284,12 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
     assert tables["shipped"].key_columns == ["id", "rowposition"] and tables["shipped"].routing_width == 1
     assert tables["shipped"].value_columns == ["id", "rowposition", "customer", "carrier", "shipped_at"]
     assert not tables["shipped"].table_join
+    grouped_join = tables["order_carriers"]     # an aggregate over the join: keyed by its groups
+    assert (grouped_join.kind, grouped_join.key_columns, grouped_join.routing_width) == \
+        ("aggregate", ["order_id", "carrier"], 1)
+    assert [(a.name, a.function, a.args) for a in grouped_join.aggregates] == [
+        ("pairs", "count", ()), ("shipments", "count", ("s.ts",)), ("last_shipped", "max", ("s.ts",)),
+        ("customers", "count_distinct", ("o.customer",))]
     for path in tmp_path.glob("*.sql"):
         path.unlink()
     header = HEADER.format(orders="o", shipments="s")
@@ -269,6 +306,14 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
          "o.ts AND o.ts;", "swap the streams"),
         ("CREATE TABLE j AS SELECT o.id, s.nothing FROM orders o JOIN shipments s ON o.id = s.order_id AND s.ts "
          "BETWEEN o.ts AND o.ts;", "unknown column s.nothing"),
+        ("CREATE TABLE j AS SELECT s.carrier, COUNT(*) AS n FROM orders o JOIN shipments s ON o.id = s.order_id "
+         "AND s.ts BETWEEN o.ts AND o.ts GROUP BY s.carrier, o.id;", "groups by its join key first"),
+        ("CREATE TABLE j AS SELECT o.id, o.customer, COUNT(*) AS n FROM orders o JOIN shipments s ON o.id = "
+         "s.order_id AND s.ts BETWEEN o.ts AND o.ts GROUP BY o.id;", "neither in GROUP BY nor aggregated"),
+        ("CREATE TABLE j AS SELECT o.id, LATEST_BY_OFFSET(s.carrier) AS c FROM orders o JOIN shipments s ON o.id = "
+         "s.order_id AND s.ts BETWEEN o.ts AND o.ts GROUP BY o.id;", "found in no stream's order"),
+        ("CREATE TABLE j AS SELECT o.id, COUNT(*) AS n FROM orders o JOIN shipments s ON o.id = s.order_id AND "
+         "s.ts BETWEEN o.ts AND o.ts GROUP BY o.id HAVING COUNT(*) > 1;", "HAVING in a join of two streams"),
     ]:
         (tmp_path / "j.sql").write_text(header + sql)
         with pytest.raises(DefinitionError, match=message) as caught:

@@ -125,18 +125,48 @@ def _partition_offset(record: Waiting) -> tuple[int, int]:
     return int(partition), int(offset)
 
 
+class PairGroups:
+    """An aggregate over the pairs (catalog.definitions._pair_groups): a joined row's group key
+    (its first columns) and its contribution, lifted as the aggregator folds it."""
+
+    def __init__(self, table: TableDefinition) -> None:
+        names = [name for _, name in table.join_columns]
+        self.width = len(table.key_columns)
+        self.args = [names.index(a.args[0]) if a.args else None for a in table.aggregates]
+        self.lift = state_spec(table).aggregator.lift
+
+    def contribution(self, row: tuple) -> tuple[tuple, tuple]:
+        return row[:self.width], self.lift(tuple(1 if i is None else row[i] for i in self.args))  # COUNT(*): 1
+
+    def fold(self, rows, merge) -> dict:
+        """{group key: partial} of joined rows, each group's contributions merged."""
+        partials: dict = {}
+        for row in rows:
+            key, partial = self.contribution(row)
+            partials[key] = merge(partials.get(key), partial)
+        return partials
+
+
 class Written:
     """A batch's joined rows as the task put them: its change topic's records and its mirror
     changes are built from them once, not decoded back from the commit's bytes twice (Nexmark
     q4: 3.5 s of a 15.6 s task for 460,000 pairs)."""
 
     def __init__(self, table: TableDefinition) -> None:
-        self.table, self.keys, self.encoded, self.rows, self._built = table, [], [], [], None
+        self.table, self.shape, self.keys, self.encoded, self.rows, self._built = \
+            table, PairShape(table), [], [], [], None
 
-    def add(self, key: tuple, encoded: bytes, row: tuple) -> None:
-        self.keys.append(key)
-        self.encoded.append(encoded)
-        self.rows.append(row)
+    def take(self, tx, pairs) -> None:
+        """The batch's pairs (and unmatched records), each a row of its own."""
+        for a, b in pairs:
+            row = self.shape.row(a, b)
+            if row is not None:
+                key = ((a or b).key, pair_position(a, b))
+                encoded = codec.encode_key(key)
+                tx.put_encoded(encoded, row)
+                self.keys.append(key)
+                self.encoded.append(encoded)
+                self.rows.append(row)
 
     def changed(self, changes: dict) -> pa.Table:
         """change_rows of the rows the commit changed (`changes`: encoded key -> new bytes)."""
@@ -147,13 +177,41 @@ class Written:
             self._built = change_rows(self.table, [self.keys[i] for i in picked], [self.rows[i] for i in picked])
         return self._built
 
+    def stored(self, part) -> pa.Table:
+        """change_rows of what an earlier attempt of the batch committed, as stored."""
+        from spark_jobs.steps.merge_task import unbatched_rows
+
+        return unbatched_rows(self.table, state_spec(self.table).aggregator, {},
+                              dict(zip(self.encoded, part.get_raw_many(self.encoded))))
+
+
+class Folded(Written):
+    """A batch's pairs folded into their groups (an aggregate over the join): one merge a group
+    into the state, and the change topic and mirror carry the groups, never the pairs (Nexmark
+    q4: 1.84M pairs into 120,000 auctions)."""
+
+    def take(self, tx, pairs) -> None:
+        groups, merge = PairGroups(self.table), state_spec(self.table).aggregator.merge
+        partials = groups.fold(filter(None, (self.shape.row(a, b) for a, b in pairs)), merge)
+        for key, partial in partials.items():
+            encoded = codec.encode_key(key)
+            tx.merge_encoded(encoded, partial)
+            self.encoded.append(encoded)
+
+    def changed(self, changes: dict) -> pa.Table:
+        from spark_jobs.steps.merge_task import unbatched_rows
+
+        if self._built is None:
+            self._built = unbatched_rows(self.table, state_spec(self.table).aggregator, {}, changes)
+        return self._built
+
 
 def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
     """One state partition's batch (the module's step 3)."""
     import pyarrow.compute as pc
 
     from spark_jobs.delta.mirror import write_change_rows
-    from spark_jobs.steps.merge_task import change_records, unbatched_rows
+    from spark_jobs.steps.merge_task import change_records
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
@@ -182,16 +240,9 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
         table, part, hydrated = open_stage(replace(spec, changelog=ctx.changelog or spec.changelog), ctx, partition)
         try:
             tx = part.begin(ctx.batch_id)
-            written = Written(ctx.table)
-            shape = PairShape(ctx.table)
-            for a, b in [] if outcome is None else outcome.pairs + [
-                    (r, None) if r.side == "a" else (None, r) for r in outcome.unmatched]:
-                row = shape.row(a, b)
-                if row is not None:
-                    key = ((a or b).key, pair_position(a, b))
-                    encoded = codec.encode_key(key)
-                    tx.put_encoded(encoded, row)
-                    written.add(key, encoded, row)
+            written = (Folded if ctx.table.aggregates else Written)(ctx.table)
+            written.take(tx, [] if outcome is None else outcome.pairs + [
+                (r, None) if r.side == "a" else (None, r) for r in outcome.unmatched])
             marks.append(("shaping", time.monotonic()))
             topic = ctx.table.output_topic
             result = tx.commit(None if topic is None else
@@ -201,8 +252,7 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
                 faults.point("batch.mid_merge")
             if mirror_dir is not None and not done:
                 if result.noop:     # an earlier attempt committed the table: its rows as stored
-                    stored = dict(zip(written.encoded, part.get_raw_many(written.encoded)))
-                    changed = unbatched_rows(ctx.table, None, {}, stored)
+                    changed = written.stored(part)
                 else:
                     changed = written.changed(result.changes)
                 write_change_rows(mirror_dir, ctx.batch_id, partition, changed)
@@ -436,13 +486,17 @@ def replayed(frames, rt, last) -> tuple[dict, list[Waiting]]:
 
 
 def recomputed(frames, rt, last):
-    """Every joined row as the batches up to `last` wrote it (verify): `_k0`, `_k1`, `_state`, `_sp`."""
+    """Every joined row (or, for an aggregate over the join, every group) as the batches up to
+    `last` wrote it (verify, rebuild): `_k0`.., `_state`, `_sp`."""
     from state.table import partition_of
 
     rows, _ = replayed(frames, rt, last)
-    frame = pa.table({"_k0": [k[0] for k in rows], "_k1": [k[1] for k in rows],
+    table = frames.table
+    if table.aggregates:        # an aggregate over the join: its groups, folded from the replayed rows
+        rows = PairGroups(table).fold(rows.values(), state_spec(table).aggregator.merge)
+    frame = pa.table({**{f"_k{i}": [k[i] for k in rows] for i in range(len(table.key_columns))},
                       "_state": pa.array([codec.encode_value(v) for v in rows.values()], pa.binary()),
-                      "_sp": pa.array([partition_of(codec.encode_key((k[0],)), frames.table.partitions) for k in rows],
+                      "_sp": pa.array([partition_of(codec.encode_key((k[0],)), table.partitions) for k in rows],
                                       pa.int32())})
     return frames.spark.createDataFrame(frame) if frame.num_rows else None
 
