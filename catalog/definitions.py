@@ -1285,16 +1285,31 @@ def as_change_topic_source(join: TableDefinition) -> TableDefinition:
     topic (`output_topic`), keyed by the key as a JSON object, with its rows as values, like any
     source table on a change topic. Its own topics are what it reads, never what they read. A
     windowed join's row is named by its `rowposition` alone (both records' positions), the one
-    primary key a source table has."""
+    primary key a source table has; an aggregate over a windowed join's row by its group."""
     own = {"stream_join": None, "stream_schema": [], "where": None, "key_columns": [POSITION]} \
         if join.stream_join is not None else {}
+    if join.kind == "aggregate":      # an aggregate over a windowed join: its groups' rows, keyed by the groups
+        types = dict(join.schema)
+        schema = [(k, types[k]) for k in join.key_columns] + [(a.name, _result_type(a, types)) for a in join.aggregates]
+        own = {**own, "kind": "source", "key_columns": list(join.key_columns), "schema": schema, "aggregates": [],
+               "value_columns": [c for c, _ in schema]}
     return replace(join, topic=join.output_topic, key_format="json", input_table=None, joins=[], join_columns=[],
                    output_topic=None, **own)
 
 
+def _result_type(aggregate: AggregateColumn, types: dict) -> str:
+    """The type of an aggregate's value in a change topic's rows, from its argument's type."""
+    if aggregate.function in ("count", "count_distinct"):
+        return "BIGINT"
+    if aggregate.function == "avg":
+        return "DOUBLE"
+    kind = types[aggregate.args[0]]
+    return {"INT": "BIGINT", "FLOAT": "DOUBLE"}.get(kind, kind) if aggregate.function == "sum" else kind
+
+
 def read_by_change_topic(table: TableDefinition) -> bool:
     """A join's rows reach the tables on it through its change topic (as_change_topic_source)."""
-    return table.table_join or table.stream_join is not None and table.kind == "source"
+    return table.table_join or table.stream_join is not None
 
 
 def input_definition(table: TableDefinition, tables: dict[str, TableDefinition]) -> TableDefinition:
@@ -1715,7 +1730,8 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
                 if isinstance(result, _NeedsSchema):
                     parsed[path] = _parsed(path)
             for table in parsed.values():
-                if isinstance(table, TableDefinition) and read_by_change_topic(table) and table.output_topic:
+                if isinstance(table, TableDefinition) and read_by_change_topic(table) and table.output_topic \
+                        and not (table.kind == "aggregate" and len(table.key_columns) > 1):
                     sources.setdefault(table.name, as_change_topic_source(table))
     finally:
         _INPUT_TABLES.reset(token)
@@ -1725,6 +1741,11 @@ def load_all(folder: Path | str, broken: dict[str, str] | None = None, only: str
             parsed[path] = DefinitionError(
                 f"{result.table} reads join {result.stream!r}, whose rows reach other tables through its change topic; "
                 f"add '-- output_topic: <topic>' to {joins[result.stream].path}")
+        elif isinstance(result, _NeedsSchema) and result.stream in joins:      # a source table has one key column
+            parsed[path] = DefinitionError(
+                f"{result.table} reads {result.stream!r}, an aggregate over a windowed join grouped by "
+                f"{joins[result.stream].key_columns}: a table reads one grouped by its join key alone; group "
+                f"{result.stream!r} by its join key and take the other columns with MAX")
     _load_each(parsed, tables, broken)
     for table in list(tables.values()):
         try:

@@ -45,8 +45,13 @@ JOINS = {    # name -> (kind, SQL)
                                "COUNT(DISTINCT o.customer) AS customers FROM orders o LEFT JOIN shipments s "
                                "ON o.id = s.order_id AND s.ts BETWEEN o.ts - INTERVAL '5' SECOND AND o.ts + INTERVAL "
                                "'20' SECOND WHERE s.carrier IS NULL OR s.carrier <> 'pigeon' GROUP BY o.id, s.carrier;"),
+    # Grouped by the join key alone, so a table on it can read its change topic (by_shipments)
+    "order_shipments": ("left", "-- output_topic: {out}-orders\nCREATE TABLE order_shipments AS SELECT o.id, "
+                                "COUNT(s.ts) AS shipments, MAX(s.ts) AS last_shipped FROM orders o LEFT JOIN shipments s "
+                                "ON o.id = s.order_id AND s.ts BETWEEN o.ts - INTERVAL '5' SECOND AND o.ts + INTERVAL "
+                                "'20' SECOND GROUP BY o.id;"),
 }
-GROUPED = {"order_carriers"}
+GROUPED = {"order_carriers", "order_shipments"}
 BASE = 1_700_000_000_000
 
 
@@ -147,12 +152,17 @@ class Feed:
             for _, s in shipments[~shipments["pos"].isin(pairs["pos_s"])].iterrows():
                 if s["ts"] + BEFORE_MS < watermark:
                     put(int(s["order_id"]), None, s)
-        return grouped(out.values()) if name in GROUPED else out
+        return grouped(name, out.values()) if name in GROUPED else out
 
 
-def grouped(rows) -> dict:
-    """order_carriers by pandas: the joined rows per (order, carrier), NULL carriers a group."""
+def grouped(name: str, rows) -> dict:
+    """order_carriers by pandas: the joined rows per (order, carrier), NULL carriers a group;
+    order_shipments: per order."""
     frame = pd.DataFrame(list(rows), columns=["id", "customer", "carrier", "shipped_at"])
+    if name == "order_shipments":
+        return {(int(order),): {"id": int(order), "shipments": int(g["shipped_at"].notna().sum()),
+                                "last_shipped": None if g["shipped_at"].isna().all() else int(g["shipped_at"].max())}
+                for order, g in frame.groupby("id")}
     out = {}
     for (order, carrier), g in frame.groupby(["id", "carrier"], dropna=False):
         carrier = None if pd.isna(carrier) else carrier
@@ -186,12 +196,16 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
     from spark_jobs.recompute.verify import verify
 
     rt, suffix = env
-    names = ("shipped", "all_shipments", "order_carriers")   # the left join's rules: tests/unit/state, ksqlDB's cases
+    names = ("shipped", "all_shipments", "order_carriers", "order_shipments")   # the left join's rules: also
+    # tests/unit/state and ksqlDB's cases
     feed = Feed(rt, suffix, 69, names=names)
     # A table on the join, as a user chains them: it reads the join's change topic, not its streams.
     (rt.tables_dir / "per_carrier.sql").write_text(
         "CREATE TABLE per_carrier AS SELECT carrier, COUNT(*) AS pairs, MAX(shipped_at) AS last_shipped "
         "FROM shipped GROUP BY carrier;")
+    (rt.tables_dir / "by_shipments.sql").write_text(
+        "CREATE TABLE by_shipments AS SELECT shipments, COUNT(*) AS orders, MIN(last_shipped) AS first_last "
+        "FROM order_shipments GROUP BY shipments;")
 
     def check(round_no: int) -> list:
         commits = [c for name in names for c in jobs.run(name, until_caught_up=True, spark=spark, rt=rt,
@@ -204,6 +218,13 @@ def test_a_windowed_join_of_two_streams_equals_pandas_batch_after_batch(env, spa
         want = {(c,): {"carrier": c, "pairs": len(g), "last_shipped": int(g["shipped_at"].max())}
                 for c, g in rows.groupby("carrier")}
         assert shown(rt, "per_carrier") == want, f"per_carrier after round {round_no}"
+        # A table on an aggregate over the join (grouped by the join key) reads its groups' change
+        # topic: a group that grows moves its old contribution out, as on any table.
+        jobs.run("by_shipments", until_caught_up=True, spark=spark, rt=rt)
+        groups = pd.DataFrame(list(feed.want("order_shipments").values()), columns=["shipments", "last_shipped"])
+        want = {(int(n),): {"shipments": int(n), "orders": len(g), "first_last": None if g["last_shipped"].isna().all()
+                            else int(g["last_shipped"].min())} for n, g in groups.groupby("shipments")}
+        assert shown(rt, "by_shipments") == want, f"by_shipments after round {round_no}"
         return commits
 
     assert check(0) == []                       # nothing produced: no batch, no rows, no error
@@ -335,6 +356,20 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
         load_all(tmp_path)
     assert "table 'per_customer'" in str(caught.value) and "\n" not in str(caught.value)
     (tmp_path / "per_customer.sql").unlink()
+    # A table on an aggregate over the join reads it by its one key: grouped by more, it says so.
+    (tmp_path / "j.sql").write_text(header + JOINS["order_carriers"][1].format(out="x"))
+    (tmp_path / "per_carrier.sql").write_text("CREATE TABLE per_carrier AS SELECT carrier, COUNT(*) AS n "
+                                              "FROM order_carriers GROUP BY carrier;")
+    with pytest.raises(DefinitionError, match="grouped by its join key alone") as caught:
+        load_all(tmp_path)
+    assert "table 'per_carrier'" in str(caught.value) and "\n" not in str(caught.value)
+    (tmp_path / "j.sql").write_text(header + JOINS["order_shipments"][1].format(out="x"))
+    (tmp_path / "per_carrier.sql").write_text("CREATE TABLE per_carrier AS SELECT shipments, COUNT(*) AS n "
+                                              "FROM order_shipments GROUP BY shipments;")
+    source = input_definition(load_all(tmp_path)["per_carrier"], load_all(tmp_path))
+    assert (source.kind, source.topic, source.key_columns, source.schema) == (
+        "source", "x-orders", ["id"], [("id", "BIGINT"), ("shipments", "BIGINT"), ("last_shipped", "TIMESTAMP")])
+    (tmp_path / "per_carrier.sql").unlink()
     # No grace at all is a choice of its own (`0s`); a grace that is not a duration is refused.
     (tmp_path / "j.sql").write_text(header.replace("30s", "0s") + JOINS["shipped"][1].format(out="x"))
     assert load_all(tmp_path)["shipped"].stream_join.grace_ms == 0
