@@ -245,7 +245,8 @@ def shape(table: TableDefinition) -> str:
     """What the table is, in the words its SQL would use."""
     if table.stream_join is not None:
         j = table.stream_join
-        return f"windowed {j.kind} join of streams {table.topic} and {j.topic}"
+        grouped = f"aggregate by {', '.join(table.key_columns)} over a " if table.aggregates else ""
+        return f"{grouped}windowed {j.kind} join of streams {table.topic} and {j.topic}"
     if table.table_join:
         left = table.input_table or f"stream {table.topic}"
         return f"join of tables ({left} with {', '.join(j.table for j in table.joins)})"

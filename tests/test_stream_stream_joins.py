@@ -311,6 +311,8 @@ def test_a_windowed_join_definition_says_what_it_reads_and_refuses_what_cannot_m
     assert [(a.name, a.function, a.args) for a in grouped_join.aggregates] == [
         ("pairs", "count", ()), ("shipments", "count", ("s.ts",)), ("last_shipped", "max", ("s.ts",)),
         ("customers", "count_distinct", ("o.customer",))]
+    from ops.status import shape
+    assert shape(grouped_join) == "aggregate by order_id, carrier over a windowed left join of streams o and s"
     for path in tmp_path.glob("*.sql"):
         path.unlink()
     header = HEADER.format(orders="o", shipments="s")
