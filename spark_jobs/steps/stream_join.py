@@ -231,7 +231,7 @@ def merge_pairs(ctx: TaskContext, mirror_dir: str | None, group) -> pa.Table:
     partition = group.column("_sp")[0].as_py()
     join = ctx.table.stream_join
     window = Window(join.lower_ms, join.upper_ms, join.kind)
-    new = _records(group.filter(pc.equal(group.column("_kind"), "partial")))
+    new = _records(arrow_rows.exchanged(group.filter(pc.equal(group.column("_kind"), "partial"))))
     stage_table, stage, _ = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     marks = [("", started), ("records", time.monotonic())]    # each step's end: the task's profile
     try:
@@ -368,7 +368,8 @@ def run(table_run, plan, started: float) -> BatchStep:
                 spec = arrow_rows.RowsSpec(source, table.partitions, plan.batch_id, now_ms, join_key=key,
                                            window=arrow_rows.WindowRule(time_column, until_column, plan.watermark_ms,
                                                                         join.max_window_ms),
-                                           keep=frozenset(used[side] | {key, time_column, until_column}))
+                                           keep=frozenset(used[side] | {key, time_column, until_column}),
+                                           exchange=arrow_rows.SideExchange(side, key, time_column, until_column))
                 began = time.monotonic()
                 out, stats = arrow_rows_pass(table_run, offsets, spec)
                 seconds = time.monotonic() - began
@@ -379,7 +380,7 @@ def run(table_run, plan, started: float) -> BatchStep:
                 newest.update((f"{side}:{name[7:]}", t) for name, t in stats.items() if name.startswith("newest_"))
                 judged.append((side, source, key, time_column, until_column, out,
                                parse.pass_dead_letters(out, offsets.topic),
-                               arrow_rows.rows_frame(out, source, positions=False)))
+                               out.where(F.col("_kind") == arrow_rows.BLOB).select("_sp", F.col("value").alias("_blob"))))
                 continue
             raw = spark_reader(spark, rt.bootstrap, offsets, table_run.reader_group)
             classified = _judged(parse.classify(raw, source, [key], rows=True), source, time_column, until_column,
@@ -406,8 +407,11 @@ def run(table_run, plan, started: float) -> BatchStep:
     with clock.step("join", "batch.after_rows", "batch.after_merge"):
         rows = None
         for side, source, key, time_column, until_column, _, _, latest in judged:
-            frame = _side_rows(latest, source, side, key, time_column, until_column, used[side])
-            frame = frame if "_sp" in frame.columns else table_run.frames.partitioned(frame)
+            if "_blob" in latest.columns:       # the Arrow read's: its rows already as the tasks take them
+                frame = latest
+            else:
+                frame = table_run.frames.partitioned(_side_rows(latest, source, side, key, time_column, until_column,
+                                                                used[side]))
             rows = frame if rows is None else rows.unionByName(frame, allowMissingColumns=True)
         if rows is not None:
             rows = rows.withColumn("_kind", F.lit("partial"))

@@ -241,3 +241,38 @@ def test_a_windowed_join_keeps_the_fields_its_rows_and_where_read_and_builds_its
     built = written.changed(stored)
     assert built.equals(unbatched_rows(table, None, {}, stored))
     assert sorted(built.column("key").to_pylist()) == ['[-3, "0:5|1:9"]', '[7, "0:1|1:2"]']
+
+
+def test_a_windowed_join_side_crosses_to_its_merge_tasks_as_blobs_and_opens_as_the_spark_shape(tmp_path):
+    """arrow_rows' exchange: a side's accepted rows leave the read as one IPC blob a state
+    partition, and the merge task opens them (exchanged) into the columns stream_join._records
+    reads, beside the other side's rows as Spark shaped them; every record once, in its partition."""
+    import pyarrow as pa
+
+    from catalog.definitions import parse, stream_join_sides
+    from spark_jobs.frames import arrow_rows
+    from spark_jobs.steps.stream_join import _records
+
+    (tmp_path / "j.sql").write_text(WINDOWED)
+    table = parse(tmp_path / "j.sql")
+    left, _ = stream_join_sides(table)
+    assert left.value_columns == ["rowposition", "id", "name", "city", "dateTime"]
+    rows = pa.table({"_k0": ["0:1", "0:2", "1:7"], "_v0": ["0:1", "0:2", "1:7"], "_v1": [5, 6, 5],
+                     "_v2": ["Ann", None, "Bo"], "_v3": pa.nulls(3, pa.string()), "_v4": [1000, 2000, 3000],
+                     "_sp": pa.array([1, 0, 1], pa.int32())})
+    spec = arrow_rows.RowsSpec(left, 2, 3, 0, join_key="id",
+                               exchange=arrow_rows.SideExchange("a", "id", "dateTime", "dateTime"))
+    blobs = pa.concat_tables(list(arrow_rows._blobs(rows, spec)))
+    assert blobs.column("_sp").to_pylist() == [0, 1] and blobs.column("_kind").to_pylist() == ["blob", "blob"]
+    # the other side's rows as Spark gives them (_side_rows), in the same task's group
+    spark_rows = pa.table({"_k0": [5], "_k1": ["3:4"], "_side": ["b"], "_t": [1500], "_u": [1500],
+                           "_b": pa.array([{"id": 9, "seller": 5, "itemName": "lamp", "dateTime": 1500}])})
+    for sp, want in ((1, [("a", 5, "0:1", 1000, ("Ann",)), ("a", 5, "1:7", 3000, ("Bo",)),
+                          ("b", 5, "3:4", 1500, ("lamp",))]),
+                     (0, [("a", 6, "0:2", 2000, (None,))])):
+        blob = blobs.filter(pa.compute.equal(blobs.column("_sp"), sp)).column("value").combine_chunks()
+        group = pa.concat_tables([pa.table({"_blob": blob}), spark_rows.append_column(
+            "_blob", pa.nulls(1, pa.binary()))] if sp == 1 else [pa.table({"_blob": blob})], promote_options="default")
+        got = [(r.side, r.key, r.position, r.time, (r.row[1],) if r.side == "a" else (r.row[2],))
+               for r in _records(arrow_rows.exchanged(group))]
+        assert got == want
