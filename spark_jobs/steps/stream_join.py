@@ -11,12 +11,13 @@ together). Then:
    (missing_key) or event time (missing_event_time), one past the clock (future_event_time) and
    one behind the watermark the batch starts with (late) are dead letters, counted by reason;
 2. the accepted records, keyed by (join key, position) and sent to the state partition of their
-   join key (routing_width 1), and the batch's new watermark: the newest accepted event time
-   less the grace;
+   join key (routing_width 1; from the Arrow read as one IPC blob a partition, arrow_rows'
+   exchange), and the batch's new watermark: the newest accepted event time less the grace;
 3. one task per partition: the pairs and the outer sides' records that leave unmatched are
-   committed to the table's own state (its change topic and mirror changes with it), then
-   the rows stage (`<t>.rows`: the records waiting for partners, and an index of them by the
-   time they leave) is committed at the batch id.
+   committed to the table's own state as rows (Written), or with GROUP BY folded into their
+   groups (Folded), its change topic and mirror changes with it; then the rows stage
+   (`<t>.rows`: the records waiting for partners, and an index of them by the time they
+   leave) is committed at the batch id.
 
 A re-run of a partition that died between the two commits finds the rows stage as the batch
 found it and computes the same rows; the table's own commit is skipped as already applied.
@@ -321,9 +322,10 @@ def _judged(classified, source: TableDefinition, time_column: str, until_column:
 
 def _side_rows(rows, source: TableDefinition, side: str, key: str, time_column: str, until_column: str,
                used: set[str]):
-    """A side's accepted records (latest_rows' shape) as the tasks take them: `_k0` the join key,
-    `_k1` the position, `_t`/`_u` the event time and window end in ms, `_a` or `_b` the fields
-    (those not `used` NULL); and `_sp`, where the Arrow read gave it."""
+    """A side's accepted records (latest_rows' shape, read by Spark SQL) as the tasks take them:
+    `_k0` the join key, `_k1` the position, `_t`/`_u` the event time and window end in ms, `_a`
+    or `_b` the fields (those not `used` NULL). The Arrow read gives the same columns
+    (arrow_rows.side_table)."""
     from pyspark.sql import functions as F
 
     index = {c: i for i, c in enumerate(source.value_columns)}
@@ -332,7 +334,7 @@ def _side_rows(rows, source: TableDefinition, side: str, key: str, time_column: 
         column = f"_v{index[c]}"
         return (F.col(column) if c in used else F.lit(None).cast(rows.schema[column].dataType)).alias(c)
 
-    return rows.select(*(["_sp"] if "_sp" in rows.columns else []), F.col(f"_v{index[key]}").alias("_k0"),
+    return rows.select(F.col(f"_v{index[key]}").alias("_k0"),
                        F.col("_k0").alias("_k1"), F.lit(side).alias("_side"),
                        F.col(f"_v{index[time_column]}").cast("long").alias("_t"),
                        F.col(f"_v{index[until_column]}").cast("long").alias("_u"),
