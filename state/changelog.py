@@ -137,6 +137,8 @@ class Marker:
 class ChangelogWriter:
     """Publishes one batch of one partition per Kafka transaction."""
 
+    QUEUE_RECORDS = 1_000_000       # librdkafka's queue; a batch of more is sent as deliveries make room
+
     def __init__(self, bootstrap: str, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
@@ -145,7 +147,7 @@ class ChangelogWriter:
             "enable.idempotence": True,
             "linger.ms": 5,
             "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 1000000,
+            "queue.buffering.max.messages": self.QUEUE_RECORDS,
             "message.max.bytes": RECORD_LIMIT,
             "transaction.timeout.ms": 60000,
             # A writer lives for one batch, so its start is paid every batch: connect to the
@@ -212,7 +214,9 @@ class ChangelogWriter:
             # Half the records sent before the point, when a test arms it; a flush there otherwise
             # would stop every batch's sends mid-way for nothing.
             half = len(changes) // 2 if faults.armed()[0] == "commit.mid_changelog" else -1
-            for i, (key, value) in enumerate(changes.items()):
+            if half < 0:
+                self._produce_all(changes)
+            for i, (key, value) in enumerate(changes.items() if half >= 0 else ()):
                 self._produce(key, value, None, None)
                 if i == half:
                     self.producer.flush(30)
@@ -263,6 +267,27 @@ class ChangelogWriter:
                 if not exc.args[0].retriable() or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    def _produce_all(self, changes: dict[bytes, bytes | None]) -> None:
+        """A batch's records to this partition in one call (produce_batch): librdkafka loops over
+        them in C, where a produce a record spent a fifth of a q18 merge task in Python (250,000
+        records: 0.29 s of Python for one each, 0.13 s for the batch). What the queue cannot
+        take comes back marked _QUEUE_FULL, and is sent again once deliveries make room; any
+        other error fails the transaction as a single produce's would."""
+        messages = [{"key": key, "value": value} for key, value in changes.items()]
+        while messages:
+            if self.producer.produce_batch(self.topic, messages, partition=self.partition) == len(messages):
+                return
+            failed = [m for m in messages if "_error" in m]
+            if not failed:      # fewer queued and none marked: never assume the rest was sent
+                raise StateError(f"changelog {self.topic}[{self.partition}]: produce_batch queued part of a batch "
+                                 f"and named no failed record")
+            for message in failed:
+                error = message.pop("_error")
+                if error.code() != KafkaError._QUEUE_FULL:
+                    raise KafkaException(error)
+            messages = failed
+            self.producer.poll(0.05)
 
     def _produce(self, key: bytes, value: bytes | None, headers, callback, topic: str | None = None) -> None:
         placed = {} if topic else {"partition": self.partition}

@@ -163,12 +163,12 @@ def test_a_writer_fenced_by_a_newer_one_stops_and_its_batch_is_never_visible(kaf
     older.publish(1, {b"k1": b"v1"}, Marker(1, 0, 1))
     newer = ChangelogWriter(kafka, topic, 0)
     if fence_lands == "between two produce calls":
-        produce = older._produce
+        produce = older._produce_all
 
         def then_wait(*args, **kwargs):
             produce(*args, **kwargs)
-            time.sleep(2)                    # the broker's fencing answer arrives before the next call
-        older._produce = then_wait
+            time.sleep(2)                    # the broker's fencing answer arrives before the marker's
+        older._produce_all = then_wait
     with pytest.raises(StateFenced):
         older.publish(2, {b"k2": b"v2", b"k3": b"v3"}, Marker(2, 0, 3))
     # The offset publish returns, not the partition's read_committed end: commit_transaction returns
@@ -178,6 +178,25 @@ def test_a_writer_fenced_by_a_newer_one_stops_and_its_batch_is_never_visible(kaf
     newer.close()
     records = [r for chunk in replay(kafka, topic, 0, 0, end) for r in chunk]
     assert [r.key for r in records] == [b"k1", changelog.marker_key(1), b"k2", changelog.marker_key(2)]
+
+
+def test_a_batch_larger_than_the_producers_queue_reaches_the_changelog_whole_and_once(kafka):
+    """A batch's records go in one produce_batch; what librdkafka's queue cannot take comes back
+    marked queue-full and is sent again as deliveries make room: every record once, then the
+    marker, whatever the queue's size."""
+    from state.changelog import ChangelogWriter, Marker, ensure_changelog, replay
+
+    class SmallQueue(ChangelogWriter):
+        QUEUE_RECORDS = 500
+
+    topic = ensure_changelog(kafka, f"queue-{uuid.uuid4().hex[:8]}-changelog", 1)
+    writer = SmallQueue(kafka, topic, 0)
+    changes = {f"k{i}".encode(): None if i % 7 == 0 else f"v{i}".encode() for i in range(5_000)}
+    end = writer.publish(1, changes, Marker(1, 0, len(changes)))
+    writer.close()
+    records = [r for chunk in replay(kafka, topic, 0, 0, end) for r in chunk]
+    assert {r.key: r.value for r in records[:-1]} == changes and len(records) == len(changes) + 1
+    assert records[-1].key == changelog.marker_key(1)
 
 
 def test_a_push_query_finds_where_a_batch_begins_in_its_changelog_after_the_other_batches_marker(built):
