@@ -165,11 +165,14 @@ def sse_events(response, until) -> list[dict]:
     return events
 
 
-def dead_letter_reasons(rt, table: str, by_partition: bool = False) -> dict:
-    """source offset (or (partition, offset)) -> reason, from the table's dead-letter topic."""
+def dead_letter_reasons(rt, table: str, by_partition: bool = False, by_topic: bool = False) -> dict:
+    """source offset (or (partition, offset), or (topic, partition, offset): a table of two
+    streams' dead letters) -> reason, from the table's dead-letter topic."""
     out = {}
     for message in read_topic(rt.bootstrap, rt.dead_letter_topic(table)):
         headers = {k: None if v is None else v.decode() for k, v in message.headers()}
         offset = int(headers["source_offset"])
-        out[(int(headers["source_partition"]), offset) if by_partition else offset] = headers["reason"]
+        key = (headers["source_topic"], int(headers["source_partition"]), offset) if by_topic else \
+            (int(headers["source_partition"]), offset) if by_partition else offset
+        out[key] = headers["reason"]
     return out

@@ -118,6 +118,7 @@ class SideExchange:
     key: str
     time_column: str
     until_column: str
+    used: frozenset = frozenset()       # the fields a joined row or the WHERE reads; the others NULL
 
 
 BLOB = "blob"       # an output row of an exchanged side: `_sp` and its rows' IPC stream in `value`
@@ -125,10 +126,16 @@ BLOB = "blob"       # an output row of an exchanged side: `_sp` and its rows' IP
 
 def side_table(rows: pa.Table, source: TableDefinition, exchange: SideExchange) -> pa.Table:
     """A windowed join's side rows in the columns stream_join._side_rows gives them by Spark:
-    `_k0` the join key, `_k1` the position, `_side`, `_t` and `_u` in ms, `_a` or `_b` the fields."""
+    `_k0` the join key, `_k1` the position, `_side`, `_t` and `_u` in ms, `_a` or `_b` the fields
+    (those not `used` NULL: a record waits with what its rows will read, as Spark's rows do)."""
     index = {c: i for i, c in enumerate(source.value_columns)}
     names = source.value_columns[1:]
-    fields = pa.StructArray.from_arrays([rows.column(f"_v{index[c]}").combine_chunks() for c in names], names=names)
+
+    def field(c: str) -> pa.Array:
+        column = rows.column(f"_v{index[c]}").combine_chunks()
+        return column if c in exchange.used else pa.nulls(len(column), column.type)
+
+    fields = pa.StructArray.from_arrays([field(c) for c in names], names=names)
     return pa.table({"_k0": rows.column(f"_v{index[exchange.key]}"), "_k1": rows.column("_k0"),
                      "_side": pa.repeat(exchange.side, rows.num_rows).cast(pa.string()),
                      "_t": rows.column(f"_v{index[exchange.time_column]}").cast(pa.int64()),

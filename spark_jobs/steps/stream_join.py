@@ -371,7 +371,8 @@ def run(table_run, plan, started: float) -> BatchStep:
                                            window=arrow_rows.WindowRule(time_column, until_column, plan.watermark_ms,
                                                                         join.max_window_ms),
                                            keep=frozenset(used[side] | {key, time_column, until_column}),
-                                           exchange=arrow_rows.SideExchange(side, key, time_column, until_column))
+                                           exchange=arrow_rows.SideExchange(side, key, time_column, until_column,
+                                                                            frozenset(used[side])))
                 began = time.monotonic()
                 out, stats = arrow_rows_pass(table_run, offsets, spec)
                 seconds = time.monotonic() - began

@@ -261,7 +261,7 @@ def test_a_windowed_join_side_crosses_to_its_merge_tasks_as_blobs_and_opens_as_t
                      "_v2": ["Ann", None, "Bo"], "_v3": pa.nulls(3, pa.string()), "_v4": [1000, 2000, 3000],
                      "_sp": pa.array([1, 0, 1], pa.int32())})
     spec = arrow_rows.RowsSpec(left, 2, 3, 0, join_key="id",
-                               exchange=arrow_rows.SideExchange("a", "id", "dateTime", "dateTime"))
+                               exchange=arrow_rows.SideExchange("a", "id", "dateTime", "dateTime", frozenset({"name"})))
     blobs = pa.concat_tables(list(arrow_rows._blobs(rows, spec)))
     assert blobs.column("_sp").to_pylist() == [0, 1] and blobs.column("_kind").to_pylist() == ["blob", "blob"]
     # the other side's rows as Spark gives them (_side_rows), in the same task's group
