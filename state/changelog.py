@@ -216,11 +216,12 @@ class ChangelogWriter:
             half = len(changes) // 2 if faults.armed()[0] == "commit.mid_changelog" else -1
             if half < 0:
                 self._produce_all(changes)
-            for i, (key, value) in enumerate(changes.items() if half >= 0 else ()):
-                self._produce(key, value, None, None)
-                if i == half:
-                    self.producer.flush(30)
-                    faults.point("commit.mid_changelog")
+            else:
+                for i, (key, value) in enumerate(changes.items()):
+                    self._produce(key, value, None, None)
+                    if i == half:
+                        self.producer.flush(30)
+                        faults.point("commit.mid_changelog")
             for topic, key, value in extra:
                 self._produce(key, value, extra_headers, None, topic=topic)
             marker, parts = marker.split()

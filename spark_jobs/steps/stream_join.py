@@ -167,6 +167,7 @@ class Written:
     def __init__(self, table: TableDefinition) -> None:
         self.table, self.shape, self.keys, self.encoded, self.rows, self._built = \
             table, PairShape(table), [], [], [], None
+        self.aggregator = state_spec(table).aggregator      # None for a join's rows
 
     def take(self, tx, pairs) -> None:
         """The batch's pairs (and unmatched records), each a row of its own."""
@@ -196,8 +197,7 @@ class Written:
         """change_rows of what an earlier attempt of the batch committed, as stored."""
         from spark_jobs.steps.merge_task import unbatched_rows
 
-        return unbatched_rows(self.table, state_spec(self.table).aggregator, {},
-                              dict(zip(self.encoded, part.get_raw_many(self.encoded))))
+        return unbatched_rows(self.table, self.aggregator, {}, dict(zip(self.encoded, part.get_raw_many(self.encoded))))
 
 
 class Folded(Written):
@@ -206,8 +206,8 @@ class Folded(Written):
     q4: 1.84M pairs into 120,000 auctions)."""
 
     def take(self, tx, pairs) -> None:
-        groups, merge = PairGroups(self.table), state_spec(self.table).aggregator.merge
-        partials = groups.fold(filter(None, (self.shape.row(a, b) for a, b in pairs)), merge)
+        partials = PairGroups(self.table).fold(filter(None, (self.shape.row(a, b) for a, b in pairs)),
+                                               self.aggregator.merge)
         for key, partial in partials.items():
             encoded = codec.encode_key(key)
             tx.merge_encoded(encoded, partial)
@@ -217,7 +217,7 @@ class Folded(Written):
         from spark_jobs.steps.merge_task import unbatched_rows
 
         if self._built is None:
-            self._built = unbatched_rows(self.table, state_spec(self.table).aggregator, {}, changes)
+            self._built = unbatched_rows(self.table, self.aggregator, {}, changes)
         return self._built
 
 
