@@ -44,7 +44,7 @@ HEADER_KEYS = {
     "key_field", "snapshot_keep", "max_batches_per_run", "event_time_skew", "mirror_every", "bronze",
     "output_topic", "key_format", "emit", "ttl", "maintain_every", "delta_retention", "bronze_retention",
     "format", "value_schema", "window_retention", "snapshot_phase", "join_topic", "join_schema", "join_grace",
-    "join_max_window",
+    "join_max_window", "output_headers",
 }
 # A topic's values (spark_jobs/frames/formats/): JSON; Avro by a schema file; Avro, JSON Schema and
 # Protobuf in Confluent's wire format, each value's writer schema fetched from a registry by its id.
@@ -167,6 +167,7 @@ class TableDefinition:
     derived: dict[str, str] = field(default_factory=dict)    # aggregate arguments that are expressions (_Scope.argument)
     computed: dict[str, str] = field(default_factory=dict)   # SELECT columns over the aggregates, shown not stored
     emit: str = "changes"                      # windowed tables' output_topic: every change, or "final" values
+    output_headers: str = "batch"              # output_topic records carry a batch header, or "none"
     ttl_ms: int | None = None                  # keys idle this long in event time are deleted (see _ttl)
     key_types: dict[str, str] = field(default_factory=dict)  # computed GROUP BY keys (in `derived`) -> type
     key_format: str = "plain"                  # source tables: the Kafka key is the key's value, or "json"
@@ -442,6 +443,22 @@ def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
     if raw == "final" and (table.window is None or table.output_topic is None):
         raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
                               f"(GROUP BY ..., TUMBLE, HOP or SESSION) with an output_topic, whose closed windows it emits")
+    return raw
+
+
+def _output_headers(path: Path, header: _Header, table: "TableDefinition") -> str:
+    """`-- output_headers: none`: the change topic's records carry no `batch` header, as
+    upsert-kafka's and ksqlDB's carry none; they are then produced a batch at a time, which
+    librdkafka cannot do with headers (the change topic's publish costs about half)."""
+    raw = header.get("output_headers")
+    if raw is None:
+        return "batch"
+    if raw not in ("batch", "none"):
+        raise DefinitionError(f"{header.where(path, 'output_headers')}: table {table.name!r}: option "
+                              f"output_headers={raw!r} must be batch (each record names its batch) or none")
+    if table.output_topic is None:
+        raise DefinitionError(f"{header.where(path, 'output_headers')}: table {table.name!r} has no output_topic, "
+                              f"whose records the option sets; add '-- output_topic: <topic>' or remove it")
     return raw
 
 
@@ -763,6 +780,7 @@ def _parse(path: Path, text: str) -> TableDefinition:
     table = _source_table(path, create, header, common) if isinstance(create.this, exp.Schema) \
         else _aggregate_table(path, create, header, common)
     table.emit = _emit(path, header, table)
+    table.output_headers = _output_headers(path, header, table)
     _value_format(path, header, table)
     _ttl(path, header, table)
     _window_retention(path, header, table)

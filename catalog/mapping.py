@@ -51,7 +51,7 @@ def state_spec(table: TableDefinition, namespace: str = "") -> TableSpec:
         aggregator = RowAggregator({c.name: aggregate_of(c) for c in table.aggregates})
     return TableSpec(table.name, table.partitions, aggregator, snapshot_keep=table.snapshot_keep,
                      changelog=f"{namespace}{table.name}-changelog", meaning=freeze_meaning(table.meaning()),
-                     routing_width=table.routing_width)
+                     routing_width=table.routing_width, batch_headers=table.output_headers == "batch")
 
 
 def key_names(table: TableDefinition) -> list[str]:

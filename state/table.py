@@ -51,6 +51,7 @@ class TableSpec:
     meaning: tuple | None = None              # the definition's normalised meaning, as sorted (field, json) pairs
     routing_width: int | None = None          # leading key parts that pick the partition (None: all); a session
                                               # table routes by its key without the start, so a key's sessions meet
+    batch_headers: bool = True                # the records for other topics (a change topic) carry a batch header
 
     def route(self, key: tuple) -> int:
         """The partition of a key tuple."""
@@ -181,7 +182,8 @@ class StateTable:
         self.ensure()
         if not 0 <= partition < self.spec.partitions:
             raise NoSuchPartition(f"table {self.spec.name!r} has partitions 0..{self.spec.partitions - 1}, not {partition}")
-        writer = ChangelogWriter(self.bootstrap, self.spec.changelog_topic, partition) if self.bootstrap else None
+        writer = ChangelogWriter(self.bootstrap, self.spec.changelog_topic, partition,
+                                 batch_headers=self.spec.batch_headers) if self.bootstrap else None
         if self.memory:
             backend = MemoryBackend()
         else:

@@ -89,6 +89,44 @@ def test_a_source_tables_delete_is_a_tombstone_on_its_change_topic(env, spark):
     assert_each_batch_once_and_in_order(seen)
 
 
+def test_a_change_topic_without_batch_headers_holds_the_same_records_in_the_same_partitions(env, spark):
+    """`output_headers: none` sends a batch's change records in one produce_batch (no headers):
+    two tables over one topic, one with the header and one without, publish the same records,
+    each in the same partition (the partitioner places both alike), many batches and deletes;
+    the one without carries no headers, and folds to the pandas count."""
+    rt, suffix = env
+    topic = "headed" + suffix
+    outs = {"with_header": f"with-header{suffix}", "without_header": f"without-header{suffix}"}
+    for name, out in outs.items():
+        option = "" if name == "with_header" else "-- output_headers: none\n"
+        producer = new_table(rt, name, f"-- topic: {topic}\n-- schema: k STRING, v BIGINT\n-- partitions: 3\n"
+                             f"-- output_topic: {out}\n{option}CREATE TABLE {name} AS SELECT k, COUNT(*) AS n, "
+                             f"SUM(v) AS s FROM events GROUP BY k;\n", topic)
+    sent = []
+    for batch in range(4):
+        for i in range(300):
+            k, v = f"k{(i * 7 + batch) % 120}", i + batch
+            producer.produce(topic, json.dumps({"k": k, "v": v}).encode())
+            sent.append((k, v))
+        assert producer.flush(10) == 0
+        for name in outs:
+            assert len(jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=200)) == 2
+    placed = {}
+    for name, out in outs.items():
+        records = sorted(read_topic(rt.bootstrap, out), key=lambda m: (m.partition(), m.offset()))
+        placed[name] = {}           # a key's changes in order (state partitions' commits interleave)
+        for m in records:
+            placed[name].setdefault((m.partition(), m.key()), []).append(m.value())
+        headers = {tuple(k for k, _ in (m.headers() or ())) for m in records}
+        assert headers == ({("batch",)} if name == "with_header" else {()})
+    assert placed["with_header"] == placed["without_header"]
+    assert len({p for p, _ in placed["without_header"]}) == 3
+    frame = pd.DataFrame(sent, columns=["k", "v"]).groupby("k")["v"].agg(["count", "sum"])
+    folded = {key.decode(): json.loads(values[-1]) for (_, key), values in placed["without_header"].items()}
+    assert folded == {json.dumps({"k": k}): {"k": k, "n": int(r["count"]), "s": int(r["sum"])}
+                      for k, r in frame.iterrows()}
+
+
 def test_an_output_topic_that_is_no_topic_name_fails_at_parse(tmp_path):
     from catalog.definitions import DefinitionError, parse
 
@@ -102,6 +140,14 @@ def test_an_output_topic_that_is_no_topic_name_fails_at_parse(tmp_path):
         parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- emit: final\nCREATE"))
     with pytest.raises(DefinitionError, match=r"option emit='last' must be changes .* or final"):
         parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- emit: last\nCREATE"))
+    with pytest.raises(DefinitionError, match=r"c.sql:4:1: table 'c': option output_headers='off' must be batch .* "
+                                              r"or none"):
+        parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- output_headers: off\nCREATE"))
+    with pytest.raises(DefinitionError, match=r"c.sql:3:1: table 'c' has no output_topic, whose records the option "
+                                              r"sets; add '-- output_topic: <topic>' or remove it"):
+        parse(tmp_path / "c.sql", text.replace("-- output_topic: {}", "-- output_headers: none"))
+    assert parse(tmp_path / "c.sql", text.format("out").replace("CREATE", "-- output_headers: none\nCREATE")) \
+        .output_headers == "none"
 
 
 def test_a_chained_table_restored_after_a_wiped_store_is_exact_and_verify_checks_the_chain(env, spark):

@@ -98,10 +98,11 @@ QUERIES = {
                  "WHERE a.category = 10;",
 }
 # The tables a query's table reads, in the order they run (each on the one before's change topic);
-# the query's seconds are the chain's.
+# the query's seconds are the chain's. Their change topics carry no batch header (a statetable
+# table reads them by key and value, as Flink's upsert-kafka sinks write none).
 CHAINS = {
     "q5": {
-        "q5_counts": BID + "-- output_topic: {prefix}q5-counts\n-- window_retention: 30d\nCREATE TABLE q5_counts AS "
+        "q5_counts": BID + "-- output_topic: {prefix}q5-counts\n-- output_headers: none\n-- window_retention: 30d\nCREATE TABLE q5_counts AS "
                            f"SELECT auction, COUNT(*) AS num FROM bid GROUP BY auction, HOP(dateTime, INTERVAL "
                            f"'{Q5_SIZE_MS // 1000}' SECOND, INTERVAL '{Q5_SLIDE_MS // 1000}' SECOND);",
     },
@@ -109,12 +110,12 @@ CHAINS = {
     # folded into its highest where they pair, never kept or published as pairs. Grouped by the
     # auction alone (its category is the auction's: MAX), so that q4 can read its change topic.
     "q4": {
-        "q4_final": OPEN_BIDS + "-- output_topic: {prefix}q4-final\nCREATE TABLE q4_final AS SELECT a.id AS "
+        "q4_final": OPEN_BIDS + "-- output_topic: {prefix}q4-final\n-- output_headers: none\nCREATE TABLE q4_final AS SELECT a.id AS "
                                 f"auction, MAX(a.category) AS category, MAX(b.price) AS final FROM auction a JOIN bid b "
                                 f"{OPEN_WINDOW} GROUP BY a.id;",
     },
     "q9": {
-        "q9_join": OPEN_BIDS + "-- output_topic: {prefix}q9-join\nCREATE TABLE q9_join AS SELECT b.auction, "
+        "q9_join": OPEN_BIDS + "-- output_topic: {prefix}q9-join\n-- output_headers: none\nCREATE TABLE q9_join AS SELECT b.auction, "
                                f"b.bidder, b.price, b.dateTime FROM auction a JOIN bid b {OPEN_WINDOW};",
     },
 }
