@@ -61,12 +61,17 @@ def test_a_batch_that_rewrote_half_the_partition_leaves_one_sorted_run_and_a_sma
         def runs() -> int:
             return sum(1 for f in backend.db.live_files() if f["num_entries"] > 1)
 
+        def levels() -> set:
+            return {f["level"] for f in backend.db.live_files() if f["num_entries"] > 1}
+
         for batch, keys in enumerate((range(0, 12_000), range(12_000, 24_000))):     # a load in two batches
             tx = part.begin(batch)
             for k in keys:
                 tx.put((k,), k)
             tx.commit()
-        assert runs() == 1                           # the second rewrote half of what the partition holds
+            if batch == 0:      # into an empty partition: one run once flushed, left unrewritten (level 0)
+                assert runs() == 1 and levels() == {0}
+        assert runs() == 1 and levels() != {0}       # the second rewrote half of what the partition holds
         tx = part.begin(2)
         for k in range(240):                         # 1%: its run stays apart for compaction to merge later
             tx.put((k,), -k)
