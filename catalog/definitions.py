@@ -433,13 +433,22 @@ def _duration_option(path: Path, header: _Header, key: str, default: int | None,
 SCHEDULE_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly"}
 
 
-def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
-    raw = header.get("emit")
+def _choice_option(path: Path, header: _Header, table: "TableDefinition", option: str, choices: dict[str, str],
+                   default: str) -> str:
+    """An option that takes one of `choices` (value -> what it means)."""
+    raw = header.get(option)
     if raw is None:
-        return "changes"
-    if raw not in ("changes", "final"):
-        raise DefinitionError(f"{header.where(path, 'emit')}: option emit={raw!r} must be changes (every committed "
-                              f"change) or final (each window once, when it closes)")
+        return default
+    if raw not in choices:
+        meant = " or ".join(f"{value} ({meaning})" for value, meaning in choices.items())
+        raise DefinitionError(f"{header.where(path, option)}: table {table.name!r}: option {option}={raw!r} must be "
+                              f"{meant}")
+    return raw
+
+
+def _emit(path: Path, header: _Header, table: "TableDefinition") -> str:
+    raw = _choice_option(path, header, table, "emit", {"changes": "every committed change",
+                                                       "final": "each window once, when it closes"}, "changes")
     if raw == "final" and (table.window is None or table.output_topic is None):
         raise DefinitionError(f"{header.where(path, 'emit')}: table {table.name!r}: emit: final needs a windowed table "
                               f"(GROUP BY ..., TUMBLE, HOP or SESSION) with an output_topic, whose closed windows it emits")
@@ -450,13 +459,9 @@ def _output_headers(path: Path, header: _Header, table: "TableDefinition") -> st
     """`-- output_headers: none`: the change topic's records carry no `batch` header, as
     upsert-kafka's and ksqlDB's carry none; they are then produced a batch at a time, which
     librdkafka cannot do with headers (the change topic's publish costs about half)."""
-    raw = header.get("output_headers")
-    if raw is None:
-        return "batch"
-    if raw not in ("batch", "none"):
-        raise DefinitionError(f"{header.where(path, 'output_headers')}: table {table.name!r}: option "
-                              f"output_headers={raw!r} must be batch (each record names its batch) or none")
-    if table.output_topic is None:
+    raw = _choice_option(path, header, table, "output_headers", {"batch": "each record names its batch",
+                                                                 "none": "no headers"}, "batch")
+    if "output_headers" in header and table.output_topic is None:
         raise DefinitionError(f"{header.where(path, 'output_headers')}: table {table.name!r} has no output_topic, "
                               f"whose records the option sets; add '-- output_topic: <topic>' or remove it")
     return raw
