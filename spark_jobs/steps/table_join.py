@@ -202,8 +202,12 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         # read back (the codec's round trip, as the stored ones). Anything else is read back.
         # Rows of ints, strings, booleans and doubles come back from the codec as they go in: no
         # round trip for them (q20: 2.2 s of a 460,000-bid task).
-        restore = (lambda r: r) if not rows or _plain(partials, len(ctx.source.value_columns)) else _stored
-        a_rows = {k: None if r is None else restore(r) for k, r in zip(own, rows)} if stream else {}
+        if not stream:
+            a_rows = {}
+        elif not rows or _plain(partials, len(ctx.source.value_columns)):
+            a_rows = dict(zip(own, rows))
+        else:
+            a_rows = {k: None if r is None else _stored(r) for k, r in zip(own, rows)}
         others = [k for k in affected if k not in a_rows]
         raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in others])
         a_rows.update((k, None if r is None else codec.decode_value(r)) for k, r in zip(others, raw))
