@@ -15,7 +15,7 @@ Everything here is plain pyarrow: it runs in Spark's Python workers, over Spark 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from state.aggregates import OFFSET_BITS
 from catalog.definitions import EVENT_MS, TableDefinition
+from spark_jobs.frames import arrow_blobs
 from spark_jobs.frames.parse import MAX_VALUE_BYTES
 from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import INTEGERS, arrow_type, parse_values
@@ -531,7 +532,7 @@ def run(spec: PassSpec, batches):
         if selected.num_rows:
             partials = preaggregate(selected, spec)
             if not fold:
-                yield _tagged_partials(partials, spec, schema)
+                yield from _tagged_partials(partials, spec, schema)
                 continue
             held.append(partials)
             held_rows += partials.num_rows
@@ -539,10 +540,10 @@ def run(spec: PassSpec, batches):
                 folded = _folded(held, spec.table)
                 held, held_rows = [folded], folded.num_rows
                 if held_rows >= FOLD_ROWS // 2:     # mostly distinct keys: folding again gains little
-                    yield _tagged_partials(folded, spec, schema)
+                    yield from _tagged_partials(folded, spec, schema)
                     held, held_rows = [], 0
     if held:
-        yield _tagged_partials(_folded(held, spec.table), spec, schema)
+        yield from _tagged_partials(_folded(held, spec.table), spec, schema)
     if max_event is not None:
         counts["max_event_ms"] = max_event
     if counts:
@@ -554,11 +555,35 @@ def _folded(held: list[pa.Table], table: TableDefinition) -> pa.Table:
     return held[0] if len(held) == 1 else combine_partials(pa.concat_tables(held, promote_options="permissive"), table)
 
 
-def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> pa.RecordBatch:
-    partials = partials.append_column("_sp", state_partitions(partials, spec.table.partitions,
-                                                              spec.table.routing_width)) \
-        .append_column("_kind", pa.array(["partial"] * partials.num_rows))
-    return shaped(partials, schema)
+def _partial_fields(schema: pa.Schema) -> list[pa.Field]:
+    """The key and aggregate columns of the pass's output (`_k0`.., `_a0`..)."""
+    return [f for f in schema if f.name[:2] in ("_k", "_a") and f.name[2:].isdigit()]
+
+
+def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The partials as blobs (arrow_blobs), one row a state partition: `_kind` "blob", `_sp`, and
+    the partials' key and aggregate columns, in the pass's types, as an IPC stream in `value`."""
+    partitions = state_partitions(partials, spec.table.partitions, spec.table.routing_width)
+    typed = pa.table({f.name: partials.column(f.name).cast(f.type) for f in _partial_fields(schema)})
+    for sp, blob in arrow_blobs.split(typed, partitions):
+        yield shaped(pa.table({"_kind": [arrow_blobs.BLOB], "_sp": pa.array([sp], pa.int32()),
+                               "value": pa.array([blob], pa.binary())}), schema)
+
+
+def partials_of(group: pa.Table, table: TableDefinition) -> pa.Table:
+    """A merge task's partials of `table`: the `_kind` "partial" rows of the Spark-SQL pass (as
+    they are), or the blobs of this pass (`_blob`) opened, their `_k*` and `_a*` columns (an
+    empty table of them for a partition the batch gave none)."""
+    rows = group.filter(pc.equal(group.column("_kind"), "partial"))
+    if "_blob" not in group.column_names:
+        return rows
+    blobs = group.column("_blob")
+    tables = arrow_blobs.opened(blobs.filter(pc.is_valid(blobs)).to_pylist())
+    if rows.num_rows:
+        tables.append(rows.select([c for c in rows.column_names if c[:2] in ("_k", "_a") and c[2:].isdigit()]))
+    if not tables:
+        return pa.schema(_partial_fields(output_schema(table))).empty_table()
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
 def shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:

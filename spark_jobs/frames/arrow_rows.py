@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.definitions import TableDefinition
+from spark_jobs.frames import arrow_blobs
 from spark_jobs.frames.arrow_keys import state_partitions
 from spark_jobs.frames.arrow_pass import PassSpec, classify, dead_letters, shaped
 from spark_jobs.frames.arrow_values import arrow_type
@@ -121,7 +122,7 @@ class SideExchange:
     used: frozenset = frozenset()       # the fields a joined row or the WHERE reads; the others NULL
 
 
-BLOB = "blob"       # an output row of an exchanged side: `_sp` and its rows' IPC stream in `value`
+BLOB = arrow_blobs.BLOB      # an output row of an exchanged side: `_sp` and its rows' IPC stream in `value`
 
 
 def side_table(rows: pa.Table, source: TableDefinition, exchange: SideExchange) -> pa.Table:
@@ -145,15 +146,8 @@ def side_table(rows: pa.Table, source: TableDefinition, exchange: SideExchange) 
 
 def _blobs(rows: pa.Table, spec: "RowsSpec"):
     """One output row a state partition: its side rows as an Arrow IPC stream."""
-    side = side_table(rows, spec.source, spec.exchange)
-    partitions = rows.column("_sp")
-    for sp in sorted(pc.unique(partitions).to_pylist()):
-        part = side.filter(pc.equal(partitions, sp))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, part.schema) as writer:
-            writer.write_table(part)
-        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()),
-                        "value": pa.array([sink.getvalue().to_pybytes()], pa.binary())})
+    for sp, blob in arrow_blobs.split(side_table(rows, spec.source, spec.exchange), rows.column("_sp")):
+        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
 
 
 def exchanged(partials: pa.Table) -> pa.Table:
@@ -162,7 +156,7 @@ def exchanged(partials: pa.Table) -> pa.Table:
         return partials
     blobs = partials.column("_blob")
     is_blob = pc.is_valid(blobs)
-    tables = [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs.filter(is_blob).to_pylist()]
+    tables = arrow_blobs.opened(blobs.filter(is_blob).to_pylist())
     rows = partials.filter(pc.invert(is_blob))
     if rows.num_rows:
         tables.append(rows.select([c for c in rows.column_names if c in ("_k0", "_k1", "_side", "_t", "_u", "_a", "_b")]))

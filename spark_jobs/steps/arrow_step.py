@@ -38,7 +38,7 @@ def run(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float) -
 def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float, records: int | None) -> BatchStep:
     from pyspark.sql import functions as F
 
-    from spark_jobs.frames import arrow_pass
+    from spark_jobs.frames import arrow_blobs, arrow_pass
 
     table = table_run.table
     bronze = sinks.bronze_target(table_run, plan.batch_id)
@@ -66,8 +66,7 @@ def _pass(table_run: TableRun, plan: BatchPlan, started: float, begun_at: float,
             sinks.commit_bronze(table_run, files, plan.batch_id)
 
     with clock.step("aggregate_merge", "batch.after_merge"):
-        partials = out.where(F.col("_kind") == "partial").select(
-            "_kind", "_sp", *[c for c, _, _ in arrow_pass.output_columns(table) if c.startswith(("_k", "_a")) and c != "_kind"])
+        partials = out.where(F.col("_kind") == arrow_blobs.BLOB).select("_kind", "_sp", F.col("value").alias("_blob"))
         summaries = merge_step.merge(table_run, partials, plan.batch_id, watermark, plan.watermark_ms, begun_at)
         out.unpersist()
         refused = {tuple(k): reason for s in summaries.values() for k, reason in s.rejected}

@@ -21,7 +21,7 @@ from state.aggregates import ranked
 from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.frames.arrow_keys import encoded_keys, key_columns
-from spark_jobs.frames.arrow_pass import combine_partials
+from spark_jobs.frames.arrow_pass import combine_partials, partials_of
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 from catalog.mapping import state_spec
@@ -195,9 +195,6 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
     batch (`group`, with one marker row so that every partition commits, even one without input).
     Returns the commit summary; the changed rows go to a Parquet file of the batch's mirror
     changes, never through the driver."""
-
-    import pyarrow.compute as pc
-
     yield_cpu_to_queries()
     clock = [time.monotonic()]
     ms: dict[str, int] = {}
@@ -208,7 +205,7 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
         clock[0] = now
 
     partition = group.column("_sp")[0].as_py()
-    partials = combine_partials(group.filter(pc.equal(group.column("_kind"), "partial")), ctx.table)
+    partials = combine_partials(partials_of(group, ctx.table), ctx.table)
     lap("combine")
     spec = state_spec(ctx.table, ctx.namespace)
     table = StateTable(replace(spec, changelog=ctx.changelog or spec.changelog), task_state_dir(ctx.state_dir),

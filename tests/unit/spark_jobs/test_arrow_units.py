@@ -105,7 +105,9 @@ def test_a_pass_task_folds_its_partials_to_one_row_per_key(tmp_path, monkeypatch
     batches = [_kafka_batch(events[i:i + 7], i) for i in range(0, len(events), 7)]
     spec = arrow_pass.PassSpec(table, 0, now_ms=1_800_000_000_000, watermark_ms=None, bronze=None)
     out = pa.Table.from_batches(list(arrow_pass.run(spec, iter(batches))))
-    partials = out.filter(pa.compute.equal(out.column("_kind"), "partial"))
+    blobs = out.filter(pa.compute.equal(out.column("_kind"), "blob"))
+    assert blobs.num_rows and not pa.compute.any(pa.compute.equal(out.column("_kind"), "partial")).as_py()
+    partials = arrow_pass.partials_of(blobs.select(["_kind", "value"]).rename_columns(["_kind", "_blob"]), table)
     got = {(r["_k0"], r["_k1"]): (r["_a0"], r["_a1"], r["_a2"]["s"], r["_a2"]["n"], r["_a3"])
            for r in partials.to_pylist()}
     if fold_rows > len(events):
