@@ -106,6 +106,9 @@ class RowsSpec:
     # A windowed join's side, handed on as its merge tasks take it (SideExchange): its accepted
     # rows leave as one Arrow IPC blob a state partition and Arrow batch, not as rows.
     exchange: "SideExchange | None" = None
+    # A stream's rows for a join of tables, handed on whole as blobs (arrow_blobs: `_k0`, `_del`,
+    # `_v<i>`; a stream's rows are one a position, so its merge tasks need no positions).
+    blobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,29 @@ def _blobs(rows: pa.Table, spec: "RowsSpec"):
         yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
 
 
+def _row_blobs(rows: pa.Table, schema: pa.Schema):
+    """One output row a state partition: a stream's rows (`_k0`, `_del`, `_v<i>` in the read's
+    types) as an Arrow IPC stream (RowsSpec.blobs)."""
+    fields = [f for f in schema if f.name in ("_k0", "_del") or (f.name[:2] == "_v" and f.name[2:].isdigit())]
+    typed = pa.table({f.name: rows.column(f.name).cast(f.type) for f in fields})
+    for sp, blob in arrow_blobs.split(typed, rows.column("_sp")):
+        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
+
+
+def rows_of(group: pa.Table) -> pa.Table:
+    """A merge task's rows of a table of tables: the `_kind` "partial" rows by Spark as they are,
+    or the blobs (`_blob`, RowsSpec.blobs) opened."""
+    rows = group.filter(pc.equal(group.column("_kind"), "partial"))
+    if "_blob" not in group.column_names:
+        return rows
+    blobs = rows.column("_blob")
+    tables = arrow_blobs.opened(blobs.filter(pc.is_valid(blobs)).to_pylist())
+    rows = rows.filter(pc.is_null(blobs))
+    if rows.num_rows or not tables:
+        tables.append(rows.drop_columns([c for c in ("_kind", "_sp", "_blob") if c in rows.column_names]))
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
 def exchanged(partials: pa.Table) -> pa.Table:
     """The side rows a merge task was given, blobs (`_blob`) opened and rows by Spark as they are."""
     if "_blob" not in partials.column_names:
@@ -177,6 +203,9 @@ def run(spec: RowsSpec, batches):
                     _add_stat(counts, name, n)
             elif table.num_rows and kind == "row" and spec.exchange is not None:
                 for blob in _blobs(table, spec):
+                    yield shaped(blob, schema)
+            elif table.num_rows and kind == "row" and spec.blobs:
+                for blob in _row_blobs(table, schema):
                     yield shaped(blob, schema)
             elif table.num_rows:
                 yield shaped(table.append_column("_kind", pa.array([kind] * table.num_rows, pa.string())), schema)
@@ -385,11 +414,13 @@ def reasons_of(stats: dict[str, int]) -> dict:
     return reasons
 
 
-def rows_frame(out, source: TableDefinition, positions: bool = True):
+def rows_frame(out, source: TableDefinition, positions: bool = True, blobs: bool = False):
     """The accepted rows, as latest_rows shapes them, with `_sp` (and, for latest_per_key, their
-    positions)."""
+    positions); `blobs`: the blobs of a read that made them (RowsSpec.blobs), `_sp` and `_blob`."""
     from pyspark.sql import functions as F
 
+    if blobs:
+        return out.where(F.col("_kind") == BLOB).select("_sp", F.col("value").alias("_blob"))
     return out.where((F.col("_kind") == "row") & F.col("reason").isNull()).select(
         "_k0", "_del", *[f"_v{i}" for i in range(len(source.value_columns))],
         *(["_partition", "_offset"] if positions else []), "_sp")

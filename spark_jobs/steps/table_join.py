@@ -34,7 +34,7 @@ from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.table_stages import INDEX, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
-from spark_jobs.frames.arrow_rows import latest_per_key
+from spark_jobs.frames.arrow_rows import latest_per_key, rows_of
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 
@@ -139,15 +139,13 @@ def _stored(row: tuple) -> tuple:
 
 def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | None, group) -> pa.Table:
     """One partition of a's keys: the rows stage, then the affected rows (see the module's docstring)."""
-    import pyarrow.compute as pc
-
     from spark_jobs.frames.arrow_keys import encoded_keys
     from spark_jobs.steps.merge_task import unbatched_rows, outputs_of, partial_values
     from spark_jobs.delta.mirror import write_change_rows
 
     started = time.monotonic()
     partition = group.column("_sp")[0].as_py()
-    partials = latest_per_key(group.filter(pc.equal(group.column("_kind"), "partial")), unique=ctx.source.stream)
+    partials = latest_per_key(rows_of(group), unique=ctx.source.stream)
     right = ctx.table.joins[0].table
     shape = JoinShape(ctx.table, ctx.source, pins["right"])
     b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
@@ -259,7 +257,9 @@ def run(table_run, plan, started: float) -> BatchStep:
     source = input_definition(table, table_run.tables)
     right = table_run.tables[table.joins[0].table]
     clock = StepClock(table_run, plan.batch_id, started)
-    read = read_input(table_run, plan, clock, source)
+    kept = a_rows_filter(table, source) if source.stream else None
+    # A stream's rows go as blobs, unless Spark filters them first (a WHERE on a's own fields)
+    read = read_input(table_run, plan, clock, source, blobs=source.stream and kept is None)
 
     folder = table_run.frames.inputs.pinned_folder
     pin = (plan.joins or {}).get(right.name, {})
@@ -272,7 +272,6 @@ def run(table_run, plan, started: float) -> BatchStep:
     mirror_dir = mirror.changes_path(rt, table.name)
     with clock.step("join", "batch.after_rows", "batch.after_merge"):
         rows = read.rows
-        kept = a_rows_filter(table, source) if source.stream else None
         if kept is not None:        # a stream's record that cannot join is no row of a's either
             rows = rows.where(kept)
         rows = rows.withColumn("_kind", F.lit("partial"))

@@ -78,16 +78,17 @@ class InputRead:
     dead: int
 
 
-def read_input(table_run, plan, clock, source: TableDefinition) -> InputRead:
+def read_input(table_run, plan, clock, source: TableDefinition, blobs: bool = False) -> InputRead:
     """The read and dead-letter steps every table of tables shares (MicroBatchRunner's fault points
     after_read, after_dead_letters and after_bronze, which these tables keep none of): the Arrow
     read (frames/arrow_rows.py) where it covers the input, else Spark SQL's. STATETABLE_ENGINE=spark
-    forces the latter, as it does for aggregates."""
+    forces the latter, as it does for aggregates. `blobs`: a stream's rows from the Arrow read go
+    as blobs (arrow_rows.RowsSpec.blobs; the merge tasks read them with arrow_rows.rows_of)."""
     from spark_jobs.frames import arrow_rows
 
     why = arrow_rows.unsupported(source)
     if why is None and os.environ.get("STATETABLE_ENGINE") != "spark":
-        return _arrow_read(table_run, plan, clock, source)
+        return _arrow_read(table_run, plan, clock, source, blobs and source.stream)
     log.debug("%s: Spark SQL reads %s (the Arrow read does not cover %s)", table_run.table.name, source.name, why)
     return _spark_read(table_run, plan, clock, source)
 
@@ -125,7 +126,7 @@ def _spark_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     return InputRead(rows, classified, reasons, read_count, dead_count)
 
 
-def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
+def _arrow_read(table_run, plan, clock, source: TableDefinition, blobs: bool = False) -> InputRead:
     """One Arrow pass over the records (arrow_rows.run); Spark judges only the records whose Kafka
     key is not plainly their key (arrow_rows.judged), and only when there are any."""
     from pyspark.sql import functions as F
@@ -134,7 +135,8 @@ def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     from spark_jobs.steps import sinks
     from spark_jobs.steps.offsets import OffsetRange
 
-    spec = arrow_rows.RowsSpec(source, table_run.table.partitions, plan.batch_id, now_ms=int(plan.created_at * 1000))
+    spec = arrow_rows.RowsSpec(source, table_run.table.partitions, plan.batch_id, now_ms=int(plan.created_at * 1000),
+                               blobs=blobs)
     with clock.step("read"):
         out, stats = arrow_rows_pass(table_run, OffsetRange(plan.topic, plan.ranges), spec)
         undecided = stats.get("undecided", 0)
@@ -150,7 +152,7 @@ def _arrow_read(table_run, plan, clock, source: TableDefinition) -> InputRead:
     with clock.step("dead_letters", "batch.after_dead_letters", "batch.after_bronze"):
         dead_count = sinks.write_dead_letters(table_run, parse.pass_dead_letters(out_judged, plan.topic),
                                               plan.batch_id, sum(n for r, n in reasons.items() if r))
-    rows = arrow_rows.rows_frame(out_judged, source)
+    rows = arrow_rows.rows_frame(out_judged, source, blobs=blobs)
     if undecided:               # a tombstone's key was Spark's to read: its partition too
         rows = table_run.frames.partitioned(rows.drop("_sp"))
     return InputRead(rows, out, reasons, read_count, dead_count)
