@@ -43,7 +43,7 @@ __all__ = ["CommitResult", "ReplayStats", "StatePartition", "Transaction", "TxSt
 
 log = logging.getLogger(__name__)
 
-_PUT, _DELETE, _MERGE = 0, 1, 2
+_PUT, _DELETE, _MERGE, _RAW = 0, 1, 2, 3      # _RAW: a put of a value already in the codec's bytes
 
 
 @dataclass(frozen=True)
@@ -317,6 +317,14 @@ class Transaction:
         self._ops[key] = (_PUT, value)
 
     @_writes
+    def put_raw(self, key: bytes, raw: bytes) -> None:
+        """A put of an encoded key and a value already encoded (codec.encode_value's bytes, built
+        for a whole batch at once: arrow_keys.encoded_values)."""
+        if self.status is not _STARTED:
+            raise self.refused("put_raw")
+        self._ops[key] = (_RAW, raw)
+
+    @_writes
     def delete_encoded(self, key: bytes) -> None:
         if self.status is not _STARTED:
             raise self.refused("delete_encoded")
@@ -335,6 +343,8 @@ class Transaction:
             raise self.refused("merge_encoded")
         previous = self._ops.get(key)
         agg = self.partition.aggregator
+        if previous is not None and previous[0] == _RAW:
+            previous = (_PUT, codec.decode_value(previous[1]))
         if previous is None:
             self._ops[key] = (_MERGE, partial)
         elif previous[0] == _MERGE:
@@ -348,6 +358,8 @@ class Transaction:
         kind, value = self._ops[key]
         if kind == _PUT:
             return value
+        if kind == _RAW:
+            return codec.decode_value(value)
         if kind == _DELETE:
             return None
         return self.partition.aggregator.merge(old_value, value)
@@ -411,6 +423,8 @@ class Transaction:
                 elif kind == _PUT:
                     new = encode(value)
                     values[key] = value
+                elif kind == _RAW:
+                    new = value
                 else:
                     new = None
             except CodecError:
