@@ -10,12 +10,12 @@ wrote.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["BLOB", "BLOB_BYTES", "opened", "split"]
+__all__ = ["BLOB", "BLOB_BYTES", "handed_on", "opened", "rows_of", "split"]
 
 BLOB = "blob"       # the `_kind` of a pass's output row that holds a blob (in `value`), with its `_sp`
 
@@ -42,3 +42,26 @@ def split(rows: pa.Table, partitions: pa.Array, limit: int = BLOB_BYTES) -> Iter
 def opened(blobs: list[bytes]) -> list[pa.Table]:
     """The tables of `split`'s blobs (zero-copy reads over the bytes)."""
     return [pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs]
+
+
+def handed_on(rows: pa.Table, partitions: pa.Array) -> Iterator[pa.Table]:
+    """A pass's output rows for `rows`: one a blob (`split`), `_kind` BLOB, its `_sp` and `value`."""
+    for sp, blob in split(rows, partitions):
+        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
+
+
+def rows_of(group: pa.Table, empty: Callable[[], pa.Schema] | None = None) -> pa.Table:
+    """A merge task's rows: the `_kind` "partial" rows Spark handed on (as they are, when it
+    handed on no blobs), and the blobs (`_blob`) opened; a row that carried a blob is none of
+    them (a step may tag every row it hands on "partial"), and neither is a marker. `empty`: the
+    columns of what a task given blobs but none for it returns (asked only then)."""
+    rows = group.filter(pc.equal(group.column("_kind"), "partial"))
+    if "_blob" not in group.column_names:
+        return rows
+    is_blob = pc.is_valid(group.column("_blob"))
+    tables = opened(group.column("_blob").filter(is_blob).to_pylist())
+    rows = group.filter(pc.and_(pc.equal(group.column("_kind"), "partial"), pc.invert(is_blob)))
+    rows = rows.drop_columns([c for c in ("_kind", "_sp", "_blob") if c in rows.column_names])
+    if rows.num_rows or not tables:
+        tables.append(empty().empty_table() if empty is not None and not rows.num_rows else rows)
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

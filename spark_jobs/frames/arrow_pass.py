@@ -24,11 +24,12 @@ import pyarrow.compute as pc
 from state.aggregates import OFFSET_BITS
 from catalog.definitions import EVENT_MS, TableDefinition
 from spark_jobs.frames import arrow_blobs
+from spark_jobs.frames.arrow_fold import folded, foldable
 from spark_jobs.frames.parse import MAX_VALUE_BYTES
 from spark_jobs.errors import ArrowUnsupported
 from spark_jobs.frames.arrow_values import INTEGERS, arrow_type, parse_values
 from spark_jobs.frames.arrow_where import derived_columns, derived_types, where_expression
-from spark_jobs.frames.arrow_keys import key_columns, state_partitions
+from spark_jobs.frames.arrow_keys import state_partitions
 from spark_jobs.frames.formats import transcode, transcodes, writer_schema_ids
 
 SPARK_TYPE = {"LONG": "BIGINT", "DECIMAL": "DECIMAL(10,0)"}
@@ -451,42 +452,7 @@ def _topk(events: pa.Table, grouped: pa.Table, keys: list[str], args: list[str],
     return pa.array([best.get(key, []) for key in order], pa.list_(entry))
 
 
-FOLDABLE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "avg": "sum"}   # partial -> how partials fold
 FOLD_ROWS = 1 << 19     # partial rows a pass task holds before it folds them (and, if still this many, hands them on)
-
-
-def foldable(table: TableDefinition) -> bool:
-    """Whether partials of one key fold into one in Arrow: a table of plain aggregates (a table
-    of rows has none)."""
-    return bool(table.aggregates) and all(a.function in FOLDABLE for a in table.aggregates)
-
-
-def combine_partials(partials: pa.Table, table: TableDefinition) -> pa.Table:
-    """Partials of one key from several Arrow batches or tasks, folded into one row per key, so the
-    shuffle and the state see one row per key, not one per Arrow batch. Other tables' partials
-    (top-n, latest, distinct counts, sources) are returned as they are."""
-    if not foldable(table) or not partials.num_rows:
-        return partials
-    keys = key_columns(partials)
-    flat, aggs = {k: partials.column(k) for k in keys}, []
-    for i, agg in enumerate(table.aggregates):
-        col, how = partials.column(f"_a{i}"), FOLDABLE[agg.function]
-        if agg.function == "avg":
-            flat[f"_a{i}s"], flat[f"_a{i}n"] = pc.struct_field(col, "s"), pc.struct_field(col, "n")
-            aggs += [(f"_a{i}s", "sum"), (f"_a{i}n", "sum")]
-        else:
-            flat[f"_a{i}"] = col        # a SUM of only nulls stays null (min_count=1)
-            aggs.append((f"_a{i}", how, pc.ScalarAggregateOptions(min_count=1)))
-    grouped = pa.table(flat).group_by(keys, use_threads=False).aggregate(aggs)
-    out = {k: grouped.column(k) for k in keys}
-    for i, agg in enumerate(table.aggregates):
-        if agg.function == "avg":
-            out[f"_a{i}"] = pa.StructArray.from_arrays(
-                [grouped.column(f"_a{i}s_sum").combine_chunks(), grouped.column(f"_a{i}n_sum").combine_chunks()],
-                names=["s", "n"])
-        else:
-            out[f"_a{i}"] = grouped.column(f"_a{i}_{FOLDABLE[agg.function]}")
-    return pa.table(out)
 
 
 def run(spec: PassSpec, batches):
@@ -537,22 +503,18 @@ def run(spec: PassSpec, batches):
             held.append(partials)
             held_rows += partials.num_rows
             if held_rows >= FOLD_ROWS:
-                folded = _folded(held, spec.table)
-                held, held_rows = [folded], folded.num_rows
+                once = folded(held, spec.table)
+                held, held_rows = [once], once.num_rows
                 if held_rows >= FOLD_ROWS // 2:     # mostly distinct keys: folding again gains little
-                    yield from _tagged_partials(folded, spec, schema)
+                    yield from _tagged_partials(once, spec, schema)
                     held, held_rows = [], 0
     if held:
-        yield from _tagged_partials(_folded(held, spec.table), spec, schema)
+        yield from _tagged_partials(folded(held, spec.table), spec, schema)
     if max_event is not None:
         counts["max_event_ms"] = max_event
     if counts:
         yield shaped(pa.table({"_kind": ["stat"] * len(counts), "stat": list(counts),
                                 "stat_value": pa.array(list(counts.values()), pa.int64())}), schema)
-
-
-def _folded(held: list[pa.Table], table: TableDefinition) -> pa.Table:
-    return held[0] if len(held) == 1 else combine_partials(pa.concat_tables(held, promote_options="permissive"), table)
 
 
 def _partial_fields(schema: pa.Schema) -> list[pa.Field]:
@@ -565,25 +527,14 @@ def _tagged_partials(partials: pa.Table, spec: PassSpec, schema: pa.Schema) -> I
     the partials' key and aggregate columns, in the pass's types, as an IPC stream in `value`."""
     partitions = state_partitions(partials, spec.table.partitions, spec.table.routing_width)
     typed = pa.table({f.name: partials.column(f.name).cast(f.type) for f in _partial_fields(schema)})
-    for sp, blob in arrow_blobs.split(typed, partitions):
-        yield shaped(pa.table({"_kind": [arrow_blobs.BLOB], "_sp": pa.array([sp], pa.int32()),
-                               "value": pa.array([blob], pa.binary())}), schema)
+    for blob in arrow_blobs.handed_on(typed, partitions):
+        yield shaped(blob, schema)
 
 
 def partials_of(group: pa.Table, table: TableDefinition) -> pa.Table:
-    """A merge task's partials of `table`: the `_kind` "partial" rows of the Spark-SQL pass (as
-    they are), or the blobs of this pass (`_blob`) opened, their `_k*` and `_a*` columns (an
-    empty table of them for a partition the batch gave none)."""
-    rows = group.filter(pc.equal(group.column("_kind"), "partial"))
-    if "_blob" not in group.column_names:
-        return rows
-    blobs = group.column("_blob")
-    tables = arrow_blobs.opened(blobs.filter(pc.is_valid(blobs)).to_pylist())
-    if rows.num_rows:
-        tables.append(rows.select([c for c in rows.column_names if c[:2] in ("_k", "_a") and c[2:].isdigit()]))
-    if not tables:
-        return pa.schema(_partial_fields(output_schema(table))).empty_table()
-    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    """A merge task's partials of `table`: the Spark-SQL pass's rows, or this pass's blobs opened
+    (arrow_blobs.rows_of; their `_k*`, `_a*` columns empty for a partition given none)."""
+    return arrow_blobs.rows_of(group, lambda: pa.schema(_partial_fields(output_schema(table))))
 
 
 def shaped(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:

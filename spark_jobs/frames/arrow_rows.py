@@ -149,31 +149,15 @@ def side_table(rows: pa.Table, source: TableDefinition, exchange: SideExchange) 
 
 def _blobs(rows: pa.Table, spec: "RowsSpec"):
     """One output row a state partition: its side rows as an Arrow IPC stream."""
-    for sp, blob in arrow_blobs.split(side_table(rows, spec.source, spec.exchange), rows.column("_sp")):
-        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
+    return arrow_blobs.handed_on(side_table(rows, spec.source, spec.exchange), rows.column("_sp"))
 
 
 def _row_blobs(rows: pa.Table, schema: pa.Schema):
     """One output row a state partition: a stream's rows (`_k0`, `_del`, `_v<i>` in the read's
-    types) as an Arrow IPC stream (RowsSpec.blobs)."""
+    types) as an Arrow IPC stream (RowsSpec.blobs); a merge task reads them with
+    arrow_blobs.rows_of."""
     fields = [f for f in schema if f.name in ("_k0", "_del") or (f.name[:2] == "_v" and f.name[2:].isdigit())]
-    typed = pa.table({f.name: rows.column(f.name).cast(f.type) for f in fields})
-    for sp, blob in arrow_blobs.split(typed, rows.column("_sp")):
-        yield pa.table({"_kind": [BLOB], "_sp": pa.array([sp], pa.int32()), "value": pa.array([blob], pa.binary())})
-
-
-def rows_of(group: pa.Table) -> pa.Table:
-    """A merge task's rows of a table of tables: the `_kind` "partial" rows by Spark as they are,
-    or the blobs (`_blob`, RowsSpec.blobs) opened."""
-    rows = group.filter(pc.equal(group.column("_kind"), "partial"))
-    if "_blob" not in group.column_names:
-        return rows
-    blobs = rows.column("_blob")
-    tables = arrow_blobs.opened(blobs.filter(pc.is_valid(blobs)).to_pylist())
-    rows = rows.filter(pc.is_null(blobs))
-    if rows.num_rows or not tables:
-        tables.append(rows.drop_columns([c for c in ("_kind", "_sp", "_blob") if c in rows.column_names]))
-    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    return arrow_blobs.handed_on(pa.table({f.name: rows.column(f.name).cast(f.type) for f in fields}), rows.column("_sp"))
 
 
 def exchanged(partials: pa.Table) -> pa.Table:

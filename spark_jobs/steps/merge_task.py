@@ -21,7 +21,8 @@ from state.aggregates import ranked
 from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.frames.arrow_keys import encoded_keys, key_columns
-from spark_jobs.frames.arrow_pass import combine_partials, partials_of
+from spark_jobs.frames.arrow_fold import combine_partials
+from spark_jobs.frames.arrow_pass import partials_of
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 from catalog.mapping import state_spec

@@ -34,7 +34,8 @@ from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
 from spark_jobs.steps.table_stages import INDEX, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
-from spark_jobs.frames.arrow_rows import latest_per_key, rows_of
+from spark_jobs.frames.arrow_blobs import rows_of
+from spark_jobs.frames.arrow_rows import latest_per_key
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 

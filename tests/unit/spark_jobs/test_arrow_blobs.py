@@ -37,7 +37,7 @@ def test_no_rows_no_blobs():
 def test_a_merge_task_s_rows_are_its_blobs_rows_never_the_rows_that_carried_them():
     """table_join tags every row it hands on `partial`, blob rows too: rows_of opens the blobs and
     leaves out the rows that carried them (they would be rows of null keys), and the markers."""
-    from spark_jobs.frames.arrow_rows import rows_of
+    from spark_jobs.frames.arrow_blobs import rows_of
 
     rows = pa.table({"_k0": ["0:1", "0:2", "1:7"], "_del": [False] * 3, "_v0": pa.array([5, 6, 7], pa.int64())})
     blobs = [b for _, b in arrow_blobs.split(rows, pa.array([3, 3, 3], pa.int32()), limit=1)]

@@ -115,7 +115,9 @@ def test_a_pass_task_folds_its_partials_to_one_row_per_key(tmp_path, monkeypatch
     frame = pd.DataFrame(events)
     expected = {(k, j): (int(g.v.count()), int(g.w.sum()), float(g.v.sum()), int(g.v.count()), float(g.v.max()))
                 for (k, j), g in frame.groupby(["k", "j"])}
-    folded = arrow_pass.combine_partials(partials.select([c for c in partials.column_names if c[:2] in ("_k", "_a")]),
+    from spark_jobs.frames.arrow_fold import combine_partials
+
+    folded = combine_partials(partials.select([c for c in partials.column_names if c[:2] in ("_k", "_a")]),
                                          table)
     refolded = {(r["_k0"], r["_k1"]): (r["_a0"], r["_a1"], r["_a2"]["s"], r["_a2"]["n"], r["_a3"])
                 for r in folded.to_pylist()}
