@@ -261,7 +261,7 @@ def main() -> None:
         print(f"produced {json.dumps(produced['counts'])} in {produced['seconds']} s", flush=True)
         values = {kind: _values(cfg.kafka_bootstrap, topic) for kind, topic in produced["topics"].items()}
         frames = _frames(values)
-        reference = expected(frames)
+        reference = expected(frames, args.queries)
         gaps = exact_gaps(frames["bid"].assign(ms=pd_ms(frames["bid"]["dateTime"])))
         ceiling = json_ceiling(values["bid"])        # the same bytes, read once
         del frames, values

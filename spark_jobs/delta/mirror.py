@@ -95,14 +95,19 @@ def write_change_rows(folder: str, batch_id: int, partition: int, built: pa.Tabl
     write_parquet_atomically(rows, folder, change_file(batch_id, partition))
 
 
-def change_columns(table: TableDefinition, keys: list, values: list, aggregator=None) -> pa.Table:
+def change_columns(table: TableDefinition, keys: list, values: list, aggregator=None,
+                   results: list | None = None) -> pa.Table:
     """Changed rows as JSON text, column by column: `key` (the key's values as a JSON array, what
     the mirror MERGEs on), `key_object` (the key as a JSON object, the change topic's record key),
     `row` (the row as the API shows it) and `deleted`.
 
     The JSON is what `json.dumps(row_of(...), default=str)` gives, byte for byte, but built
     column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
-    million-key batch has a million rows here. A row HAVING hides is a delete here."""
+    million-key batch has a million rows here. A row HAVING hides is a delete here.
+
+    `results`: the shown value of each aggregate (table.aggregates' order) as Arrow columns, for
+    rows none of which is deleted (a batch's new keys of a LATEST_BY_OFFSET table); `values` then
+    only counts the rows. Not with HAVING, which judges Python rows."""
     rows = None
     if table.having is not None:
         # The row as row_of shows it, one by one: HAVING judges it (its computed columns too).
@@ -118,7 +123,10 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
         row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
                               pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
     else:
-        names, columns = _value_columns(table, values, aggregator, hidden=bool(table.computed))
+        if results is not None:
+            names, columns = [a.name for a in table.aggregates], list(results)
+        else:
+            names, columns = _value_columns(table, values, aggregator, hidden=bool(table.computed))
         hidden = {a.name for a in table.aggregates if a.hidden}
         value_names = [n for n in names if n not in hidden]
         value_columns = [c for n, c in zip(names, columns) if n not in hidden]

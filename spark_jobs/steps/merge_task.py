@@ -17,10 +17,10 @@ from dataclasses import replace
 import pyarrow as pa
 
 from state import codec, faults
-from state.aggregates import ranked
+from state.aggregates import RowAggregator, ranked
 from state.table import StateTable
 from state.windows import expire_idle, merge_sessions, purge
-from spark_jobs.frames.arrow_keys import encoded_keys, key_columns
+from spark_jobs.frames.arrow_keys import LATEST, encoded_keys, encoded_latest, key_columns, latest_results
 from spark_jobs.frames.arrow_fold import combine_partials
 from spark_jobs.frames.arrow_pass import partials_of
 from spark_jobs.steps.summary import PartitionSummary
@@ -123,13 +123,25 @@ def partial_values(table: TableDefinition, partials) -> list:
     return list(zip(*[_partial_values(partials.column(f"_a{i}"), a.function) for i, a in enumerate(table.aggregates)]))
 
 
+def _latest_states(table: TableDefinition, aggregator, partials) -> list[bytes] | None:
+    """The batch's partials as state bytes built column-wise (arrow_keys.encoded_latest) when
+    every aggregate keeps the latest value and nothing but the commit reads the Python values
+    (no window, no TTL); None otherwise."""
+    if type(aggregator) is not RowAggregator or table.window is not None or table.ttl_index is not None or \
+            any(f"_a{i}" not in partials.column_names for i in range(len(table.aggregates))):
+        return None
+    return encoded_latest(partials, [a.function for a in table.aggregates])
+
+
 def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, changes: dict | None,
-                  values: dict | None = None):
+                  values: dict | None = None, raw: bool = False):
     """The rows a commit changed, as mirror.change_columns (JSON per column). A re-run of a
     committed batch (`changes` None) takes every partial key's row from the state, since the first
     run may have died before its mirror file was written. `values`: the commit's new values as
     Python (CommitResult.values), used instead of decoding their bytes again (a table of long
-    strings spent a fifth of its merge there: Nexmark q18)."""
+    strings spent a fifth of its merge there: Nexmark q18). `raw`: the partials were merged as
+    LATEST_BY_OFFSET states' bytes (Transaction.merge_raw_many), so a new key's row is its
+    partial's."""
     from spark_jobs.delta.mirror import change_columns
 
     decode, values = codec.decode_value, values or {}
@@ -138,11 +150,28 @@ def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, chan
         decoded = [None if r is None else decode(r) for r in part.get_raw_many(list(last))]
     else:
         rows = [row for key, row in last.items() if key in changes]
+        if raw and _whole_partials(ctx.table, last, changes, values):
+            # every changed key is new and took its partial's bytes (Transaction.merge_raw): its
+            # row is the partial's values, read from the Arrow columns, nothing decoded
+            take = pa.array(rows, pa.int64())
+            shown = [c.take(take) for c in latest_results(partials, [a.function for a in ctx.table.aggregates])]
+            return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
+                                  rows, aggregator, results=shown)
         decoded = [values[key] if key in values else None if changes[key] is None else decode(changes[key])
                    for key in last if key in changes]
     take = pa.array(rows, pa.int64())
     return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)], decoded,
                           aggregator)
+
+
+def _whole_partials(table: TableDefinition, last: dict, changes: dict, values: dict) -> bool:
+    """True when the changed partial keys' new values are their partials' bytes as merge_raw put
+    them (none decoded and merged: `values` holds those; a LATEST_BY_OFFSET state is never
+    deleted), of a table whose rows show the aggregates as they are (no HAVING, no computed column)."""
+    if table.having is not None or table.computed or not table.aggregates or \
+            not all(a.function in LATEST for a in table.aggregates):
+        return False
+    return not values or not any(key in values for key in last if key in changes)
 
 
 def unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):
@@ -217,10 +246,14 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
         hydrated = not table.has_local_state(partition)      # this worker has no copy: open restores one
         part = table.open(partition)
         lap("open")
-        keys, values = encoded_keys(partials), partial_values(ctx.table, partials)
+        keys = encoded_keys(partials)
+        raw = _latest_states(ctx.table, spec.aggregator, partials)
+        values = partial_values(ctx.table, partials) if raw is None else None
         tx = part.begin(ctx.batch_id)
         sessions = None
-        if spec.aggregator is None:            # a table of rows: each key replaced or deleted
+        if raw is not None:                    # LATEST_BY_OFFSET states, encoded column-wise
+            tx.merge_raw_many(keys, raw)
+        elif spec.aggregator is None:            # a table of rows: each key replaced or deleted
             for key, value in zip(keys, values):
                 if value is None:
                     tx.delete_encoded(key)
@@ -242,7 +275,8 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
                                        frozenset(sessions[1]) if sessions is not None else frozenset())
             if not changes:
                 return []
-            built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes, tx.values)
+            built["rows"] = _changed_rows(ctx, spec.aggregator, part, partials, last, changes, tx.values,
+                                          raw is not None)
             built["other"] = unbatched_rows(ctx.table, spec.aggregator, last, changes)
             return change_records(ctx.table.output_topic, built["rows"]) + \
                 change_records(ctx.table.output_topic, built["other"])
@@ -260,7 +294,7 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
             rows = built.get("rows") if not commit["noop"] else None
             if rows is None:
                 rows = _changed_rows(ctx, spec.aggregator, part, partials, last, None if commit["noop"] else changes,
-                                     new_values)
+                                     new_values, raw is not None)
             if not commit["noop"] and (ctx.table.ttl_ms or sessions is not None):
                 other = built.get("other")
                 rows = pa.concat_tables([rows, other if other is not None else

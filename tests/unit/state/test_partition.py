@@ -85,7 +85,8 @@ def test_a_batch_that_rewrote_half_the_partition_leaves_one_sorted_run_and_a_sma
 CALLS = {"get": lambda tx: tx.get(("a",)), "get_many": lambda tx: tx.get_many([("a",)]),
          "put": lambda tx: tx.put(("a",), 1), "delete": lambda tx: tx.delete(("a",)),
          "put_encoded": lambda tx: tx.put_encoded(b"\x01a", 1), "put_raw": lambda tx: tx.put_raw(b"\x01a", b"\x01\x01"),
-         "delete_encoded": lambda tx: tx.delete_encoded(b"\x01a"),
+         "delete_encoded": lambda tx: tx.delete_encoded(b"\x01a"), "merge_raw": lambda tx: tx.merge_raw(b"\x01a", b"\x01\x01"),
+         "merge_raw_many": lambda tx: tx.merge_raw_many([b"\x01a"], [b"\x01\x01"]),
          "merge": lambda tx: tx.merge(("a",), 1), "merge_encoded": lambda tx: tx.merge_encoded(b"\x01a", 1),
          "commit": lambda tx: tx.commit(), "abort": lambda tx: tx.abort()}
 
@@ -132,3 +133,37 @@ def test_a_value_put_as_the_codec_s_bytes_reads_stores_and_merges_as_the_value()
     tx.merge(("a",), (2,))
     tx.commit()
     assert summed.get(("a",)) == (7,)
+
+
+def test_a_partial_merged_as_the_codec_s_bytes_is_stored_as_given_when_new_and_merged_when_not():
+    """merge_raw (a batch's LATEST_BY_OFFSET partials encoded at once): a new key takes the bytes
+    with no decode (CommitResult.values leaves it out, as a caller reads it from its columns); a
+    held key, or a second partial of a key in one transaction, folds as merge does; the digest is
+    the per-row path's."""
+    from state import codec
+    from state.aggregates import LatestByOffset, RowAggregator
+
+    def partition():
+        return StatePartition("t", 0, MemoryBackend(), aggregator=RowAggregator({"p": LatestByOffset()}))
+
+    raw, merged, many = partition(), partition(), partition()
+    batches = [[(("a",), ((5, "x"),)), (("b",), ((1, "y"),))],
+               [(("a",), ((3, "old"),)), (("a",), ((9, "z"),)), (("b",), ((7, "w"),)), (("c",), (None,))]]
+    for batch_id, batch in enumerate(batches):
+        for part, write in ((raw, lambda tx, k, v: tx.merge_raw(codec.encode_key(k), codec.encode_value(v))),
+                            (merged, lambda tx, k, v: tx.merge(k, v))):
+            tx = part.begin(batch_id)
+            for key, value in batch:
+                write(tx, key, value)
+            assert tx.get(("a",)) == ((5, "x"),) if batch_id == 0 else ((9, "z"),)
+            result = tx.commit()
+            if part is merged:      # the batch at once: a key twice (a in batch 1) folds as one by one
+                tx = many.begin(batch_id)
+                tx.merge_raw_many(*zip(*[(codec.encode_key(k), codec.encode_value(v)) for k, v in batch]))
+                assert tx.commit().changes == result.changes
+            if part is raw:
+                assert set(result.values) == ({codec.encode_key((k,)) for k in "ab"} if batch_id else set()), \
+                    "only held keys decode (a, b); a new one (c) is stored as given"
+        assert raw.meta.digest == merged.meta.digest and raw.meta.key_count == merged.meta.key_count
+    assert [raw.get((k,)) for k in "abc"] == [((9, "z"),), ((7, "w"),), (None,)]
+    assert many.meta.digest == raw.meta.digest
