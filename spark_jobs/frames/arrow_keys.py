@@ -115,10 +115,7 @@ def encoded_latest(partials: pa.Table, functions: list[str]) -> list[bytes] | No
     if not partials.num_rows or not functions or any(f not in LATEST for f in functions):
         return None
     parts = []
-    for i in range(len(functions)):
-        column = partials.column(f"_a{i}")
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        order, value = pc.struct_field(column, "o"), pc.struct_field(column, "v")
+    for order, value in _latest_fields(partials, len(functions)):
         if not pa.types.is_integer(order.type):
             return None
         encoded = [_encoded_element(order), _encoded_element(value)]
@@ -135,10 +132,13 @@ def encoded_latest(partials: pa.Table, functions: list[str]) -> list[bytes] | No
 def latest_results(partials: pa.Table, functions: list[str]) -> list[pa.Array]:
     """The value each LATEST_BY_OFFSET partial shows (its `v`, NULL without an order), column by
     column: a key's row when the partial is its whole state."""
-    out = []
-    for i in range(len(functions)):
+    return [pc.if_else(pc.is_valid(order), value, pa.scalar(None, value.type)) if order.null_count else value
+            for order, value in _latest_fields(partials, len(functions))]
+
+
+def _latest_fields(partials: pa.Table, count: int):
+    """Each LATEST_BY_OFFSET partial column's order and value arrays (_a0.., one chunk each)."""
+    for i in range(count):
         column = partials.column(f"_a{i}")
         column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        order, value = pc.struct_field(column, "o"), pc.struct_field(column, "v")
-        out.append(pc.if_else(pc.is_valid(order), value, pa.scalar(None, value.type)) if order.null_count else value)
-    return out
+        yield pc.struct_field(column, "o"), pc.struct_field(column, "v")
