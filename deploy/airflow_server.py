@@ -123,6 +123,11 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API__SECRET_KEY": _secret(settings, "api_secret_key"),
         "AIRFLOW__API_AUTH__JWT_SECRET": _secret(settings, "jwt_secret"),
+        # A task's supervisor waits this long for the API server before a retry (Airflow's 5 s by
+        # default): on a loaded 2-core host (a clean-clone suite, 2026-12-05) one API server took
+        # longer four times over and the supervisor SIGKILLed a restore drill's task before it
+        # started, "no error recorded". A deployment's own setting wins.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": os.environ.get("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT", "30"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         # Parse the DAG files when a table file changed, not on a clock: the batch service touches
         # them then (ops.table_files), and Airflow parses at once a file modified after its last
