@@ -216,7 +216,7 @@ def topic_name():
 
 def pytest_report_header(config):
     """How fast this machine's CPU is, at the top of every run's log: the suite is CPU-bound, so
-    a CI run that ran long says whether the code or the machine got slower (0.35-0.56 s on the
+    a CI run that ran long says whether the code or the machine got slower (0.34-0.57 s on the
     2-core machine of 2026-12-05, where the whole suite took 72 minutes, not its usual 20)."""
     import time
 
