@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from state import faults
 from state.aggregates import Aggregate, LatestByOffset
-from spark_jobs.delta import delta_files
+from spark_jobs.delta import delta_files, delta_frames
 from catalog.mapping import computed_columns, finite_value, key_names, row_of, shown, state_spec
 from catalog.definitions import TableDefinition
 from catalog.runtime import Runtime
@@ -300,7 +300,7 @@ def _fold_in_spark(spark, path: str, changes: str, batch_id: int, table: str) ->
     from pyspark.sql import Window, functions as F
 
     latest = Window.partitionBy("key").orderBy(F.desc("batch_id"))
-    source = (spark.read.format("delta").load(changes).where(F.col("batch_id") <= batch_id)
+    source = (delta_frames.read(spark, changes).where(F.col("batch_id") <= batch_id)
               .withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn"))
     upsert(spark, path, source, table)
     delta_files.commit_files(path, [], change_schema(), f"{table}.mirror", batch_id)
@@ -360,8 +360,8 @@ def frame(spark, rt: Runtime, table: str):
     from pyspark.sql import Window, functions as F
 
     def load(path):
-        if delta_files.exists(path):
-            return spark.read.format("delta").load(path).select("key", "row", "batch_id", "deleted")
+        if (found := delta_files.load(path)) is not None:
+            return delta_frames.read(spark, path, found).select("key", "row", "batch_id", "deleted")
         return spark.createDataFrame([], CHANGE_DDL)
 
     both = load(mirror_path(rt, table)).withColumn("deleted", F.lit(False)) \

@@ -51,10 +51,11 @@ class AggregatePass(Pass):
         if not table.bronze:
             raise UserError(f"table {table.name!r} keeps no bronze (`-- bronze: off` in {table.path}), and verify and "
                             f"rebuild recompute it from bronze; set `-- bronze: on` to have them (from then on)")
-        from spark_jobs.delta import delta_files
+        from spark_jobs.delta import delta_files, delta_frames
 
         path = rt.delta_path(table.name, "bronze")
-        if not delta_files.exists(path):
+        found = delta_files.load(path)
+        if found is None:
             return None, None
         from spark_jobs.delta.verify_chain import bronze_from_batch
 
@@ -64,7 +65,7 @@ class AggregatePass(Pass):
                                  f"in {table.path} deleted the older ones), and a full verify or a rebuild recomputes "
                                  f"the table from all of its history; set `-- bronze_retention: forever` to keep "
                                  f"history from now on")
-        bronze = spark.read.format("delta").load(path)
+        bronze = delta_frames.read(spark, path, found)
         commits = BatchLog(rt.batch_dir(table.name)).commits()
         refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
         selected = frames.selected(frames.joined(bronze))

@@ -269,13 +269,14 @@ def _partials_since(spark, table: TableDefinition, tables: dict, rt: Runtime, af
     refused keys left out), with their state partitions; None when bronze holds none."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.delta import delta_files
+    from spark_jobs.delta import delta_files, delta_frames
 
     path = rt.delta_path(table.name, "bronze")
-    if not delta_files.exists(path):
+    found = delta_files.load(path)
+    if found is None:
         return None
     frames = frames_of(spark, table, tables, rt)
-    bronze = spark.read.format("delta").load(path).where(F.col("batch_id") > F.lit(after_batch))
+    bronze = delta_frames.read(spark, path, found).where(F.col("batch_id") > F.lit(after_batch))
     commits = BatchLog(rt.batch_dir(table.name)).commits_after(after_batch)
     refused = [(c.batch_id, tuple(key)) for c in commits for key, _ in (c.refused or [])]
     return frames.partitioned(frames.partials(frames.selected(frames.joined(bronze)), exclude=refused))

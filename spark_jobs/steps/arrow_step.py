@@ -9,7 +9,7 @@ import logging
 from catalog.batch_log import BatchPlan
 from spark_jobs.steps import merge_step
 from spark_jobs.frames import parse
-from spark_jobs.delta import delta_files
+from spark_jobs.delta import delta_files, delta_frames
 from spark_jobs.steps import sinks
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.offsets import OffsetRange, spark_reader
@@ -122,7 +122,7 @@ def _refusal_inputs(table_run: TableRun, plan: BatchPlan):
     table, spark = table_run.table, table_run.spark
     records = spark_reader(spark, table_run.rt.bootstrap, OffsetRange(plan.topic, plan.ranges), table_run.reader_group)
     if table.bronze:
-        events = spark.read.format("delta").load(table_run.rt.delta_path(table.name, "bronze")) \
+        events = delta_frames.read(spark, table_run.rt.delta_path(table.name, "bronze")) \
             .where(F.col("batch_id") == plan.batch_id)
     else:
         classified = parse.classify(records, table, table.stream_key_fields, now_ms=int(plan.created_at * 1000),
