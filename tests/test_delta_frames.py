@@ -68,3 +68,38 @@ def test_an_empty_table_keeps_its_schema_and_a_partitioned_one_is_read_by_delta_
     spark.range(6).selectExpr("id", "id % 2 AS half").write.format("delta").partitionBy("half").save(parted)
     assert not delta_frames._files_are_the_table(delta_files.load(parted))
     assert _rows(delta_frames.read(spark, parted)) == [(i, i % 2) for i in range(6)]
+
+
+def test_dead_letters_reach_their_delta_table_once_a_batch_through_a_re_run(kafka, spark, tmp_path):
+    """The dead-letter table is written as bronze is (workers' files, one delta-rs commit): each
+    batch's bad records once, with reason and source coordinates; a re-run of a committed batch
+    adds nothing, and an attempt's stray file is never read."""
+    from confluent_kafka import Producer
+
+    from deploy import samples
+    from spark_jobs import jobs
+    from spark_jobs.steps import sinks
+    from tests.table_env import isolated_runtime
+
+    rt, suffix = isolated_runtime(kafka, tmp_path)
+    table = "movie_tickets_sold"
+    producer = Producer({"bootstrap.servers": rt.bootstrap})
+    for batch in range(2):
+        samples.produce(table, rt.bootstrap, 50, suffix=suffix)
+        producer.produce("movie_ticket_sales" + suffix, f"{{bad json {batch}".encode())
+        assert producer.flush(10) == 0
+        (commit,) = jobs.run(table, spark=spark, rt=rt, max_batches=1)
+        assert commit.batch_id == batch
+    path = rt.delta_path(table, "dlq")
+    rows = sorted((r["batch_id"], r["reason"], r["value"]) for r in delta_frames.read(spark, path).collect())
+    assert rows == [(0, "malformed_json", "{bad json 0"), (1, "malformed_json", "{bad json 1")]
+    assert _rows(delta_frames.read(spark, path)) == _rows(spark.read.format("delta").load(path))
+
+    again = spark.createDataFrame([("x", 0, 1, "again", 1)], "reason string, source_partition int, "
+                                  "source_offset long, value string, batch_id int")
+    sinks._append_files(again, path, f"{table}.dlq", 1, "dlq-b000000000001")       # batch 1 is committed
+    pq.write_table(pa.table({"reason": ["stray"]}), os.path.join(path, "dlq-b000000000002-s00009.parquet"))
+    sinks._append_files(again.selectExpr("reason", "source_partition", "source_offset", "value", "2 AS batch_id"),
+                        path, f"{table}.dlq", 2, "dlq-b000000000002")
+    assert sorted(r["batch_id"] for r in delta_frames.read(spark, path).collect()) == [0, 1, 2]
+    assert not os.path.exists(os.path.join(path, "dlq-b000000000002-s00009.parquet"))

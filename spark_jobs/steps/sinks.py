@@ -27,11 +27,46 @@ def _deliver(run: TableRun, dead, batch_id: int, app: str) -> None:
 
     (dead.select("key", "value", "headers").write.format("kafka").mode("append")
      .options(**kafka_config.spark_options(run.rt.bootstrap)).option("topic", run.dead_letter_topic).save())
-    (dead.select("reason", "source_partition", "source_offset",
-                 F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))
-     .write.format("delta").mode("append")
-     .option("txnAppId", f"{run.table.name}.{app}").option("txnVersion", batch_id)
-     .save(run.rt.delta_path(run.table.name, "dlq")))
+    rows = dead.select("reason", "source_partition", "source_offset",
+                       F.col("value").cast("string").alias("value"), F.lit(batch_id).alias("batch_id"))
+    _append_files(rows, run.rt.delta_path(run.table.name, "dlq"), f"{run.table.name}.{app}", batch_id,
+                  f"{app}-b{batch_id:012d}")
+
+
+def _append_files(rows, path: str, app_id: str, batch_id: int, prefix: str) -> None:
+    """`rows` appended to the Delta table at `path` once per (app_id, batch_id): each task writes
+    its Parquet file into the table's folder, the driver adds them in one delta-rs commit, as
+    bronze is written. Spark's Delta writer cost a batch with dead letters ~3 s more than one
+    without (its snapshot of the log, stats and commit) against ~2.3 s for the whole clean batch.
+    A re-run of a committed batch adds nothing; files an attempt left and no commit named are
+    removed (never read: only the log's files are the table)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if (done := delta_files.committed_version(path, app_id)) is not None and done >= batch_id:
+        return
+    schema = pa.schema([f.with_nullable(True) for f in to_arrow_schema(rows.schema)])
+    name = prefix + "-s{:05d}.parquet"
+
+    def write(batches):
+        from pyspark import TaskContext
+
+        from spark_jobs.delta.delta_files import write_parquet_atomically
+
+        batches = list(batches)
+        table = pa.Table.from_batches(batches) if batches else None
+        if table is None or not table.num_rows:
+            return
+        file = name.format(TaskContext.get().partitionId())
+        size = write_parquet_atomically(table.cast(schema), path, file)
+        yield pa.RecordBatch.from_pydict({"file": [file], "bytes": [size], "rows": [table.num_rows]})
+
+    written = {r["file"]: r for r in rows.mapInArrow(write, "file STRING, bytes BIGINT, rows BIGINT").collect()}
+    delta_files.commit_files(path, [delta_files.DataFile(n, r["bytes"], r["rows"]) for n, r in sorted(written.items())],
+                             schema, app_id, batch_id)
+    for name_, _ in delta_files.listed(path, prefix):
+        if name_ not in written:
+            delta_files.delete_file(path, name_)
 
 
 def write_dead_letters(run: TableRun, dead, batch_id: int, expected: int | None = None) -> int:
