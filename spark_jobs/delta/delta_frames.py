@@ -3,8 +3,8 @@
 delta-spark's reader computes a snapshot in Spark before a query can start: a job that reads
 the log's protocol and metadata, then a cached state reconstruction, on every new version. On a
 small table that is most of the read: 3.0-3.6 s a read against 0.7-0.8 s for the same query over
-the files delta-rs lists (a 20-version table, a local session; the first read of a driver 24 s
-against 1.2 s), and 10 of a cluster verify's 36 s. Verify, rebuild and the mirror read a table
+the files delta-rs lists (a 20-version table, a warm local session: bench/delta_reads.py); a verify on a
+two-worker cluster took 37 s with it and 19 s without. Verify, rebuild and the mirror read a table
 that just gained a version, so they paid it every time.
 
 Only tables whose files are the whole truth take this path: reader protocol 1 (no deletion
