@@ -2,7 +2,7 @@
 
 delta-spark's reader computes a snapshot in Spark before a query can start: a job that reads
 the log's protocol and metadata, then a cached state reconstruction, on every new version. On a
-small table that is most of the read: 3.0-3.6 s a read against 0.7-0.8 s for the same query over
+small table that is most of the read: 3.0-4.0 s a read against 0.7-0.9 s for the same query over
 the files delta-rs lists (a 20-version table, a warm local session: bench/delta_reads.py); a verify on a
 two-worker cluster took 37 s with it and 19 s without. Verify, rebuild and the mirror read a table
 that just gained a version, so they paid it every time.
