@@ -34,21 +34,26 @@ def _deliver(run: TableRun, dead, batch_id: int, app: str) -> None:
 
 
 def _append_files(rows, path: str, app_id: str, batch_id: int, prefix: str) -> None:
-    """`rows` appended to the Delta table at `path` once per (app_id, batch_id): each task writes
-    its Parquet file into the table's folder, the driver adds them in one delta-rs commit, as
-    bronze is written. Spark's Delta writer cost a batch with dead letters ~3 s more than one
-    without (its snapshot of the log, stats and commit) against ~2.3 s for the whole clean batch.
-    A re-run of a committed batch adds nothing; files an attempt left and no commit named are
-    removed (never read: only the log's files are the table)."""
+    """`rows` appended to the Delta table at `path` once per (app_id, batch_id), as bronze is
+    written (`_write_files`, `_commit_files`). Spark's Delta writer cost a batch with dead
+    letters ~3 s more than one without (its snapshot of the log, stats and commit) against ~2.3 s
+    for the whole clean batch. A re-run of a committed batch adds nothing."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if (done := delta_files.committed_version(path, app_id)) is not None and done >= batch_id:
         return
     schema = pa.schema([f.with_nullable(True) for f in to_arrow_schema(rows.schema)])
+    _commit_files(path, _write_files(rows, path, schema, prefix), schema, app_id, batch_id, prefix)
+
+
+def _write_files(rows, path: str, schema, prefix: str) -> dict[str, dict[str, int]]:
+    """Each Spark task writes its rows (in `schema`'s columns and types) as one Parquet file,
+    `prefix`-s<task>.parquet, into the Delta table's folder at `path`; {file: {bytes, rows}}."""
     name = prefix + "-s{:05d}.parquet"
 
     def write(batches):
+        import pyarrow as pa
         from pyspark import TaskContext
 
         from spark_jobs.delta.delta_files import write_parquet_atomically
@@ -57,16 +62,26 @@ def _append_files(rows, path: str, app_id: str, batch_id: int, prefix: str) -> N
         table = pa.Table.from_batches(batches) if batches else None
         if table is None or not table.num_rows:
             return
-        file = name.format(TaskContext.get().partitionId())
-        size = write_parquet_atomically(table.cast(schema), path, file)
+        file = name.format(TaskContext.get().partitionId())     # a retried task replaces its file
+        size = write_parquet_atomically(table.select(schema.names).cast(schema), path, file)
         yield pa.RecordBatch.from_pydict({"file": [file], "bytes": [size], "rows": [table.num_rows]})
 
-    written = {r["file"]: r for r in rows.mapInArrow(write, "file STRING, bytes BIGINT, rows BIGINT").collect()}
-    delta_files.commit_files(path, [delta_files.DataFile(n, r["bytes"], r["rows"]) for n, r in sorted(written.items())],
-                             schema, app_id, batch_id)
-    for name_, _ in delta_files.listed(path, prefix):
-        if name_ not in written:
-            delta_files.delete_file(path, name_)
+    written = rows.mapInArrow(write, "file STRING, bytes BIGINT, rows BIGINT").collect()
+    return {r["file"]: {"bytes": r["bytes"], "rows": r["rows"]} for r in written}
+
+
+def _commit_files(path: str, files: dict[str, dict[str, int]], schema, app_id: str, batch_id: int,
+                  prefix: str) -> None:
+    """The workers' Parquet files of the batch, added to the table in one Delta transaction
+    (app id and version: a re-run after a crash adds nothing twice). Only the files this run
+    reported are committed; what an earlier attempt left with other names (cut at other
+    boundaries) is removed afterwards, never read."""
+    if files:
+        delta_files.commit_files(path, [delta_files.DataFile(name, f["bytes"], f["rows"])
+                                        for name, f in sorted(files.items())], schema, app_id, batch_id)
+    for name, _ in delta_files.listed(path, prefix):
+        if name not in files:
+            delta_files.delete_file(path, name)
 
 
 def write_dead_letters(run: TableRun, dead, batch_id: int, expected: int | None = None) -> int:
@@ -126,7 +141,6 @@ def write_bronze(run: TableRun, events, batch_id: int) -> None:
     from pyspark.sql import functions as F
 
     from spark_jobs.frames import arrow_pass
-    from spark_jobs.delta.delta_files import write_parquet_atomically
 
     try:
         schema = None if run.table.joins else arrow_pass.bronze_schema(run.table)
@@ -141,23 +155,8 @@ def write_bronze(run: TableRun, events, batch_id: int) -> None:
     folder = bronze_target(run, batch_id)
     if folder is None:
         return
-    name = arrow_pass.bronze_file_prefix(batch_id) + "-s{:05d}.parquet"
-
-    def write(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        batches = list(batches)
-        rows = pa.Table.from_batches(batches) if batches else None
-        if rows is None or not rows.num_rows:
-            return
-        rows = rows.append_column("batch_id", pa.array([batch_id] * rows.num_rows, pa.int64()))
-        file = name.format(TaskContext.get().partitionId())     # a retried task replaces its file
-        size = write_parquet_atomically(rows.select(schema.names).cast(schema), folder, file)
-        yield pa.RecordBatch.from_pydict({"file": [file], "bytes": [size], "rows": [rows.num_rows]})
-
-    written = events.mapInArrow(write, "file STRING, bytes BIGINT, rows BIGINT").collect()
-    commit_bronze(run, {r["file"]: {"bytes": r["bytes"], "rows": r["rows"]} for r in written}, batch_id)
+    rows = events.withColumn("batch_id", F.lit(batch_id).cast("long"))
+    commit_bronze(run, _write_files(rows, folder, schema, arrow_pass.bronze_file_prefix(batch_id)), batch_id)
 
 
 def bronze_target(run: TableRun, batch_id: int) -> str | None:
@@ -176,17 +175,9 @@ def bronze_target(run: TableRun, batch_id: int) -> str | None:
 
 
 def commit_bronze(run: TableRun, files: dict[str, dict[str, int]], batch_id: int) -> None:
-    """The workers' Parquet files of the batch, added to bronze in one Delta transaction
-    (app id and version: a re-run after a crash adds nothing twice). Only the files this
-    run's pass reported are committed; what an earlier attempt left with other names (cut at
-    other boundaries) is removed afterwards, never read."""
+    """The batch's bronze files (the Arrow pass's or `write_bronze`'s), committed as
+    `_commit_files` commits any table's."""
     from spark_jobs.frames import arrow_pass
 
-    path = run.rt.delta_path(run.table.name, "bronze")
-    if files:
-        delta_files.commit_files(
-            path, [delta_files.DataFile(name, f["bytes"], f["rows"]) for name, f in sorted(files.items())],
-            arrow_pass.bronze_schema(run.table), f"{run.table.name}.bronze", batch_id)
-    for name, _ in delta_files.listed(path, arrow_pass.bronze_file_prefix(batch_id)):
-        if name not in files:
-            delta_files.delete_file(path, name)
+    _commit_files(run.rt.delta_path(run.table.name, "bronze"), files, arrow_pass.bronze_schema(run.table),
+                  f"{run.table.name}.bronze", batch_id, arrow_pass.bronze_file_prefix(batch_id))
