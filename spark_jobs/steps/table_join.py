@@ -172,7 +172,13 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     from spark_jobs.steps.merge_task import unbatched_rows, outputs_of, partial_values
     from spark_jobs.delta.mirror import write_change_rows
 
-    started = time.monotonic()
+    clock, ms = [time.monotonic()], {}
+
+    def lap(step: str) -> None:
+        now = time.monotonic()
+        ms[step] = round((now - clock[0]) * 1000)
+        clock[0] = now
+
     partition = group.column("_sp")[0].as_py()
     partials = latest_per_key(rows_of(group), unique=ctx.source.stream)
     right = ctx.table.joins[0].table
@@ -188,8 +194,10 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         if stream:
             partials = partials.filter(pa.array([r is not None for r in rows], pa.bool_()))
             keys, rows = [k for k, r in zip(keys, rows) if r is not None], [r for r in rows if r is not None]
+    lap("rows_of")
     rows_tables, part_rows, hydrated = open_stage(rows_spec(ctx.table, ctx.namespace), ctx, partition)
     try:
+        lap("open_rows")
         tx = part_rows.begin(ctx.batch_id)
         # A stream's rows are new positions, never changed: there is no old row to read.
         if part_rows.meta.applied_batch < ctx.batch_id and not (stream and _stream_rows_put(tx, partials, keys, shape)):
@@ -210,7 +218,9 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
                 else:
                     tx.put_encoded(key, new)
         held_before = part_rows.meta.key_count
+        lap("rows_put")
         rows_result = tx.commit()
+        lap("rows_commit")
         if partition == 0:
             faults.point("rows.after_commit")
         own = partials.column("_k0").to_pylist() if stream and keys else [codec.decode_key(k)[0] for k in keys]
@@ -239,6 +249,7 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         others = [k for k in affected if k not in a_rows]
         raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in others])
         a_rows.update((k, None if r is None else codec.decode_value(r)) for k, r in zip(others, raw))
+        lap("affected")
     finally:
         rows_tables.close()
     spec = state_spec(ctx.table, ctx.namespace)
@@ -247,6 +258,7 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     spec = replace(spec, changelog=ctx.changelog or spec.changelog)
     table, part, _ = open_stage(spec, ctx, partition)
     try:
+        lap("open")
         tx = part.begin(ctx.batch_id)
         for a_key, a_row in a_rows.items():
             joined = shape.row(a_row, b_rows)
@@ -255,14 +267,16 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
             else:
                 tx.put((a_key,), joined)
 
+        lap("join")
         result = tx.commit(outputs_of(ctx.table, None))
+        lap("commit")
         if partition == 0:
             faults.point("batch.mid_merge")
         if mirror_dir is not None:
             encoded = [codec.encode_key((k,)) for k in a_rows]
             changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
             write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
-        ms = {"join": round((time.monotonic() - started) * 1000)}
+            lap("mirror_changes")
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
                         affected=len(a_rows), joined=right)
     finally:
@@ -310,10 +324,12 @@ def run(table_run, plan, started: float) -> BatchStep:
             f"{table.name} batch {plan.batch_id}: join"))
         read.persisted.unpersist()
     steps = clock.seconds
+    slowest = max(summaries.values(), key=lambda s: sum(s.ms.values())).ms if summaries else {}
     log.info("%s batch %d: %d rows of %s changed, %d keys of %s changed (its batch %s); %d joined rows rewritten, "
-             "%d changed, in %.1fs", table.name, plan.batch_id, sum(s.counts["rows_changed"] for s in summaries.values()),
-             source.name, len(changed_b), right.name, pin.get("batch"), sum(s.counts["affected"] for s in summaries.values()),
-             sum(s.keys_changed for s in summaries.values()), steps["join"])
+             "%d changed, in %.1fs; the slowest task's ms: %s", table.name, plan.batch_id,
+             sum(s.counts["rows_changed"] for s in summaries.values()), source.name, len(changed_b), right.name,
+             pin.get("batch"), sum(s.counts["affected"] for s in summaries.values()),
+             sum(s.keys_changed for s in summaries.values()), steps["join"], slowest)
     return BatchStep(reasons=read.reasons, read=read.read, dead=read.dead, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), steps=steps,
                      extra={"joined_keys_changed": len(changed_b)})
