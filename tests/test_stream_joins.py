@@ -34,6 +34,9 @@ JOINS = {
     # every bid, with its auction's category when there is one
     "bid_category": ("CREATE TABLE bid_category AS SELECT b.rowposition AS rowposition, b.price, a.category "
                      "FROM bid b LEFT JOIN auction a ON b.auction = a.id;"),
+    # q20's shape: a WHERE over the table's side alone, so a batch's bids join column by column
+    "category_bids": ("-- output_topic: {out}-category\nCREATE TABLE category_bids AS SELECT b.auction, b.price, "
+                      "a.category FROM bid b JOIN auction a ON b.auction = a.id WHERE a.category = 10;"),
 }
 BASE = 1_700_000_000_000
 
@@ -54,12 +57,16 @@ def bids_now(bootstrap: str, topic: str) -> pd.DataFrame:
 def expected(name: str, bids: pd.DataFrame, auctions: pd.DataFrame) -> dict:
     merged = bids.assign(_on=bids["auction"].map(lambda v: -1 if v is None else v)).merge(
         auctions.rename(columns={"id": "a_id", "dateTime": "a_time"}), left_on="_on", right_on="a_id",
-        how="inner" if name == "open_bids" else "left")
+        how="left" if name == "bid_category" else "inner")
     out = {}
     for _, r in merged.iterrows():
         category = None if pd.isna(r["category"]) else int(r["category"])
         if name == "open_bids":
             if category == 10 and r["price"] >= 100 and r["a_time"] <= r["dateTime"] <= r["expires"]:
+                out[r["rowposition"]] = {"rowposition": r["rowposition"], "auction": int(r["auction"]),
+                                         "price": int(r["price"]), "category": category}
+        elif name == "category_bids":
+            if category == 10:
                 out[r["rowposition"]] = {"rowposition": r["rowposition"], "auction": int(r["auction"]),
                                          "price": int(r["price"]), "category": category}
         else:
@@ -130,8 +137,8 @@ def test_a_stream_joined_with_a_table_equals_pandas_in_any_order_of_arrival(env,
     def check(round_no: int, run_auctions: bool = True) -> list:
         if run_auctions:
             jobs.run("auction", until_caught_up=True, spark=spark, rt=rt)
-        commits = [c for name in JOINS
-                   for c in jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=70)]
+        commits = {name: jobs.run(name, until_caught_up=True, spark=spark, rt=rt, max_records_per_batch=70)
+                   for name in JOINS}
         for name in JOINS:
             want = feed.want(name) if run_auctions else {
                 k: {**v, "category": None} for k, v in feed.want("bid_category").items()} if name == "bid_category" \
@@ -140,10 +147,15 @@ def test_a_stream_joined_with_a_table_equals_pandas_in_any_order_of_arrival(env,
         return commits
 
     # The bids arrive before any auction ran: the inner join has no rows, the left one NULLs.
-    commits = check(0, run_auctions=False)
+    per_table = check(0, run_auctions=False)
+    commits = [c for done in per_table.values() for c in done]
+    # A WHERE over the auction alone (or none) joins a batch's bids column by column; one over the
+    # bid too judges them row by row (table_join._own_rows_joined): both paths are under test here.
+    by_columns = {name: sum(c.counts.get("rows_joined_by_columns", 0) for c in done) for name, done in per_table.items()}
+    assert by_columns["open_bids"] == 0 and by_columns["bid_category"] >= 150 and by_columns["category_bids"] >= 150
     assert len(shown(rt, "bid_category")) >= 150
-    assert sum(c.counts.get("dead_malformed_json", 0) for c in commits) == 2          # once per join table
-    assert sum(c.counts.get("dead_null_value", 0) for c in commits) == 2
+    assert sum(c.counts.get("dead_malformed_json", 0) for c in commits) == len(JOINS)      # once per join table
+    assert sum(c.counts.get("dead_null_value", 0) for c in commits) == len(JOINS)
     assert sorted(dead_letter_reasons(rt, "open_bids", by_partition=True).values()) == ["malformed_json", "null_value"]
     # The auctions run: the joins have no records of their own, yet their rows follow.
     check(1)
@@ -153,9 +165,10 @@ def test_a_stream_joined_with_a_table_equals_pandas_in_any_order_of_arrival(env,
             feed.auction(8) if side == "auction" else feed.bid(60)
         check(round_no)
 
-    folded, seen = fold_change_topic(rt.bootstrap, feed.out)
-    assert_each_batch_once_and_in_order(seen)
-    assert {json.loads(k)["rowposition"]: v for k, v in folded.items()} == shown(rt, "open_bids")
+    for name, topic in (("open_bids", feed.out), ("category_bids", feed.out + "-category")):
+        folded, seen = fold_change_topic(rt.bootstrap, topic)
+        assert_each_batch_once_and_in_order(seen)
+        assert {json.loads(k)["rowposition"]: v for k, v in folded.items()} == shown(rt, name), name
 
     before = shown(rt, "open_bids")
     failures.inject("open_bids", "wipe_local_store", rt)
@@ -171,18 +184,22 @@ def test_a_stream_joined_with_a_table_equals_pandas_in_any_order_of_arrival(env,
 
 
 @pytest.mark.timeout(1200)
-def test_a_stream_join_is_exact_after_a_kill_at_every_point_of_its_steps(kafka, engine, spark, tmp_path):
+@pytest.mark.parametrize("name, topic", [("open_bids", ""), ("category_bids", "-category")])
+def test_a_stream_join_is_exact_after_a_kill_at_every_point_of_its_steps(kafka, engine, spark, tmp_path, name, topic):
     """The join killed at each point of its steps (tests/test_table_aggregates.JOIN_POINTS), the
     auctions changing and committing before every kill; then its rows and folded change topic
-    equal pandas, no (key, batch) reaches the topic twice, and verify agrees."""
+    equal pandas, no (key, batch) reaches the topic twice, and verify agrees. open_bids judges
+    its bids row by row, category_bids (q20's shape) joins them column by column."""
     from spark_jobs.recompute.verify import verify
     from tests.test_table_aggregates import JOIN_POINTS, _kill_at_every_point
 
     rt, suffix = isolated_runtime(kafka, tmp_path)
     feed = Auctions(rt, suffix, 70)
-    (rt.tables_dir / "bid_category.sql").unlink()
-    (rt.tables_dir / "open_bids.sql").write_text(
-        "-- mirror_every: 2\n-- snapshot_every: 3\n" + (rt.tables_dir / "open_bids.sql").read_text())
+    for other in JOINS:
+        if other != name:
+            (rt.tables_dir / f"{other}.sql").unlink()
+    (rt.tables_dir / f"{name}.sql").write_text(
+        "-- mirror_every: 2\n-- snapshot_every: 3\n" + (rt.tables_dir / f"{name}.sql").read_text())
     feed.bid(700)
     feed.auction(20)
 
@@ -190,13 +207,13 @@ def test_a_stream_join_is_exact_after_a_kill_at_every_point_of_its_steps(kafka, 
         feed.auction(6)
         jobs.run("auction", until_caught_up=True, spark=spark, rt=rt)
 
-    _kill_at_every_point(rt, engine, "open_bids", auctions_change, JOIN_POINTS)
-    want = feed.want("open_bids")
-    assert want and shown(rt, "open_bids") == want
-    folded, seen = fold_change_topic(rt.bootstrap, feed.out)
+    _kill_at_every_point(rt, engine, name, auctions_change, JOIN_POINTS)
+    want = feed.want(name)
+    assert want and shown(rt, name) == want
+    folded, seen = fold_change_topic(rt.bootstrap, feed.out + topic)
     assert_each_batch_once_and_in_order(seen)
     assert {json.loads(k)["rowposition"]: v for k, v in folded.items()} == want
-    result = verify("open_bids", spark=spark, rt=rt)
+    result = verify(name, spark=spark, rt=rt)
     assert result.ok and result.keys_compared == len(want), result.summary()
 
 

@@ -299,6 +299,7 @@ def main() -> None:
     text = json.dumps(result, indent=1, default=str)
     print(text)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
         Path(args.out).with_suffix(".md").write_text(report(result))
     if failed:

@@ -105,9 +105,10 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
     column-wise: integer and plain-ASCII string columns in Arrow, other values one by one. A
     million-key batch has a million rows here. A row HAVING hides is a delete here.
 
-    `results`: the shown value of each aggregate (table.aggregates' order) as Arrow columns, for
-    rows none of which is deleted (a batch's new keys of a LATEST_BY_OFFSET table); `values` then
-    only counts the rows. Not with HAVING, which judges Python rows."""
+    `results`: the shown value of each aggregate (table.aggregates' order), or of a table of rows
+    each value column, as Arrow columns, for rows none of which is deleted (a batch's new keys of a
+    LATEST_BY_OFFSET table, a batch's bids joined column by column); `values` then only counts the
+    rows. Not with HAVING, which judges Python rows."""
     rows = None
     if table.having is not None:
         # The row as row_of shows it, one by one: HAVING judges it (its computed columns too).
@@ -123,8 +124,9 @@ def change_columns(table: TableDefinition, keys: list, values: list, aggregator=
         row_json = pc.if_else(pa.array(deleted, pa.bool_()), key_row,
                               pa.array([json.dumps(r, default=str) if r else "" for r in rows], pa.string()))
     else:
-        if results is not None:
-            names, columns = [a.name for a in table.aggregates], list(results)
+        if results is not None:     # an aggregate's shown values, or a table of rows' columns
+            names = [a.name for a in table.aggregates] if table.aggregates else list(table.value_columns)
+            columns = list(results)
         else:
             names, columns = _value_columns(table, values, aggregator, hidden=bool(table.computed))
         hidden = {a.name for a in table.aggregates if a.hidden}

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state import codec, faults
 from state.aggregates import RowAggregator, ranked
@@ -149,14 +150,34 @@ def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, chan
         rows = list(last.values())
         decoded = [None if r is None else decode(r) for r in part.get_raw_many(list(last))]
     else:
-        rows = [row for key, row in last.items() if key in changes]
-        if raw and _whole_partials(ctx.table, last, changes, values):
-            # every changed key is new and took its partial's bytes (Transaction.merge_raw): its
-            # row is the partial's values, read from the Arrow columns, nothing decoded
-            take = pa.array(rows, pa.int64())
+        if raw and _shown_as_partials(ctx.table):
+            # A key new to the state took its partial's bytes (Transaction.merge_raw): its row is
+            # the partial's values, read from the Arrow columns. A key merged (held, or twice in
+            # the partials: LATEST_BY_OFFSET's are not folded before the state) has its Python
+            # value in `values`. Nothing is decoded (q18: 40% of a merge task decoded the new keys).
+            fresh, merged, order = [], {}, ([], [])       # order: each row's place among the changes
+            for key, row in last.items():
+                if key not in changes:
+                    continue
+                if key in values or changes[key] is None:
+                    merged[key] = row
+                    order[1].append(len(fresh) + len(merged) - 1)
+                else:
+                    fresh.append(row)
+                    order[0].append(len(fresh) + len(merged) - 1)
+            take = pa.array(fresh, pa.int64())
             shown = [c.take(take) for c in latest_results(partials, [a.function for a in ctx.table.aggregates])]
-            return change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
-                                  rows, aggregator, results=shown)
+            out = change_columns(ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
+                                 fresh, aggregator, results=shown)
+            if not merged:
+                return out
+            take = pa.array(list(merged.values()), pa.int64())
+            both = pa.concat_tables([out, change_columns(
+                ctx.table, [partials.column(c).take(take) for c in key_columns(partials)],
+                [None if changes[key] is None else values[key] for key in merged], aggregator)])
+            # in the partials' order, as the change topic had them
+            return both.take(pc.sort_indices(pa.array(order[0] + order[1], pa.int64())))
+        rows = [row for key, row in last.items() if key in changes]
         decoded = [values[key] if key in values else None if changes[key] is None else decode(changes[key])
                    for key in last if key in changes]
     take = pa.array(rows, pa.int64())
@@ -164,14 +185,11 @@ def _changed_rows(ctx: TaskContext, aggregator, part, partials, last: dict, chan
                           aggregator)
 
 
-def _whole_partials(table: TableDefinition, last: dict, changes: dict, values: dict) -> bool:
-    """True when the changed partial keys' new values are their partials' bytes as merge_raw put
-    them (none decoded and merged: `values` holds those; a LATEST_BY_OFFSET state is never
-    deleted), of a table whose rows show the aggregates as they are (no HAVING, no computed column)."""
-    if table.having is not None or table.computed or not table.aggregates or \
-            not all(a.function in LATEST for a in table.aggregates):
-        return False
-    return not values or not any(key in values for key in last if key in changes)
+def _shown_as_partials(table: TableDefinition) -> bool:
+    """True for a table whose rows show its LATEST_BY_OFFSET states as they are (no HAVING, no
+    computed column), so that a key's row can be its partial's values."""
+    return table.having is None and not table.computed and bool(table.aggregates) and \
+        all(a.function in LATEST for a in table.aggregates)
 
 
 def unbatched_rows(table: TableDefinition, aggregator, last: dict, changes: dict):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 import sqlglot
@@ -33,7 +34,7 @@ from catalog.runtime import arrow_filesystem
 from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
 from spark_jobs.steps.clock import StepClock
-from spark_jobs.steps.table_stages import INDEX, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
+from spark_jobs.steps.table_stages import INDEX, ROWS_BY_FK, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
 from spark_jobs.frames.arrow_blobs import rows_of
 from spark_jobs.frames.arrow_rows import latest_per_key
 from spark_jobs.steps.summary import PartitionSummary
@@ -133,11 +134,11 @@ def _plain_type(kind) -> bool:
         or pa.types.is_boolean(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
 
 
-def _stream_rows_put(tx, partials: pa.Table, keys: list[bytes], shape: JoinShape) -> bool:
-    """A stream's rows and their index entries (INDEX, fk, position), put as bytes built column
-    by column (arrow_keys.encoded_keys, encoded_values), where the per-row codec cost a q20 task
-    of 460,000 bids ~1.8 s (two keys and a value a bid). False, and nothing put, when a column
-    needs the per-row codec or a row is a delete."""
+def _stream_rows_put(tx, partials: pa.Table, shape: JoinShape) -> bool:
+    """A stream's rows, each in its index entry (ROWS_BY_FK, fk, position) -> row, put as bytes
+    built column by column (arrow_keys.encoded_keys, encoded_values), where the per-row codec
+    cost a q20 task of 460,000 bids ~1.8 s. A row whose fk is NULL joins no b, ever: it is not
+    kept. False, and nothing put, when a column needs the per-row codec or a row is a delete."""
     import pyarrow.compute as pc
 
     from spark_jobs.frames.arrow_keys import encoded_keys, encoded_values
@@ -146,19 +147,163 @@ def _stream_rows_put(tx, partials: pa.Table, keys: list[bytes], shape: JoinShape
         return True
     if pc.any(partials.column("_del")).as_py():
         return False
-    values = encoded_values(partials.select([c for c in partials.column_names if c[:2] == "_v" and c[2:].isdigit()]))
+    values = encoded_values(partials.select(_value_names(partials)))
     if values is None:
         return False
     fk = partials.column(f"_v{shape.fk}")
     has = pc.is_valid(fk)
-    index = pa.table({"_k0": pa.repeat(pa.scalar(INDEX), pc.sum(has.cast(pa.int64())).as_py() or 0).cast(pa.string()),
+    kept = int(pc.sum(has.cast(pa.int64())).as_py() or 0)
+    index = pa.table({"_k0": pa.repeat(pa.scalar(ROWS_BY_FK), kept).cast(pa.string()),
                       "_k1": fk.filter(has), "_k2": partials.column("_k0").filter(has)})
-    empty = codec.encode_value(())
-    for key in encoded_keys(index):
-        tx.put_raw(key, empty)
-    for key, raw in zip(keys, values):
-        tx.put_raw(key, raw)
+    tx.put_raw_many(encoded_keys(index), values if kept == partials.num_rows else
+                    [v for v, h in zip(values, has.to_pylist()) if h])
     return True
+
+
+def _value_names(partials: pa.Table) -> list[str]:
+    return [c for c in partials.column_names if c[:2] == "_v" and c[2:].isdigit()]
+
+
+def _put_rows(tx, part_rows, partials: pa.Table, keys: list, rows: list, shape: JoinShape, stream: bool) -> None:
+    """The rows stage's step of a batch: each changed a-row and its index entry. A stream's rows
+    are new positions, never changed, so there is no old row to read and one entry each."""
+    if stream and _stream_rows_put(tx, partials, shape):
+        return
+    decode = codec.decode_value
+    olds = [None] * len(keys) if stream else part_rows.get_raw_many(keys)
+    for key, old, new in zip(keys, olds, rows):
+        old = None if old is None else decode(old)
+        if old == new:
+            continue
+        a_key = codec.decode_key(key)[0]
+        old_fk, new_fk = (None if r is None else r[shape.fk] for r in (old, new))
+        if stream:
+            if new_fk is not None:
+                tx.put((ROWS_BY_FK, new_fk, a_key), new)
+            continue
+        if old_fk is not None and old_fk != new_fk:
+            tx.delete((INDEX, old_fk, a_key))
+        if new_fk is not None and new_fk != old_fk:
+            tx.put((INDEX, new_fk, a_key), ())
+        if new is None:
+            tx.delete_encoded(key)
+        else:
+            tx.put_encoded(key, new)
+
+
+def indexed(part_rows, changed_b: list) -> dict:
+    """The a-rows that point at b's changed keys, through the index: a-key -> its row where the
+    entry holds it (a stream's, ROWS_BY_FK), else None (read it by its key). A seek each, or,
+    when b's changed keys are many beside what the stage holds (a first batch: every key of b is
+    new), one pass over the index (q3's first batch: 40,000 seeks in each task)."""
+    found: dict = {}
+    if len(changed_b) * 4 >= part_rows.meta.key_count:
+        wanted = set(changed_b)
+        found.update((key[2], None) for key, _ in part_rows.items(prefix=(INDEX,)) if key[1] in wanted)
+        for raw_key, raw in part_rows.raw_items(prefix=(ROWS_BY_FK,)):
+            key = codec.decode_key(raw_key)
+            if key[1] in wanted:
+                found[key[2]] = codec.decode_value(raw)
+        return found
+    for fk in changed_b:
+        found.update((key[2], None) for key, _ in part_rows.items(prefix=(INDEX, fk)))
+        found.update((key[2], row) for key, row in part_rows.items(prefix=(ROWS_BY_FK, fk)))
+    return found
+
+
+_SIDES: dict[tuple, dict] = {}     # (pinned file, table) -> b's columns and WHERE, once per worker process
+
+
+def _pinned_side(pins: dict, table: TableDefinition, shape: JoinShape, b_rows: dict) -> dict | None:
+    """b as Arrow columns for joining a batch's stream rows column by column: its keys, its
+    columns as the state stores them, whether each b row passes the WHERE, and whether a left
+    join's missing b does. None when the WHERE reads a's columns (judged row by row) or b has a
+    key column Arrow cannot look up."""
+    if shape.where is not None and any(side == "a" for _, side, _ in shape.where_picks):
+        return None
+    folder, file = pins.get("folder"), pins.get("file")
+    cache = (folder, file, table.name)
+    if cache not in _SIDES:
+        right = pins["right"]
+        columns = list(zip(*b_rows.values())) if b_rows else [()] * len(right.value_columns)
+        try:
+            arrays = [pa.array(list(c)) if b_rows else pa.array([], pa.null()) for c in columns]
+            b_keys = pa.array(list(b_rows)) if b_rows else pa.array([], pa.int64())
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+
+        def passes(b_row) -> bool:
+            return shape.where is None or bool(shape.where({name: b_row[i] for name, _, i in shape.where_picks}))
+
+        if len(_SIDES) > 8:
+            _SIDES.clear()
+        _SIDES[cache] = {"keys": b_keys, "columns": arrays,
+                         "ok": pa.array([passes(r) for r in b_rows.values()], pa.bool_()),
+                         "missing_ok": not shape.inner and passes(shape._no_b)}
+    return _SIDES[cache]
+
+
+def _own_rows_joined(tx, partials: pa.Table, keys: list[bytes], shape: JoinShape, side: dict | None):
+    """A stream's own rows of this batch joined column by column (q20: a Python row a bid cost a
+    task of 460,000 bids 6 s): each row's b found by its fk (pyarrow index_in), the WHERE taken
+    from b's row, the joined rows' bytes built in Arrow and put; the rows that join nothing
+    deleted (a re-run after a half-done attempt). Returns the joined rows (JoinedRows), or None,
+    and nothing done, where a row or a column needs the per-row path."""
+    import pyarrow.compute as pc
+
+    from spark_jobs.frames.arrow_keys import encoded_values
+
+    if side is None or not partials.num_rows or pc.any(partials.column("_del")).as_py():
+        return None
+    fk = partials.column(f"_v{shape.fk}")
+    try:
+        found = pc.index_in(fk, value_set=side["keys"]) if len(side["keys"]) else pa.nulls(len(fk), pa.int32())
+        columns = [partials.column(f"_v{i}") if where == "a" else side["columns"][i].take(found)
+                   for where, i in shape.picks]
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+    joined = pc.fill_null(side["ok"].take(found) if len(side["keys"]) else pa.nulls(len(fk), pa.bool_()), False)
+    if side["missing_ok"]:
+        joined = pc.or_(joined, pc.is_null(found))
+    out = pa.table({f"c{i}": c for i, c in enumerate(columns)}).filter(joined)
+    values = encoded_values(out)
+    if values is None:
+        return None
+    flags = joined.to_pylist()
+    put = [k for k, j in zip(keys, flags) if j]
+    tx.put_raw_many(put, values)
+    for key, j in zip(keys, flags):
+        if not j:
+            tx.delete_encoded(key)
+    return JoinedRows(put, partials.column("_k0").filter(joined), out)
+
+
+@dataclass
+class JoinedRows:
+    """A batch's own rows joined column by column: their encoded keys, their keys and their
+    columns (the table's value columns, in order), for their change rows without a decode."""
+    encoded: list[bytes]
+    keys: object
+    columns: pa.Table
+
+    def change_rows(self, table: TableDefinition, changes: dict):
+        """The mirror's change rows of a commit (mirror.change_columns): these rows' from their
+        columns (those the commit changed), any other change's decoded (merge_task.unbatched_rows)."""
+        from spark_jobs.delta.mirror import change_columns
+        from spark_jobs.steps.merge_task import unbatched_rows
+
+        changed = pa.array([k in changes for k in self.encoded], pa.bool_())
+        mine = set(self.encoded)
+        shown = change_columns(table, [self.keys.filter(changed)], [()] * _true_count(changed), None,
+                               results=[c.filter(changed) for c in self.columns.columns])
+        rest = {k: v for k, v in changes.items() if k not in mine}
+        return pa.concat_tables([shown, unbatched_rows(table, None, {}, rest)]) if rest else shown
+
+
+def _true_count(mask) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
 
 
 def _stored(row: tuple) -> tuple:
@@ -180,15 +325,19 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         clock[0] = now
 
     partition = group.column("_sp")[0].as_py()
-    partials = latest_per_key(rows_of(group), unique=ctx.source.stream)
+    stream = ctx.source.stream
+    partials = latest_per_key(rows_of(group), unique=stream)
     right = ctx.table.joins[0].table
     shape = JoinShape(ctx.table, ctx.source, pins["right"])
     b_rows = pinned_rows(pins.get("folder"), pins.get("file"), pins["right"])
-    keys, rows = encoded_keys(partials), partial_values(ctx.source, partials)
+    kept = a_rows_kept(ctx.table, ctx.source)
+    # A stream's rows of plain values, with no a-only WHERE part to judge row by row, go through
+    # both stages as Arrow columns; their Python rows are built only if a step needs them.
+    columnar = stream and kept is None and partials.num_rows > 0 and _plain(partials, len(ctx.source.value_columns))
+    keys = encoded_keys(partials)
+    rows = [] if columnar else partial_values(ctx.source, partials)
     # An a-row that fails the WHERE's a-only part has no joined row: it is a deleted row to the
     # stage, and a stream's such records are left out at once (they were never stored).
-    stream = ctx.source.stream
-    kept = a_rows_kept(ctx.table, ctx.source)
     if kept is not None:
         rows = [None if r is None or not kept(r) else r for r in rows]
         if stream:
@@ -199,24 +348,13 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     try:
         lap("open_rows")
         tx = part_rows.begin(ctx.batch_id)
-        # A stream's rows are new positions, never changed: there is no old row to read.
-        if part_rows.meta.applied_batch < ctx.batch_id and not (stream and _stream_rows_put(tx, partials, keys, shape)):
-            decode = codec.decode_value
-            olds = [None] * len(keys) if stream else part_rows.get_raw_many(keys)
-            for key, old, new in zip(keys, olds, rows):
-                old = None if old is None else decode(old)
-                if old == new:
-                    continue
-                a_key = codec.decode_key(key)[0]
-                old_fk, new_fk = (None if r is None else r[shape.fk] for r in (old, new))
-                if old_fk is not None and old_fk != new_fk:
-                    tx.delete((INDEX, old_fk, a_key))
-                if new_fk is not None and new_fk != old_fk:
-                    tx.put((INDEX, new_fk, a_key), ())
-                if new is None:
-                    tx.delete_encoded(key)
-                else:
-                    tx.put_encoded(key, new)
+        if part_rows.meta.applied_batch < ctx.batch_id:
+            if columnar and not rows and not _stream_rows_put(tx, partials, shape):
+                rows = partial_values(ctx.source, partials)
+            if rows:
+                _put_rows(tx, part_rows, partials, keys, rows, shape, stream)
+        # A stage that held nothing before this batch indexes only this batch's own keys, affected
+        # already (q20's first batch: a pass over 460,000 entries, 1.5 s a task, for none).
         held_before = part_rows.meta.key_count
         lap("rows_put")
         rows_result = tx.commit()
@@ -224,31 +362,25 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         if partition == 0:
             faults.point("rows.after_commit")
         own = partials.column("_k0").to_pylist() if stream and keys else [codec.decode_key(k)[0] for k in keys]
-        affected = set(own)
-        # b's changed keys find their a-rows through the index: a seek each, or, when they are
-        # many beside what the stage holds (a first batch: every key of b is new), one pass over
-        # the index (q3's first batch: 40,000 seeks in each task). A stage that held nothing
-        # before this batch indexes only this batch's own keys, affected already (q20's first
-        # batch: a pass over 460,000 entries, 1.5 s a task, for none).
-        if held_before and len(changed_b) * 4 >= part_rows.meta.key_count:
-            wanted = set(changed_b)
-            affected.update(key[2] for key, _ in part_rows.items(prefix=(INDEX,)) if key[1] in wanted)
-        elif held_before:
-            for fk in changed_b:
-                affected.update(key[2] for key, _ in part_rows.items(prefix=(INDEX, fk)))
+        found = indexed(part_rows, changed_b) if held_before else {}
         # A stream's own rows are this batch's records, the same on every run of it: as read, not
         # read back (the codec's round trip, as the stored ones). Anything else is read back.
         # Rows of ints, strings, booleans and doubles come back from the codec as they go in: no
         # round trip for them (q20: 2.2 s of a 460,000-bid task).
+        own_set = set(own) if stream else set()
         if not stream:
             a_rows = {}
+        elif columnar:
+            a_rows = {}         # joined column by column below, or made rows there
         elif not rows or _plain(partials, len(ctx.source.value_columns)):
             a_rows = dict(zip(own, rows))
         else:
             a_rows = {k: None if r is None else _stored(r) for k, r in zip(own, rows)}
-        others = [k for k in affected if k not in a_rows]
-        raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in others])
-        a_rows.update((k, None if r is None else codec.decode_value(r)) for k, r in zip(others, raw))
+        others = [k for k in (found.keys() | (set() if stream else set(own))) if k not in own_set]
+        a_rows.update((k, found[k]) for k in others if found.get(k) is not None)
+        unread = [k for k in others if found.get(k) is None]
+        raw = part_rows.get_raw_many([codec.encode_key((k,)) for k in unread])
+        a_rows.update((k, None if r is None else codec.decode_value(r)) for k, r in zip(unread, raw))
         lap("affected")
     finally:
         rows_tables.close()
@@ -260,25 +392,33 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     try:
         lap("open")
         tx = part.begin(ctx.batch_id)
+        joined_own = _own_rows_joined(tx, partials, keys, shape, _pinned_side(pins, ctx.table, shape, b_rows)) \
+            if columnar else None
+        if columnar and joined_own is None:
+            a_rows.update(zip(own, rows or partial_values(ctx.source, partials)))
         for a_key, a_row in a_rows.items():
             joined = shape.row(a_row, b_rows)
             if joined is None:
                 tx.delete((a_key,))
             else:
                 tx.put((a_key,), joined)
-
         lap("join")
         result = tx.commit(outputs_of(ctx.table, None))
         lap("commit")
         if partition == 0:
             faults.point("batch.mid_merge")
         if mirror_dir is not None:
-            encoded = [codec.encode_key((k,)) for k in a_rows]
+            encoded = keys + [codec.encode_key((k,)) for k in a_rows if k not in own_set] if columnar else \
+                [codec.encode_key((k,)) for k in a_rows]
             changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
-            write_change_rows(mirror_dir, ctx.batch_id, partition, unbatched_rows(ctx.table, None, {}, changed or {}))
+            shown_as_columns = joined_own is not None and not result.noop and not ctx.table.computed \
+                and ctx.table.having is None
+            write_change_rows(mirror_dir, ctx.batch_id, partition, joined_own.change_rows(ctx.table, changed)
+                              if shown_as_columns else unbatched_rows(ctx.table, None, {}, changed or {}))
             lap("mirror_changes")
         return summary(partition, part, result, ms, hydrated, delta_keys=len(keys), rows_changed=rows_result.keys_changed,
-                        affected=len(a_rows), joined=right)
+                        affected=len(own_set | a_rows.keys()), joined=right,
+                        by_columns=0 if joined_own is None else partials.num_rows)
     finally:
         table.close()
 
@@ -332,7 +472,9 @@ def run(table_run, plan, started: float) -> BatchStep:
              sum(s.keys_changed for s in summaries.values()), steps["join"], slowest)
     return BatchStep(reasons=read.reasons, read=read.read, dead=read.dead, summaries=summaries,
                      delta_keys=sum(s.delta_keys for s in summaries.values()), steps=steps,
-                     extra={"joined_keys_changed": len(changed_b)})
+                     extra={"joined_keys_changed": len(changed_b),
+                            # the stream's records joined column by column, not row by row
+                            "rows_joined_by_columns": sum(s.counts.get("by_columns", 0) for s in summaries.values())})
 
 
 def recomputed(frames, rt, last):

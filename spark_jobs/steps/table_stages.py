@@ -27,6 +27,11 @@ from spark_jobs.steps.schemas import schemas_for
 log = logging.getLogger(__name__)
 
 INDEX = "\x00fk"         # a join's rows stage also holds (INDEX, fk, a-key) entries; a's rows are (a-key,)
+# A stream's rows are never changed or deleted, and are only ever found through b's key: the
+# stage keeps each in its index entry, (ROWS_BY_FK, fk, position) -> row, one entry a record
+# where (INDEX, ...) and (position,) were two (Nexmark q20: the stage's commit was a third of
+# its task). A stream's stage written before holds the two; both are read (table_join.indexed).
+ROWS_BY_FK = "\x00fr"
 
 
 def retractions_path(rt: Runtime, table: str) -> str:
@@ -228,7 +233,8 @@ def _rebuild_rows(ctx: TaskContext, group, join_index: bool) -> pa.Table:
         if kept is not None:                 # as merge_join keeps them
             wanted = {k: v for k, v in wanted.items() if kept(v)}
         if join_index:                       # and the index from b's keys to a's rows
-            wanted.update(index_entries(ctx.table, ctx.source, wanted))
+            entries = index_entries(ctx.table, ctx.source, wanted)
+            wanted = entries if ctx.source.stream else {**wanted, **entries}
         tx = part.begin(ctx.batch_id)
         for key, _ in part.raw_items():
             if key not in wanted:
@@ -319,7 +325,9 @@ def a_rows_filter(table: TableDefinition, source: TableDefinition) -> str | None
 
 
 def index_entries(table: TableDefinition, source: TableDefinition, wanted: dict) -> dict:
-    """The rows stage's index entries (encoded key -> ()) of a's rows `wanted` (encoded key -> row)."""
+    """The rows stage's index entries of a's rows `wanted` (encoded key -> row): encoded key -> (),
+    or for a stream, whose rows the entries hold (ROWS_BY_FK), encoded key -> row."""
     fk = source.value_columns.index(table.joins[0].stream_column.split(".")[-1])
-    return {codec.encode_key((INDEX, row[fk], codec.decode_key(key)[0])): () for key, row in wanted.items()
-            if row[fk] is not None}
+    prefix = ROWS_BY_FK if source.stream else INDEX
+    return {codec.encode_key((prefix, row[fk], codec.decode_key(key)[0])): row if source.stream else ()
+            for key, row in wanted.items() if row[fk] is not None}

@@ -72,6 +72,43 @@ def test_change_rows_read_from_the_partials_columns_equal_the_rows_decoded(tmp_p
     assert rows['["a"]'] == '{"k": "a", "s": "new", "n": 7}', "a's n stays the one of the higher order"
 
 
+def test_change_rows_of_keys_new_held_and_twice_in_the_partials_decode_nothing(tmp_path, monkeypatch):
+    """One batch with a held key, a new key twice (its partials merged in the transaction) and new
+    keys once: the new ones' rows come from the Arrow columns, the merged ones' from the commit's
+    values; none is decoded, and the rows equal the rows decoded."""
+    from catalog.mapping import state_spec
+    from spark_jobs.frames.arrow_keys import encoded_keys
+
+    table = _table(tmp_path, "LATEST_BY_OFFSET(s, false) AS s, LATEST_BY_OFFSET(n) AS n")
+    ctx, aggregator = SimpleNamespace(table=table), state_spec(table).aggregator
+    part = StatePartition("t", 0, MemoryBackend(), aggregator=aggregator)
+    functions = [a.function for a in table.aggregates]
+    held = _partials(["a"], [{"o": 1, "v": "x"}], [{"o": 1, "v": 1}])
+    tx = part.begin(0)
+    tx.merge_raw_many(encoded_keys(held), encoded_latest(held, functions))
+    tx.commit()
+    partials = _partials(["a", "g", "h", "g", "i"],
+                         [{"o": 5, "v": "a2"}, {"o": 2, "v": "g1"}, {"o": 3, "v": "h"}, {"o": 8, "v": "g2"}, None],
+                         [{"o": 5, "v": 5}, {"o": 9, "v": 9}, {"o": 3, "v": None}, {"o": 8, "v": 8}, {"o": 1, "v": 0}])
+    keys = encoded_keys(partials)
+    tx = part.begin(1)
+    tx.merge_raw_many(keys, encoded_latest(partials, functions))
+    result = tx.commit()
+    assert set(result.values) == {codec.encode_key(("a",)), codec.encode_key(("g",))}
+    last = {key: row for row, key in enumerate(keys)}
+    decoded = {k: codec.decode_value(v) for k, v in result.changes.items() if v is not None}
+    slow = _changed_rows(ctx, aggregator, part, partials, last, result.changes, decoded)
+
+    def refused(_raw):
+        raise AssertionError("a change row was decoded")
+    monkeypatch.setattr(codec, "decode_value", refused)
+    fast = _changed_rows(ctx, aggregator, part, partials, last, result.changes, result.values, raw=True)
+    assert fast.to_pylist() == slow.to_pylist(), "the same rows, in the partials' order"
+    rows = {r["key"]: r["row"] for r in fast.to_pylist()}
+    assert rows['["g"]'] == '{"k": "g", "s": "g2", "n": 9}' and rows['["i"]'] == '{"k": "i", "s": null, "n": 0}'
+    assert len(rows) == 4
+
+
 def test_a_source_table_s_batch_of_deletes_only_is_deletes_in_its_change_rows(tmp_path):
     """A table of rows keeps no Python value of a delete (CommitResult.values is empty for a batch of
     deletes only): its change rows are deletes, never rows read from the partials' columns."""

@@ -85,6 +85,7 @@ def test_a_batch_that_rewrote_half_the_partition_leaves_one_sorted_run_and_a_sma
 CALLS = {"get": lambda tx: tx.get(("a",)), "get_many": lambda tx: tx.get_many([("a",)]),
          "put": lambda tx: tx.put(("a",), 1), "delete": lambda tx: tx.delete(("a",)),
          "put_encoded": lambda tx: tx.put_encoded(b"\x01a", 1), "put_raw": lambda tx: tx.put_raw(b"\x01a", b"\x01\x01"),
+         "put_raw_many": lambda tx: tx.put_raw_many([b"\x01a"], [b"\x01\x01"]),
          "delete_encoded": lambda tx: tx.delete_encoded(b"\x01a"), "merge_raw": lambda tx: tx.merge_raw(b"\x01a", b"\x01\x01"),
          "merge_raw_many": lambda tx: tx.merge_raw_many([b"\x01a"], [b"\x01\x01"]),
          "merge": lambda tx: tx.merge(("a",), 1), "merge_encoded": lambda tx: tx.merge_encoded(b"\x01a", 1),
