@@ -211,36 +211,30 @@ def indexed(part_rows, changed_b: list) -> dict:
     return found
 
 
-_SIDES: dict[tuple, dict] = {}     # (pinned file, table) -> b's columns and WHERE, once per worker process
+def _batch_side(fk, shape: JoinShape, b_rows: dict, width: int) -> dict | None:
+    """The b rows a batch's stream rows point at (their distinct foreign keys, so the cost grows
+    with the batch, not with b), as Arrow columns for joining the rows column by column: their
+    keys, their columns as the state stores them, whether each passes the WHERE, and whether a
+    left join's missing b does. None when the WHERE reads a's columns too (judged row by row) or
+    a column of b's is not one Arrow can hold as it is."""
+    import pyarrow.compute as pc
 
-
-def _pinned_side(pins: dict, table: TableDefinition, shape: JoinShape, b_rows: dict) -> dict | None:
-    """b as Arrow columns for joining a batch's stream rows column by column: its keys, its
-    columns as the state stores them, whether each b row passes the WHERE, and whether a left
-    join's missing b does. None when the WHERE reads a's columns (judged row by row) or b has a
-    key column Arrow cannot look up."""
     if shape.where is not None and any(side == "a" for _, side, _ in shape.where_picks):
         return None
-    folder, file = pins.get("folder"), pins.get("file")
-    cache = (folder, file, table.name)
-    if cache not in _SIDES:
-        right = pins["right"]
-        columns = list(zip(*b_rows.values())) if b_rows else [()] * len(right.value_columns)
-        try:
-            arrays = [pa.array(list(c)) if b_rows else pa.array([], pa.null()) for c in columns]
-            b_keys = pa.array(list(b_rows)) if b_rows else pa.array([], pa.int64())
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            return None
+    distinct = pc.unique(pc.drop_null(fk))
+    wanted = [k for k in distinct.to_pylist() if k in b_rows]
+    rows = [b_rows[k] for k in wanted]
+    try:
+        keys = pa.array(wanted, distinct.type)
+        columns = [pa.array([r[i] for r in rows]) if rows else pa.array([], pa.null()) for i in range(width)]
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
 
-        def passes(b_row) -> bool:
-            return shape.where is None or bool(shape.where({name: b_row[i] for name, _, i in shape.where_picks}))
+    def passes(b_row) -> bool:
+        return shape.where is None or bool(shape.where({name: b_row[i] for name, _, i in shape.where_picks}))
 
-        if len(_SIDES) > 8:
-            _SIDES.clear()
-        _SIDES[cache] = {"keys": b_keys, "columns": arrays,
-                         "ok": pa.array([passes(r) for r in b_rows.values()], pa.bool_()),
-                         "missing_ok": not shape.inner and passes(shape._no_b)}
-    return _SIDES[cache]
+    return {"keys": keys, "columns": columns, "ok": pa.array([passes(r) for r in rows], pa.bool_()),
+            "missing_ok": not shape.inner and passes(shape._no_b)}
 
 
 def _own_rows_joined(tx, partials: pa.Table, keys: list[bytes], shape: JoinShape, side: dict | None):
@@ -392,8 +386,8 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     try:
         lap("open")
         tx = part.begin(ctx.batch_id)
-        joined_own = _own_rows_joined(tx, partials, keys, shape, _pinned_side(pins, ctx.table, shape, b_rows)) \
-            if columnar else None
+        joined_own = _own_rows_joined(tx, partials, keys, shape, _batch_side(
+            partials.column(f"_v{shape.fk}"), shape, b_rows, len(pins["right"].value_columns))) if columnar else None
         if columnar and joined_own is None:
             a_rows.update(zip(own, rows or partial_values(ctx.source, partials)))
         for a_key, a_row in a_rows.items():

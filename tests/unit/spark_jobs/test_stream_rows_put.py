@@ -11,7 +11,7 @@ import pytest
 from state import codec
 from state.backends import MemoryBackend
 from state.partition import StatePartition
-from spark_jobs.steps.table_join import JoinShape, _own_rows_joined, _pinned_side, _stream_rows_put, indexed
+from spark_jobs.steps.table_join import JoinShape, _batch_side, _own_rows_joined, _stream_rows_put, indexed
 from spark_jobs.steps.table_stages import INDEX, ROWS_BY_FK
 
 
@@ -95,7 +95,7 @@ def test_a_batch_s_own_rows_joined_column_by_column_are_the_per_row_join_s(tmp_p
     source, right = input_definition(tables["j"], tables), tables["auction"]
     shape = JoinShape(tables["j"], source, right)
     rng = random.Random(7)
-    b_rows = {k: (k, rng.choice([10, 11, None]), rng.choice(["x", "y", None])) for k in range(0, 40, 2)}
+    b_rows = {k: (k, rng.choice([10, 11, None]), rng.choice(["x", "y", None])) for k in [*range(0, 40, 2), *range(100, 110)]}
     n = 300
     positions = [f"0:{i}" for i in range(n)]        # a stream's key, its position, is its first column
     partials = pa.table({"_k0": positions, "_del": [False] * n, "_v0": positions,
@@ -104,7 +104,8 @@ def test_a_batch_s_own_rows_joined_column_by_column_are_the_per_row_join_s(tmp_p
                          "_v3": pa.array([rng.choice(["u", None, "w\"x"]) for _ in range(n)])})
     keys = [codec.encode_key((k,)) for k in partials.column("_k0").to_pylist()]
     tx = _Puts()
-    side = _pinned_side({"folder": str(tmp_path), "file": select, "right": right}, tables["j"], shape, b_rows)
+    side = _batch_side(partials.column("_v1"), shape, b_rows, len(right.value_columns))
+    assert len(side["keys"]) < len(b_rows), "only the b rows the batch points at"
     joined = _own_rows_joined(tx, partials, keys, shape, side)
     assert joined is not None
     want = {}
@@ -132,7 +133,7 @@ def test_a_where_over_both_sides_is_left_to_the_per_row_join(tmp_path):
     from catalog.definitions import input_definition
 
     shape = JoinShape(tables["j"], input_definition(tables["j"], tables), tables["auction"])
-    assert _pinned_side({"folder": "f", "file": "both", "right": tables["auction"]}, tables["j"], shape, {}) is None
+    assert _batch_side(pa.array([1, 2]), shape, {1: (1, 10, "x")}, 3) is None
 
 
 def test_the_index_finds_rows_of_either_layout():
