@@ -93,9 +93,7 @@ class StatePartition:
         return self.backend.multi_get(keys)
 
     def items(self, prefix: tuple = ()) -> Iterator[tuple[tuple, object]]:
-        start = codec.encode_key(prefix) if prefix else None
-        end = codec.prefix_upper_bound(start) if start else None
-        for key, value in self.backend.scan(start, end):
+        for key, value in self.raw_items(prefix):
             yield codec.decode_key(key), codec.decode_value(value)
 
     def items_between(self, start: tuple, end: tuple) -> Iterator[tuple[tuple, object]]:

@@ -28,3 +28,17 @@ class StepClock:
         self.mark = now
         for point in fault_points or (f"batch.after_{name}",):
             faults.point(point)
+
+
+class TaskLaps:
+    """A merge task's own step profile: each call records the milliseconds since the last one
+    under its step's name (`ms`, the PartitionSummary's), as StepClock does for a batch's steps."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, int] = {}
+        self._last = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        self.ms[step] = round((now - self._last) * 1000)
+        self._last = now

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -24,6 +23,7 @@ from state.windows import expire_idle, merge_sessions, purge
 from spark_jobs.frames.arrow_keys import LATEST, encoded_keys, encoded_latest, key_columns, latest_results
 from spark_jobs.frames.arrow_fold import combine_partials
 from spark_jobs.frames.arrow_pass import partials_of
+from spark_jobs.steps.clock import TaskLaps
 from spark_jobs.steps.summary import PartitionSummary
 from spark_jobs.steps.task_context import TaskContext
 from catalog.mapping import state_spec
@@ -244,13 +244,8 @@ def merge_arrow(ctx: TaskContext, mirror_dir: str | None, group):
     Returns the commit summary; the changed rows go to a Parquet file of the batch's mirror
     changes, never through the driver."""
     yield_cpu_to_queries()
-    clock = [time.monotonic()]
-    ms: dict[str, int] = {}
-
-    def lap(step: str) -> None:
-        now = time.monotonic()
-        ms[step] = round((now - clock[0]) * 1000)
-        clock[0] = now
+    lap = TaskLaps()
+    ms = lap.ms
 
     partition = group.column("_sp")[0].as_py()
     partials = combine_partials(partials_of(group, ctx.table), ctx.table)

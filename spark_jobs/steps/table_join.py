@@ -21,7 +21,6 @@ partition that died between them writes the same rows.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,7 +32,7 @@ from catalog.mapping import compiled, rows_spec, state_spec
 from catalog.runtime import arrow_filesystem
 from state import codec, faults
 from spark_jobs.steps.batch_step import BatchStep
-from spark_jobs.steps.clock import StepClock
+from spark_jobs.steps.clock import StepClock, TaskLaps
 from spark_jobs.steps.table_stages import INDEX, ROWS_BY_FK, a_rows_filter, a_rows_kept, input_history, open_stage, read_input, summary
 from spark_jobs.frames.arrow_blobs import rows_of
 from spark_jobs.frames.arrow_rows import latest_per_key
@@ -288,16 +287,11 @@ class JoinedRows:
 
         changed = pa.array([k in changes for k in self.encoded], pa.bool_())
         mine = set(self.encoded)
-        shown = change_columns(table, [self.keys.filter(changed)], [()] * _true_count(changed), None,
+        keys = self.keys.filter(changed)
+        shown = change_columns(table, [keys], [()] * len(keys), None,
                                results=[c.filter(changed) for c in self.columns.columns])
         rest = {k: v for k, v in changes.items() if k not in mine}
         return pa.concat_tables([shown, unbatched_rows(table, None, {}, rest)]) if rest else shown
-
-
-def _true_count(mask) -> int:
-    import pyarrow.compute as pc
-
-    return int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
 
 
 def _stored(row: tuple) -> tuple:
@@ -311,12 +305,8 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
     from spark_jobs.steps.merge_task import unbatched_rows, outputs_of, partial_values
     from spark_jobs.delta.mirror import write_change_rows
 
-    clock, ms = [time.monotonic()], {}
-
-    def lap(step: str) -> None:
-        now = time.monotonic()
-        ms[step] = round((now - clock[0]) * 1000)
-        clock[0] = now
+    lap = TaskLaps()
+    ms = lap.ms
 
     partition = group.column("_sp")[0].as_py()
     stream = ctx.source.stream
@@ -402,9 +392,11 @@ def merge_join(ctx: TaskContext, pins: dict, changed_b: list, mirror_dir: str | 
         if partition == 0:
             faults.point("batch.mid_merge")
         if mirror_dir is not None:
-            encoded = keys + [codec.encode_key((k,)) for k in a_rows if k not in own_set] if columnar else \
-                [codec.encode_key((k,)) for k in a_rows]
-            changed = result.changes if not result.noop else dict(zip(encoded, part.get_raw_many(encoded)))
+            changed = result.changes
+            if result.noop:         # a re-run of a committed batch: every key it touched, as stored
+                encoded = keys + [codec.encode_key((k,)) for k in a_rows if k not in own_set] if columnar else \
+                    [codec.encode_key((k,)) for k in a_rows]
+                changed = dict(zip(encoded, part.get_raw_many(encoded)))
             shown_as_columns = joined_own is not None and not result.noop and not ctx.table.computed \
                 and ctx.table.having is None
             write_change_rows(mirror_dir, ctx.batch_id, partition, joined_own.change_rows(ctx.table, changed)
