@@ -16,6 +16,15 @@ from pathlib import Path
 import psutil
 
 
+class PeerTimeout(RuntimeError):
+    """A peer ran past its time and was killed: a lower bound on its seconds, not a failure of
+    the run (a bench that waits an hour for a query a peer cannot finish measures nothing more)."""
+
+    def __init__(self, name: str, seconds: float, log: Path):
+        super().__init__(f"{name}: no result after {seconds:.0f}s; log: {log}")
+        self.seconds = seconds
+
+
 @dataclass
 class PeerRun:
     name: str
@@ -57,6 +66,14 @@ def rss_by_group(roots: list[psutil.Process]) -> dict[str, int]:
     return parts
 
 
+def _processing(result: dict) -> float | None:
+    """A workload's result names its processing seconds; a Nexmark run's are its queries'."""
+    if result.get("processing_seconds") is not None:
+        return result["processing_seconds"]
+    queries = [q.get("seconds") for q in result.get("queries", {}).values()]
+    return round(sum(queries), 3) if queries and None not in queries else None
+
+
 def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, timeout: float = 1800,
              also: list[int] = ()) -> PeerRun:
     """Run `cmd` (which writes <out_dir>/result.json); fail loudly with the log tail if it fails.
@@ -71,21 +88,27 @@ def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, 
         child = subprocess.Popen([str(c) for c in cmd], stdout=sink, stderr=subprocess.STDOUT,
                                  env={**os.environ, **(env or {})}, start_new_session=True)
         roots = [psutil.Process(pid) for pid in (child.pid, *also)]
-        while child.poll() is None:
-            parts = rss_by_group(roots)
-            if sum(parts.values()) > peak:
-                peak, split = sum(parts.values()), parts
-            if time.perf_counter() - started > timeout:
+        try:
+            while child.poll() is None:
+                parts = rss_by_group(roots)
+                if sum(parts.values()) > peak:
+                    peak, split = sum(parts.values()), parts
+                if time.perf_counter() - started > timeout:
+                    print(f"[{name}] killed: no result after {timeout:.0f}s", flush=True)
+                    raise PeerTimeout(name, timeout, log)
+                time.sleep(0.1)
+        except BaseException:       # the timeout, ^C or a SIGTERM the bench turned into SystemExit
+            if child.poll() is None:
                 os.killpg(child.pid, 9)
-                raise RuntimeError(f"{name}: no result after {timeout:.0f}s; log: {log}")
-            time.sleep(0.1)
+                child.wait()
+            raise
     wall = time.perf_counter() - started
     result_file = out_dir / "result.json"
     if child.returncode != 0 or not result_file.exists():
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{name}: exit {child.returncode}, no result; log {log}:\n{tail}")
     result = json.loads(result_file.read_text())
-    print(f"[{name}] done in {wall:.1f}s (processing {result.get('processing_seconds')}s), "
+    print(f"[{name}] done in {wall:.1f}s (processing {_processing(result)}s), "
           f"peak RSS {peak / 2**20:.0f} MB", flush=True)
     return PeerRun(name, round(wall, 2), round(peak / 2**20), result, log,
                    {k: round(v / 2**20) for k, v in sorted(split.items())})

@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.compare.measure import run_peer
+from bench.compare.measure import PeerTimeout, run_peer
 from bench.nexmark.generator import Config, produce
 from bench.nexmark.statetable_queries import (
     Q7_WINDOW_MS, QUERIES, SESSION_GAP_MS, _frames, _values, answers, differing, exact_gaps, expected, pd_ms,
@@ -64,7 +65,15 @@ def run_statetable(bootstrap: str, root: Path, queries: list[str]) -> dict:
     return done
 
 
-def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
+NOT_FINISHED = "not finished (killed at the timeout)"
+
+
+def _killed(error: PeerTimeout) -> dict:
+    """A query a peer did not finish in the run's time: how long it ran, no answer to check."""
+    return {"timed_out": error.seconds}
+
+
+def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...], timeout: float) -> dict:
     from bench.compare.peers import _venv_python
     from deploy import jars
 
@@ -73,9 +82,14 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
         raise SystemExit("Flink's Kafka connector jar is missing; run `make bench-peers`")
     out = {}
     for query in queries:       # a process per query: its peak RSS and its JVM start are its own
-        run = run_peer(f"flink {query}", [_venv_python("flink"), Path(__file__).parents[1] / "peers" / "flink" /
-                                          "nexmark.py", "--bootstrap", bootstrap, "--prefix", "nexmark-", "--out",
-                                          work / query, "--connector-jar", connector, "--queries", query], work / query)
+        try:
+            run = run_peer(f"flink {query}", [_venv_python("flink"), Path(__file__).parents[1] / "peers" / "flink" /
+                                              "nexmark.py", "--bootstrap", bootstrap, "--prefix", "nexmark-", "--out",
+                                              work / query, "--connector-jar", connector, "--queries", query],
+                           work / query, timeout=timeout)
+        except PeerTimeout as error:
+            out[query] = _killed(error)
+            continue
         done = run.result["queries"][query]
         out[query] = {"seconds": done["seconds"], "whole_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
                       "answers": answers(query, _flink_rows(query, done["rows"]))}
@@ -83,15 +97,20 @@ def run_flink(bootstrap: str, work: Path, queries: tuple[str, ...]) -> dict:
     return out
 
 
-def run_spark(bootstrap: str, work: Path, queries: list[str]) -> dict:
+def run_spark(bootstrap: str, work: Path, queries: list[str], timeout: float) -> dict:
     """Spark Structured Streaming, a process per query (bench/peers/spark_nexmark.py); a query
     whose text Spark refuses comes back with Spark's error, not a figure."""
     from bench.peers.spark_nexmark import ALL, NOT_TRIED
 
     out = {q: {"not_tried": NOT_TRIED[q]} for q in queries if q in NOT_TRIED}
     for query in (q for q in queries if q in ALL):
-        run = run_peer(f"spark {query}", [sys.executable, "-m", "bench.peers.spark_nexmark", "--bootstrap", bootstrap,
-                                          "--prefix", "nexmark-", "--out", work / query, "--query", query], work / query)
+        try:
+            run = run_peer(f"spark {query}", [sys.executable, "-m", "bench.peers.spark_nexmark", "--bootstrap",
+                                              bootstrap, "--prefix", "nexmark-", "--out", work / query, "--query",
+                                              query], work / query, timeout=timeout)
+        except PeerTimeout as error:
+            out[query] = _killed(error)
+            continue
         done = run.result["query"]
         out[query] = done if "refused" in done else {
             "seconds": done["seconds"], "whole_seconds": run.wall_seconds, "peak_rss_mb": run.peak_rss_mb,
@@ -166,6 +185,8 @@ def _spark_row(done: dict, read: int, ours: float, want: dict) -> dict:
     """A query's Spark figures, or Spark's refusal of its text (no figure, nothing to check)."""
     if "refused" in done or "not_tried" in done:
         return done
+    if "timed_out" in done:
+        return {**done, "check": NOT_FINISHED, "ratio_at_least": round(done["timed_out"] / ours, 2)}
     return {"seconds": done["seconds"], "whole_seconds": done["whole_seconds"], "rewritten": done["rewritten"],
             "events_per_s": round(read / done["seconds"]), "peak_rss_mb": done["peak_rss_mb"],
             "check": differing(done["answers"], want), "ratio": round(done["seconds"] / ours, 2)}
@@ -173,6 +194,17 @@ def _spark_row(done: dict, read: int, ours: float, want: dict) -> dict:
 
 def _ms(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "")).replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def _peer_cells(peer: dict, ratio: float | None, bound: float | None) -> tuple[str, str, str]:
+    """(seconds (whole process), events/s, ratio) of a peer's run, or of its run killed at the
+    run's timeout: its seconds a lower bound, so the ratio is one too."""
+    if "timed_out" in peer:
+        return f"> {peer['timed_out']:.0f} (killed)", "-", f"> {bound:.2f}x"
+    if "seconds" not in peer:
+        return "- (-)", "0", "-"
+    return (f"{peer['seconds']} ({peer['whole_seconds']})", f"{peer['events_per_s']:,}",
+            f"{ratio:.2f}x" if ratio else "-")
 
 
 def _check(check) -> str:
@@ -185,8 +217,8 @@ def _slowest(step_ms: dict, top: int = 3) -> str:
 
 def _spark_lines(result: dict) -> list[str]:
     """The Spark Structured Streaming side: figures where Spark ran the query, its refusal where not."""
-    ran, refused, not_tried = ([q for q in result["queries"] if kind in q.get("spark", {})]
-                               for kind in ("seconds", "refused", "not_tried"))
+    ran, refused, not_tried = ([q for q in result["queries"] if set(kinds) & set(q.get("spark", {}))]
+                               for kinds in (("seconds", "timed_out"), ("refused",), ("not_tried",)))
     if not (ran or refused or not_tried):
         return []
     lines = ["", f"Spark Structured Streaming {result.get('spark_version')} (RocksDB state store, changelog "
@@ -195,9 +227,9 @@ def _spark_lines(result: dict) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for q in ran:
         spark = q["spark"]
-        lines.append(f"| {q['query']} | {spark['seconds']} ({spark['whole_seconds']}) | {spark['events_per_s']:,} | "
-                     f"{spark['ratio']:.2f}x | {spark['peak_rss_mb']} | {_check(spark['check'])} | "
-                     f"{'Spark rewrite' if spark['rewritten'] else 'Nexmark'} |")
+        seconds, per_s, ratio = _peer_cells(spark, spark.get("ratio"), spark.get("ratio_at_least"))
+        lines.append(f"| {q['query']} | {seconds} | {per_s} | {ratio} | {spark.get('peak_rss_mb', '-')} | "
+                     f"{_check(spark['check'])} | {'Spark rewrite' if spark.get('rewritten') else 'Nexmark'} |")
     if refused:
         lines += ["", "Spark refuses Nexmark's text (its own error):", ""]
         lines += [f"- {q['query']}: `{q['spark']['refused']}`" for q in refused]
@@ -224,11 +256,10 @@ def report(result: dict) -> str:
     ]
     for q in result["queries"]:
         flink = q.get("flink") or {}
-        ratio = f"{q['ratio_to_flink']:.2f}x" if q.get("ratio_to_flink") else "-"
+        seconds, per_s, ratio = _peer_cells(flink, q.get("ratio_to_flink"), q.get("ratio_to_flink_at_least"))
         lines.append(
             f"| {q['query']} | {q['statetable']['seconds']} | {q['statetable']['events_per_s']:,} | "
-            f"{flink.get('seconds', '-')} ({flink.get('whole_seconds', '-')}) | "
-            f"{flink.get('events_per_s', 0):,} | {ratio} | {result['statetable_peak_rss_mb']} / "
+            f"{seconds} | {per_s} | {ratio} | {result['statetable_peak_rss_mb']} / "
             f"{flink.get('peak_rss_mb', '-')} | statetable {_check(q['statetable']['check'])}, Flink "
             f"{_check(flink.get('check', '-'))} | {q['statetable']['engine']}: {_slowest(q['statetable']['step_ms'])} |")
     lines += _spark_lines(result)
@@ -239,6 +270,10 @@ def report(result: dict) -> str:
                   f"started once in {result['statetable_session_seconds']} s); Flink's are the job's, and in "
                   "brackets its process with the JVM start. Events/s counts the bids a query reads "
                   "(q3, q8: auctions)."]
+    if result.get("unfinished"):
+        lines += ["", f"Killed at the run's peer timeout ({result['peer_timeout_seconds']:.0f} s of its whole "
+                      f"process, `--peer-timeout`), so no answer to check: {', '.join(result['unfinished'])}. Its "
+                      "seconds are a lower bound, and so is its ratio (which counts its JVM's start too)."]
     return "\n".join(lines) + "\n"
 
 
@@ -250,10 +285,16 @@ def main() -> None:
     parser.add_argument("--peers", nargs="*", default=["flink", "spark"], choices=["flink", "spark"])
     parser.add_argument("--queries", nargs="+", default=list(QUERIES), choices=list(QUERIES),
                         help="run these queries only (default: every one statetable supports)")
+    parser.add_argument("--peer-timeout", type=float, default=1800,
+                        help="seconds a peer's query may run (whole process); one killed at it is reported "
+                             "as a lower bound, its answer unchecked")
     parser.add_argument("--out", help="write the JSON here and the Markdown report beside it (.md)")
     args = parser.parse_args()
 
     from bench.broker import private_broker
+
+    # A SIGTERM (a CI job's end, `kill`) unwinds like ^C: the peer running now and the broker stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     root = Path(tempfile.mkdtemp(prefix="bench-nexmark-"))
     with private_broker(args.port) as cfg:
@@ -265,11 +306,12 @@ def main() -> None:
         gaps = exact_gaps(frames["bid"].assign(ms=pd_ms(frames["bid"]["dateTime"])))
         ceiling = json_ceiling(values["bid"])        # the same bytes, read once
         del frames, values
-        flink = run_flink(cfg.kafka_bootstrap, root / "flink", tuple(q for q in PEER_QUERIES if q in args.queries)) \
-            if "flink" in args.peers else {}
-        spark = run_spark(cfg.kafka_bootstrap, root / "spark", args.queries) if "spark" in args.peers else {}
+        flink = run_flink(cfg.kafka_bootstrap, root / "flink", tuple(q for q in PEER_QUERIES if q in args.queries),
+                          args.peer_timeout) if "flink" in args.peers else {}
+        spark = run_spark(cfg.kafka_bootstrap, root / "spark", args.queries, args.peer_timeout) \
+            if "spark" in args.peers else {}
         ours = run_statetable(cfg.kafka_bootstrap, root / "statetable", args.queries)
-    queries, failed = [], []
+    queries, failed, unfinished = [], [], []
     for query in args.queries:
         read = produced["counts"]["auction" if query in ("q3", "q8") else "bid"]
         want = reference[query]
@@ -278,7 +320,10 @@ def main() -> None:
                               "events_per_s": round(read / ours[query]["seconds"]), "engine": ours[query]["engine"],
                               "step_ms": ours[query]["step_ms"],
                               "check": differing(ours[query]["answers"], want)}}
-        if query in flink:
+        if query in flink and "timed_out" in flink[query]:
+            row["flink"] = {**flink[query], "check": NOT_FINISHED}
+            row["ratio_to_flink_at_least"] = round(flink[query]["timed_out"] / ours[query]["seconds"], 2)
+        elif query in flink:
             f = flink[query]
             row["flink"] = {"seconds": f["seconds"], "whole_seconds": f["whole_seconds"],
                             "events_per_s": round(read / f["seconds"]), "peak_rss_mb": f["peak_rss_mb"],
@@ -287,7 +332,9 @@ def main() -> None:
         if query in spark:
             row["spark"] = _spark_row(spark[query], read, ours[query]["seconds"], want)
         failed += [f"{query} {system}" for system in ("statetable", "flink", "spark")
-                   if row.get(system, {}).get("check", "ok") != "ok"]
+                   if row.get(system, {}).get("check", "ok") not in ("ok", NOT_FINISHED)]
+        unfinished += [f"{query} {system}" for system in ("flink", "spark")
+                       if row.get(system, {}).get("check") == NOT_FINISHED]
         queries.append(row)
     result = {"events": args.events, "rate": args.rate, "cores": os.cpu_count(),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "produced": produced,
@@ -295,7 +342,8 @@ def main() -> None:
               "statetable_session_seconds": ours["_session_seconds"],
               "statetable_peak_rss_mb": ours["_peak_rss_mb"], "flink_version": flink.get("_version"),
               "spark_version": spark.get("_version"),
-              "queries": queries, "failed_checks": failed}
+              "peer_timeout_seconds": args.peer_timeout, "queries": queries, "failed_checks": failed,
+              "unfinished": unfinished}
     text = json.dumps(result, indent=1, default=str)
     print(text)
     if args.out:
