@@ -70,7 +70,9 @@ def _processing(result: dict) -> float | None:
     """A workload's result names its processing seconds; a Nexmark run's are its queries'."""
     if result.get("processing_seconds") is not None:
         return result["processing_seconds"]
-    queries = [q.get("seconds") for q in result.get("queries", {}).values()]
+    queries = [q.get("seconds") for q in (result.get("queries") or {}).values()]
+    if "query" in result:       # one query's run (Spark's Nexmark peer); a refused one has no seconds
+        queries = [result["query"].get("seconds")]
     return round(sum(queries), 3) if queries and None not in queries else None
 
 
@@ -108,7 +110,8 @@ def run_peer(name: str, cmd: list[str], out_dir: Path, env: dict | None = None, 
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{name}: exit {child.returncode}, no result; log {log}:\n{tail}")
     result = json.loads(result_file.read_text())
-    print(f"[{name}] done in {wall:.1f}s (processing {_processing(result)}s), "
-          f"peak RSS {peak / 2**20:.0f} MB", flush=True)
+    processing = _processing(result)
+    print(f"[{name}] done in {wall:.1f}s" + (f" (processing {processing}s)" if processing is not None else "") +
+          f", peak RSS {peak / 2**20:.0f} MB", flush=True)
     return PeerRun(name, round(wall, 2), round(peak / 2**20), result, log,
                    {k: round(v / 2**20) for k, v in sorted(split.items())})
