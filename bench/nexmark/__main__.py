@@ -29,6 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.compare.measure import TIMEOUT as PEER_TIMEOUT
 from bench.compare.measure import PeerTimeout, run_peer
 from bench.nexmark.generator import Config, produce
 from bench.nexmark.statetable_queries import (
@@ -65,7 +66,6 @@ def run_statetable(bootstrap: str, root: Path, queries: list[str]) -> dict:
     return done
 
 
-PEER_TIMEOUT = 1800       # seconds; Flink's q9 and q20 took 1,344 and 1,067 s of it on a fast machine
 NOT_FINISHED = "not finished (killed at the timeout)"
 
 
